@@ -1,0 +1,65 @@
+// Index arithmetic shared by reference kernels.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln {
+
+/// Row-major strides (in elements) of a contiguous tensor.
+inline std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    strides[static_cast<size_t>(i)] = strides[static_cast<size_t>(i + 1)] * shape[static_cast<size_t>(i + 1)];
+  return strides;
+}
+
+inline int64_t product(const std::vector<int64_t>& v) {
+  int64_t p = 1;
+  for (int64_t x : v) p *= x;
+  return p;
+}
+
+/// Walks every element of `out_shape` in row-major order and tracks, for each input, the flat
+/// offset that numpy broadcasting maps it to (inputs are right-aligned; size-1 dims repeat).
+///
+///   BroadcastWalker w(out, {a.shape(), b.shape()});
+///   for (int64_t i = 0; i < numel; ++i, w.next()) out[i] = a[w.offset(0)] + b[w.offset(1)];
+class BroadcastWalker {
+ public:
+  BroadcastWalker(const std::vector<int64_t>& out_shape,
+                  const std::vector<std::vector<int64_t>>& in_shapes)
+      : out_(out_shape), index_(out_shape.size(), 0), offsets_(in_shapes.size(), 0) {
+    const size_t rank = out_shape.size();
+    strides_.resize(in_shapes.size());
+    for (size_t k = 0; k < in_shapes.size(); ++k) {
+      const auto& s = in_shapes[k];
+      std::vector<int64_t> full(rank, 0);
+      std::vector<int64_t> cs = contiguous_strides(s);
+      const size_t lead = rank - s.size();
+      for (size_t d = 0; d < s.size(); ++d) full[lead + d] = (s[d] == 1) ? 0 : cs[d];
+      strides_[k] = std::move(full);
+    }
+  }
+  int64_t offset(size_t input) const { return offsets_[input]; }
+  const std::vector<int64_t>& index() const { return index_; }
+
+  void next() {
+    for (int64_t d = static_cast<int64_t>(out_.size()) - 1; d >= 0; --d) {
+      const size_t du = static_cast<size_t>(d);
+      ++index_[du];
+      for (size_t k = 0; k < offsets_.size(); ++k) offsets_[k] += strides_[k][du];
+      if (index_[du] < out_[du]) return;
+      for (size_t k = 0; k < offsets_.size(); ++k) offsets_[k] -= strides_[k][du] * index_[du];
+      index_[du] = 0;
+    }
+  }
+
+ private:
+  std::vector<int64_t> out_;
+  std::vector<int64_t> index_;
+  std::vector<int64_t> offsets_;
+  std::vector<std::vector<int64_t>> strides_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,16 @@
+// Registration entry points of the core op set, one per file in ir/src/ops/.
+#pragma once
+
+#include "kiln/ir/op.h"
+
+namespace kiln {
+
+void register_elementwise_ops(OpRegistry& r);  ///< elementwise.cpp: unary, binary, compare, logical, cast, where, clip
+void register_reduction_ops(OpRegistry& r);    ///< reduction.cpp: reduce_*, arg*, softmax, log_softmax
+void register_creation_ops(OpRegistry& r);     ///< creation.cpp: constant, range
+void register_linalg_ops(OpRegistry& r);       ///< linalg.cpp: matmul, linear, conv, pooling
+void register_norm_ops(OpRegistry& r);         ///< norm.cpp: layer_norm, rms_norm, batch_norm
+void register_shape_ops(OpRegistry& r);        ///< shape.cpp: reshape, transpose, slice, concat, split, gather, expand, pad, ...
+void register_structural_ops(OpRegistry& r);   ///< structural.cpp: fused
+
+}  // namespace kiln
