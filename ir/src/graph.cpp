@@ -181,11 +181,8 @@ StatusOr<Node*> Graph::create_node(const std::string& op, std::vector<Value*> op
   }
   node->set_operands(std::move(operands));
   Node* raw = node.get();
-  auto pos = nodes_.end();
-  if (before) {
-    pos = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == before; });
-  }
-  nodes_.insert(pos, std::move(node));
+  auto pos = (before && before->graph_ == this) ? before->self_ : nodes_.end();
+  raw->self_ = nodes_.insert(pos, std::move(node));
   return raw;
 }
 
@@ -194,20 +191,16 @@ Status Graph::erase_node(Node* n) {
     if (n->result(i)->has_uses())
       return failed_precondition("cannot erase '" + n->op_name() + "': result " +
                                  std::to_string(i) + " still has uses");
-  auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == n; });
-  if (it == nodes_.end()) return not_found("node is not in this graph");
+  if (n->graph_ != this) return not_found("node is not in this graph");
   for (int i = 0; i < n->num_operands(); ++i) n->set_operand(i, nullptr);
-  nodes_.erase(it);
+  nodes_.erase(n->self_);
   return ok_status();
 }
 
 void Graph::move_node_before(Node* n, Node* before) {
-  auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == n; });
-  if (it == nodes_.end() || n == before) return;
-  auto pos = nodes_.end();
-  if (before)
-    pos = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == before; });
-  nodes_.splice(pos, nodes_, it);
+  if (n->graph_ != this || n == before) return;
+  auto pos = (before && before->graph_ == this) ? before->self_ : nodes_.end();
+  nodes_.splice(pos, nodes_, n->self_);  // splice keeps iterators valid
 }
 
 std::unique_ptr<Graph> Graph::clone() const {
@@ -227,7 +220,8 @@ std::unique_ptr<Graph> Graph::clone() const {
     for (Value* v : n->operands_) ops.push_back(v ? map.at(v) : nullptr);
     copy->set_operands(std::move(ops));
     for (const auto& region : n->regions_) copy->add_region(region->clone());
-    g->nodes_.push_back(std::move(copy));
+    Node* raw = copy.get();
+    raw->self_ = g->nodes_.insert(g->nodes_.end(), std::move(copy));
   }
   std::vector<Value*> outs;
   for (Value* v : outputs_) outs.push_back(v ? map.at(v) : nullptr);

@@ -120,6 +120,7 @@ class Node {
   AttrMap attrs_;
   std::vector<std::unique_ptr<Graph>> regions_;
   Location loc_;
+  std::list<std::unique_ptr<Node>>::iterator self_;  // position in graph_->nodes_, for O(1) erase
 };
 
 /// A graph: inputs, nodes in a topological order, outputs. Owns its values and nodes.

@@ -1,0 +1,44 @@
+// The reference backend: "compiles" a graph by keeping a copy and runs it with the interpreter.
+#include <memory>
+
+#include "kiln/ir/interpreter.h"
+#include "kiln/ir/verifier.h"
+#include "kiln/plugin.h"
+
+namespace {
+
+/// Owns a private copy of the graph, so it outlives whatever the caller compiled from.
+class ReferenceExecutable final : public kiln::Executable {
+ public:
+  explicit ReferenceExecutable(std::unique_ptr<kiln::Graph> g) : graph_(std::move(g)) {}
+  kiln::StatusOr<std::vector<kiln::Tensor>> run(std::span<const kiln::Tensor> inputs) override {
+    return kiln::Interpreter().run(*graph_, inputs);
+  }
+
+ private:
+  std::unique_ptr<kiln::Graph> graph_;
+};
+
+class ReferenceBackend final : public kiln::Backend {
+ public:
+  kiln::StatusOr<std::unique_ptr<kiln::Executable>> compile(const kiln::Graph& g) override {
+    KILN_RETURN_IF_ERROR(kiln::verify(g).with_context("reference"));
+    return std::unique_ptr<kiln::Executable>(std::make_unique<ReferenceExecutable>(g.clone()));
+  }
+};
+
+kiln::Status register_reference_backend(kiln::Registry& r) {
+  kiln::BackendInfo info;
+  info.name = "reference";
+  info.version = "0.1.0";
+  info.summary = "runs graphs on the CPU with the reference interpreter (the numeric oracle)";
+  info.targets = {"cpu"};
+  info.create = [](const kiln::Options&) -> kiln::StatusOr<std::unique_ptr<kiln::Backend>> {
+    return std::unique_ptr<kiln::Backend>(std::make_unique<ReferenceBackend>());
+  };
+  return r.add_backend(std::move(info));
+}
+
+}  // namespace
+
+KILN_PLUGIN("kiln-backend-reference", "0.1.0", register_reference_backend)

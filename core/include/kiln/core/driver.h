@@ -1,0 +1,80 @@
+// The compile driver: the steps from a model file to outputs that `kiln` and the tests share.
+//
+//   KILN_RETURN_IF_ERROR(load_plugins_from({}, reg));
+//   KILN_ASSIGN_OR_RETURN(Pipeline p, load_pipeline_with_plugins("p.toml", reg));
+//   KILN_RETURN_IF_ERROR(resolve_pipeline_defaults(p, reg, "model.kir"));
+//   KILN_ASSIGN_OR_RETURN(auto g, import_model("model.kir", p.frontend, reg));
+//   KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, {}));
+//   KILN_ASSIGN_OR_RETURN(auto outs, compile_and_run(*g, p.backend, reg, inputs));
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/core/pass_manager.h"
+#include "kiln/core/pipeline.h"
+#include "kiln/core/registry.h"
+#include "kiln/ir/graph.h"
+#include "kiln/ir/status.h"
+#include "kiln/ir/tensor.h"
+
+namespace kiln {
+
+/// Loads the plugins of default_plugin_dirs() (unless `use_default_dirs` is false), then those
+/// in `extra_dirs` (folders or plugin files), which must exist.
+Status load_plugins_from(const std::vector<std::string>& extra_dirs, Registry& reg,
+                         bool use_default_dirs = true);
+
+/// Loads a pipeline file: first the plugins its `[plugins] paths` name, then the rest,
+/// validated against the now complete registry.
+StatusOr<Pipeline> load_pipeline_with_plugins(const std::string& path, Registry& reg);
+
+/// Names what a pipeline may leave open: the front end by the model's file extension, and
+/// (when `need_backend`) the backend, "reference".
+Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::string& model_path,
+                                 bool need_backend = true);
+
+/// Reads a model file with the named front end and verifies the result.
+StatusOr<std::unique_ptr<Graph>> import_model(const std::string& path, const StageSpec& frontend,
+                                              const Registry& reg);
+
+/// Runs the pipeline's passes in order with a PassManager; `timings`, when given, receives
+/// the per-pass times.
+Status run_pipeline_passes(Graph& g, const Pipeline& p, const Registry& reg,
+                           const PassManagerOptions& opts, std::vector<PassTiming>* timings = nullptr);
+
+/// Compiles `g` with the backend and runs it on `inputs` (graph-input order).
+StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,
+                                              const Registry& reg, std::span<const Tensor> inputs);
+
+/// How `bind_inputs` finds a tensor for each graph input.
+struct InputBindings {
+  std::map<std::string, Tensor> given;      ///< by graph input name
+  bool random = false;                      ///< fill inputs not given with seeded random data
+  uint64_t seed = 0;
+  std::map<std::string, int64_t> symbols;   ///< sizes of symbolic dims (default 1)
+};
+
+/// The graph's inputs in order, from `b`. Given tensors must match the input types (dtype,
+/// rank, static dims, one size per symbol). `notes` receives remarks such as defaulted symbols.
+StatusOr<std::vector<Tensor>> bind_inputs(const Graph& g, const InputBindings& b,
+                                          std::vector<std::string>* notes = nullptr);
+
+/// A tensor of deterministic pseudo-random values: floats in [-1, 1), signed ints in [-8, 8),
+/// u8 in [0, 16), bools 0/1. The same (dtype, shape, seed) gives the same bytes everywhere.
+Tensor random_tensor(DType dtype, const std::vector<int64_t>& shape, uint64_t seed);
+
+/// The name `kiln run` uses for graph input / output `i`: the value's name, else "input<i>" /
+/// "output<i>".
+std::string graph_input_name(const Graph& g, int i);
+std::string graph_output_name(const Graph& g, int i);
+
+/// NumPy-style text of a tensor's values; above `max_elements` only the first and last three
+/// items of each dimension are shown, with "..." between.
+std::string format_tensor(const Tensor& t, int64_t max_elements = 100);
+
+}  // namespace kiln

@@ -1,0 +1,248 @@
+// The compile driver: plugins, pipeline defaults, import, passes, compile and run, inputs.
+#include "kiln/core/driver.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "kiln/core/loader.h"
+#include "kiln/ir/verifier.h"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+Status load_plugins_from(const std::vector<std::string>& extra_dirs, Registry& reg,
+                         bool use_default_dirs) {
+  for (const auto& d : extra_dirs) {
+    std::error_code ec;
+    if (!fs::exists(d, ec)) return not_found("plugin path '" + d + "' does not exist");
+  }
+  std::vector<std::string> dirs = use_default_dirs ? default_plugin_dirs() : std::vector<std::string>{};
+  dirs.insert(dirs.end(), extra_dirs.begin(), extra_dirs.end());
+  return load_plugins(dirs, reg);
+}
+
+StatusOr<Pipeline> load_pipeline_with_plugins(const std::string& path, Registry& reg) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> paths, read_pipeline_plugin_paths(path));
+  for (const auto& d : paths) {
+    std::error_code ec;
+    if (!fs::exists(d, ec)) return not_found(path + ": plugin path '" + d + "' does not exist");
+  }
+  KILN_RETURN_IF_ERROR(load_plugins(paths, reg));
+  return load_pipeline_file(path, reg);
+}
+
+Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::string& model_path,
+                                 bool need_backend) {
+  if (p.frontend.name.empty()) {
+    KILN_ASSIGN_OR_RETURN(const FrontendInfo* fe, reg.frontend_for_path(model_path));
+    KILN_ASSIGN_OR_RETURN(p.frontend.options, resolve_options(fe->options, {}, "frontend '" + fe->name + "'"));
+    p.frontend.name = fe->name;
+  }
+  if (need_backend && p.backend.name.empty()) {
+    KILN_ASSIGN_OR_RETURN(const BackendInfo* be, reg.backend("reference"));
+    KILN_ASSIGN_OR_RETURN(p.backend.options, resolve_options(be->options, {}, "backend 'reference'"));
+    p.backend.name = be->name;
+  }
+  return ok_status();
+}
+
+StatusOr<std::unique_ptr<Graph>> import_model(const std::string& path, const StageSpec& frontend,
+                                              const Registry& reg) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return not_found("model file '" + path + "' does not exist");
+  if (!fs::is_regular_file(path, ec)) return invalid_argument("model '" + path + "' is not a regular file");
+  KILN_ASSIGN_OR_RETURN(const FrontendInfo* fe, reg.frontend(frontend.name));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, fe->import(path, frontend.options));
+  if (!g) return internal_error("frontend '" + fe->name + "' returned no graph for '" + path + "'");
+  Status v = verify(*g);
+  if (!v.ok()) return v.with_context("frontend '" + fe->name + "' produced an invalid graph");
+  return g;
+}
+
+Status run_pipeline_passes(Graph& g, const Pipeline& p, const Registry& reg,
+                           const PassManagerOptions& opts, std::vector<PassTiming>* timings) {
+  PassManager pm(reg, opts);
+  Status s = pm.run(g, p.passes, p.canonical(reg));
+  if (timings) *timings = pm.timings();
+  return s;
+}
+
+StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,
+                                              const Registry& reg, std::span<const Tensor> inputs) {
+  KILN_ASSIGN_OR_RETURN(const BackendInfo* info, reg.backend(backend.name));
+  const std::string who = "backend '" + info->name + "'";
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, info->create(backend.options));
+  if (!be) return internal_error(who + " created nothing");
+  auto exe = be->compile(g);
+  if (!exe.ok()) return exe.status().with_context(who);
+  if (!*exe) return internal_error(who + " compiled nothing");
+  auto outs = (*exe)->run(inputs);
+  if (!outs.ok()) return outs.status().with_context(who);
+  if (static_cast<int>(outs->size()) != g.num_outputs())
+    return internal_error(who + " returned " + std::to_string(outs->size()) + " outputs, the graph has " +
+                          std::to_string(g.num_outputs()));
+  return outs;
+}
+
+std::string graph_input_name(const Graph& g, int i) {
+  const std::string& n = g.input(i)->name();
+  return n.empty() ? "input" + std::to_string(i) : n;
+}
+
+std::string graph_output_name(const Graph& g, int i) {
+  const std::string& n = g.output(i)->name();
+  return n.empty() ? "output" + std::to_string(i) : n;
+}
+
+namespace {
+
+/// splitmix64: tiny, fast, and the same sequence on every platform (unlike std distributions).
+uint64_t next_random(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Tensor random_tensor(DType dtype, const std::vector<int64_t>& shape, uint64_t seed) {
+  Tensor t(dtype, shape);
+  uint64_t state = seed;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const uint64_t r = next_random(state);
+    if (is_float(dtype)) {
+      t.set_f64(i, static_cast<double>(r >> 11) * 0x1.0p-52 - 1.0);  // 53 bits → [-1, 1)
+    } else if (dtype == DType::kBool) {
+      t.set_i64(i, static_cast<int64_t>(r >> 63));
+    } else if (dtype == DType::kU8) {
+      t.set_i64(i, static_cast<int64_t>(r >> 60));
+    } else {
+      t.set_i64(i, static_cast<int64_t>(r >> 60) - 8);
+    }
+  }
+  return t;
+}
+
+StatusOr<std::vector<Tensor>> bind_inputs(const Graph& g, const InputBindings& b,
+                                          std::vector<std::string>* notes) {
+  std::set<std::string> names;
+  for (int i = 0; i < g.num_inputs(); ++i) names.insert(graph_input_name(g, i));
+  for (const auto& [name, t] : b.given) {
+    if (names.count(name)) continue;
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    return not_found("graph '" + g.name() + "' has no input '" + name + "'; its inputs: " +
+                     (known.empty() ? "(none)" : known));
+  }
+
+  // Symbols take their sizes from given tensors first, then from --sym, then default to 1.
+  std::map<std::string, int64_t> sizes;
+  std::map<std::string, std::string> bound_by;
+  for (int i = 0; i < g.num_inputs(); ++i) {
+    const std::string name = graph_input_name(g, i);
+    auto it = b.given.find(name);
+    if (it == b.given.end()) continue;
+    const Tensor& t = it->second;
+    const TensorType& want = g.input(i)->type();
+    const std::string mismatch = "input '" + name + "': got " + t.type().str() + ", expected " + want.str();
+    if (t.dtype() != want.dtype || t.rank() != want.rank()) return invalid_argument(mismatch);
+    for (int64_t d = 0; d < t.rank(); ++d) {
+      const Dim& dim = want.shape[static_cast<size_t>(d)];
+      const int64_t size = t.shape()[static_cast<size_t>(d)];
+      if (dim.is_static()) {
+        if (dim.value() != size) return invalid_argument(mismatch);
+      } else if (!dim.is_unknown()) {
+        auto [s, fresh] = sizes.emplace(dim.symbol_name(), size);
+        if (!fresh && s->second != size)
+          return invalid_argument(mismatch + " (symbol '" + dim.symbol_name() + "' is " +
+                                  std::to_string(s->second) + " from input '" + bound_by[dim.symbol_name()] + "')");
+        bound_by.emplace(dim.symbol_name(), name);
+      }
+    }
+  }
+  for (const auto& [sym, size] : b.symbols) {
+    if (size < 0) return invalid_argument("symbol '" + sym + "' must be >= 0, got " + std::to_string(size));
+    auto [s, fresh] = sizes.emplace(sym, size);
+    if (!fresh && s->second != size)
+      return invalid_argument("symbol '" + sym + "' given as " + std::to_string(size) + " but input '" +
+                              bound_by[sym] + "' makes it " + std::to_string(s->second));
+  }
+
+  std::vector<Tensor> out;
+  for (int i = 0; i < g.num_inputs(); ++i) {
+    const std::string name = graph_input_name(g, i);
+    auto it = b.given.find(name);
+    if (it != b.given.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    const TensorType& type = g.input(i)->type();
+    if (!b.random)
+      return invalid_argument("missing input '" + name + "' (" + type.str() +
+                              "); give --input " + name + "=@FILE.npy or --random-inputs");
+    std::vector<int64_t> shape;
+    for (const Dim& d : type.shape) {
+      if (d.is_static()) {
+        shape.push_back(d.value());
+        continue;
+      }
+      auto s = sizes.find(d.symbol_name());
+      if (d.is_unknown() || s == sizes.end()) {
+        if (!d.is_unknown()) sizes[d.symbol_name()] = 1;
+        if (notes) notes->push_back("input '" + name + "': dimension '" + d.str() + "' set to 1 (use --sym to choose)");
+        shape.push_back(1);
+      } else {
+        shape.push_back(s->second);
+      }
+    }
+    // Each input gets its own stream, so adding an input does not change the others.
+    out.push_back(random_tensor(type.dtype, shape, b.seed * 0x100000001b3ull + static_cast<uint64_t>(i)));
+  }
+  return out;
+}
+
+namespace {
+
+std::string element_text(const Tensor& t, int64_t i) {
+  if (t.dtype() == DType::kBool) return t.get_i64(i) ? "true" : "false";
+  if (!is_float(t.dtype())) return std::to_string(t.get_i64(i));
+  const double v = t.get_f64(i);
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*g", t.dtype() == DType::kF64 ? 10 : 6, v);
+  return buf;
+}
+
+void format_dim(const Tensor& t, size_t dim, int64_t offset, const std::vector<int64_t>& strides,
+                bool summarize, std::string& out) {
+  const int64_t n = t.shape()[dim];
+  out += '[';
+  for (int64_t k = 0; k < n; ++k) {
+    if (summarize && n > 6 && k == 3) {
+      out += dim + 1 == t.shape().size() ? "..., " : "...,\n" + std::string(dim + 1, ' ');
+      k = n - 3;
+    }
+    if (dim + 1 == t.shape().size()) out += element_text(t, offset + k);
+    else format_dim(t, dim + 1, offset + k * strides[dim], strides, summarize, out);
+    if (k + 1 < n) out += dim + 1 == t.shape().size() ? ", " : ",\n" + std::string(dim + 1, ' ');
+  }
+  out += ']';
+}
+
+}  // namespace
+
+std::string format_tensor(const Tensor& t, int64_t max_elements) {
+  if (t.rank() == 0) return element_text(t, 0);
+  std::vector<int64_t> strides(t.shape().size(), 1);
+  for (size_t d = t.shape().size() - 1; d > 0; --d) strides[d - 1] = strides[d] * t.shape()[d];
+  std::string out;
+  format_dim(t, 0, 0, strides, t.numel() > max_elements, out);
+  return out;
+}
+
+}  // namespace kiln

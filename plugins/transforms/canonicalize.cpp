@@ -1,0 +1,260 @@
+// The canonicalize pass: constant folding and local algebraic simplification to a fixed point.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/ir/interpreter.h"
+#include "transforms.h"
+
+namespace kiln::transforms {
+namespace {
+
+/// A node whose value is fixed at compile time: no operands, no regions, the constant trait.
+bool is_constant_like(const Node* n) {
+  return n && n->op() && n->op()->has(kTraitConstant) && n->num_operands() == 0 &&
+         n->num_regions() == 0 && !has_side_effects(*n);
+}
+
+/// The permutation a transpose applies; an absent perm reverses the axes (numpy's default).
+std::vector<int64_t> transpose_perm(const Node& n) {
+  std::vector<int64_t> perm = n.get_ints("perm");
+  if (perm.empty())
+    for (int64_t i = n.operand(0)->type().rank() - 1; i >= 0; --i) perm.push_back(i);
+  return perm;
+}
+
+bool is_identity_perm(const std::vector<int64_t>& perm) {
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+bool has_unknown_dim(const TensorType& t) {
+  for (const Dim& d : t.shape)
+    if (d.is_unknown()) return true;
+  return false;
+}
+
+/// Whether every element of `t` equals `v` (and there is at least one).
+bool all_equal(const Tensor& t, double v) {
+  if (t.numel() == 0) return false;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (t.get_f64(i) != v) return false;
+  return true;
+}
+
+class Canonicalize final : public Pass {
+ public:
+  Canonicalize(int64_t max_iterations, int64_t fold_limit_bytes)
+      : max_iterations_(max_iterations), fold_limit_bytes_(fold_limit_bytes) {}
+
+  StatusOr<bool> run(Graph& g) override {
+    bool changed = false;
+    for (int64_t i = 0; i < max_iterations_; ++i) {
+      KILN_ASSIGN_OR_RETURN(bool swept, sweep(g));
+      if (!swept) break;
+      changed = true;
+    }
+    return changed;
+  }
+
+ private:
+  /// One walk over `g` and every region nested in it; true when anything was rewritten.
+  StatusOr<bool> sweep(Graph& g) {
+    bool changed = false;
+    // Rewrites erase only the node at hand and producers before it, never a later node in
+    // this snapshot.
+    for (Node* n : g.node_list()) {
+      if (n->num_regions() > 0) {
+        for (int r = 0; r < n->num_regions(); ++r) {
+          KILN_ASSIGN_OR_RETURN(bool c, sweep(n->region(r)));
+          changed |= c;
+        }
+        continue;
+      }
+      if (!n->op() || has_side_effects(*n)) continue;
+      KILN_ASSIGN_OR_RETURN(bool c, simplify(n));
+      if (!c) {
+        KILN_ASSIGN_OR_RETURN(c, fold(n));
+      }
+      changed |= c;
+    }
+    return changed;
+  }
+
+  /// Points every use of `n`'s only result at `v` and erases `n`.
+  static StatusOr<bool> forward(Node* n, Value* v) {
+    n->result(0)->replace_all_uses_with(v);
+    KILN_RETURN_IF_ERROR(erase_with_dead_producers(n));
+    return true;
+  }
+
+  /// The value of a constant-like node's result, when `v` has one.
+  std::optional<Tensor> constant_value(const Value* v) const {
+    const Node* p = v->producer();
+    if (!is_constant_like(p)) return std::nullopt;
+    if (p->op_name() == "constant") return p->attr("value")->as_tensor();
+    auto outs = evaluate({p}, {});
+    if (!outs) return std::nullopt;
+    return (*outs)[static_cast<size_t>(v->index())];
+  }
+
+  /// Runs `nodes` (constant producers, then at most one consumer) on a private graph with
+  /// the reference interpreter and returns the last node's results; nullopt when the
+  /// interpreter refuses (the error then surfaces when the graph really runs).
+  static std::optional<std::vector<Tensor>> evaluate(const std::vector<const Node*>& nodes,
+                                                     const std::vector<Value*>& operands) {
+    Graph tmp("fold");
+    std::vector<std::pair<const Node*, Node*>> copies;
+    Node* last = nullptr;
+    for (const Node* n : nodes) {
+      std::vector<Value*> ins;
+      if (n == nodes.back()) {
+        for (Value* v : operands) {
+          for (auto& [orig, copy] : copies)
+            if (orig == v->producer()) ins.push_back(copy->result(v->index()));
+        }
+      }
+      std::vector<TensorType> types;
+      for (int i = 0; i < n->num_results(); ++i) types.push_back(n->result(i)->type());
+      auto made = tmp.create_node(n->op_name(), ins, types, n->attrs());
+      if (!made.ok()) return std::nullopt;
+      copies.emplace_back(n, *made);
+      last = *made;
+    }
+    tmp.set_outputs(last->results());
+    auto outs = Interpreter().run(tmp, {});
+    if (!outs.ok()) return std::nullopt;
+    return std::move(outs).value();
+  }
+
+  /// Replaces a node whose operands are all constants by constants holding its results.
+  /// Nodes without operands (range) qualify too; constants themselves are left as they are.
+  StatusOr<bool> fold(Node* n) {
+    if (n->op()->has(kTraitConstant)) return false;
+    std::vector<const Node*> producers;
+    for (Value* v : n->operands()) {
+      if (!is_constant_like(v->producer())) return false;
+      if (std::find(producers.begin(), producers.end(), v->producer()) == producers.end())
+        producers.push_back(v->producer());
+    }
+    int64_t bytes = 0;
+    for (int i = 0; i < n->num_results(); ++i) {
+      const TensorType& t = n->result(i)->type();
+      if (!is_static(t.shape)) return false;
+      bytes += dtype_storage_bytes(t.dtype, num_elements(t.shape));
+    }
+    if (bytes > fold_limit_bytes_) return false;
+
+    producers.push_back(n);
+    auto outs = evaluate(producers, n->operands());
+    if (!outs) return false;
+    for (int i = 0; i < n->num_results(); ++i)
+      if ((*outs)[static_cast<size_t>(i)].type() != n->result(i)->type()) return false;
+
+    for (int i = 0; i < n->num_results(); ++i) {
+      Value* old = n->result(i);
+      // The constant takes over the folded value's name, so the printed IR stays readable.
+      std::string name = old->name();
+      old->set_name("");
+      KILN_ASSIGN_OR_RETURN(Node * c, n->graph()->create_node(
+                                          "constant", {}, {old->type()},
+                                          {{"value", (*outs)[static_cast<size_t>(i)]}},
+                                          n, {name}));
+      c->set_loc(n->loc());
+      old->replace_all_uses_with(c->result());
+    }
+    KILN_RETURN_IF_ERROR(erase_with_dead_producers(n));
+    return true;
+  }
+
+  /// The local rewrites; true when `n` was replaced or changed.
+  StatusOr<bool> simplify(Node* n) {
+    const std::string& op = n->op_name();
+    if (n->num_results() != 1 || n->num_operands() == 0) return false;
+    Value* x = n->operand(0);
+    const TensorType& type = n->result(0)->type();
+    Node* inner = x->producer();
+
+    // Ops that return their operand unchanged. Equal symbols are equal sizes, so a reshape
+    // between equal types is a no-op unless a dim is unknown ("?" may differ from "?").
+    if ((op == "identity" || op == "cast" || (op == "reshape" && !has_unknown_dim(type))) &&
+        x->type() == type)
+      return forward(n, x);
+
+    if (op == "neg" && inner && inner->op_name() == "neg" && inner->operand(0)->type() == type)
+      return forward(n, inner->operand(0));
+
+    // transpose(transpose(x, p1), p2) reads x at p1[p2[j]]: one transpose, or none.
+    if (op == "transpose" && inner && inner->op_name() == "transpose") {
+      const std::vector<int64_t> p1 = transpose_perm(*inner), p2 = transpose_perm(*n);
+      if (p1.size() != p2.size()) return false;
+      std::vector<int64_t> perm;
+      for (int64_t j : p2) perm.push_back(p1[static_cast<size_t>(j)]);
+      Value* src = inner->operand(0);
+      if (is_identity_perm(perm) && src->type() == type) return forward(n, src);
+      n->set_operand(0, src);
+      n->set_attr("perm", perm);
+      if (!has_used_results(*inner)) KILN_RETURN_IF_ERROR(erase_with_dead_producers(inner));
+      return true;
+    }
+
+    // reshape(reshape(x)) is one reshape to the outer (static) target. The target is
+    // spelled out, since a 0 in it ("copy the input dim") would now copy one of x's dims.
+    if (op == "reshape" && inner && inner->op_name() == "reshape" && is_static(type.shape)) {
+      n->set_operand(0, inner->operand(0));
+      n->set_attr("shape", static_sizes(type.shape));
+      if (!has_used_results(*inner)) KILN_RETURN_IF_ERROR(erase_with_dead_producers(inner));
+      return true;
+    }
+
+    // x+0, 0+x, x-0, x*1, 1*x, x/1. The identity operand may be any all-equal constant, but
+    // only when broadcasting it does not change x's type. x*0 is left alone: NaN*0 is NaN.
+    // x+0 may turn -0.0 into +0.0, which is accepted, as under fast-math "no signed zeros".
+    if (n->num_operands() == 2 && (op == "add" || op == "sub" || op == "mul" || op == "div")) {
+      const double unit = (op == "add" || op == "sub") ? 0.0 : 1.0;
+      const bool commutes = op == "add" || op == "mul";
+      for (int side = 1; side >= (commutes ? 0 : 1); --side) {
+        Value* keep = n->operand(1 - side);
+        if (keep->type() != type) continue;
+        auto c = constant_value(n->operand(side));
+        if (c && all_equal(*c, unit)) return forward(n, keep);
+      }
+    }
+    return false;
+  }
+
+  int64_t max_iterations_;
+  int64_t fold_limit_bytes_;
+};
+
+}  // namespace
+
+PassInfo canonicalize_pass_info() {
+  PassInfo info;
+  info.name = "canonicalize";
+  info.version = "0.1.0";
+  info.summary = "fold constants and simplify local patterns (x+0, neg(neg x), transpose pairs)";
+  info.options = {
+      {"max-iterations", OptionType::kInt, int64_t{10},
+       "most sweeps over the graph before stopping short of a fixed point"},
+      {"fold-limit-bytes", OptionType::kInt, int64_t{1} << 20,
+       "largest folded result (bytes) materialized as a constant; 0 disables folding"},
+  };
+  info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
+    const int64_t iterations = o.get_int("max-iterations");
+    const int64_t limit = o.get_int("fold-limit-bytes");
+    if (iterations < 1)
+      return invalid_argument("canonicalize: max-iterations must be at least 1, got " +
+                              std::to_string(iterations));
+    if (limit < 0)
+      return invalid_argument("canonicalize: fold-limit-bytes must not be negative, got " +
+                              std::to_string(limit));
+    return std::unique_ptr<Pass>(std::make_unique<Canonicalize>(iterations, limit));
+  };
+  return info;
+}
+
+}  // namespace kiln::transforms

@@ -1,0 +1,32 @@
+# Runs one kiln command for a CLI test and checks its exit status and output.
+#   cmake -DKILN=<kiln> -DARGS=<a@@b@@c> -DRC=<status> [-DOUT=<regex>] [-DERR=<regex>]
+#         [-DNOT_ERR=<regex>] [-DCOMPARE=<produced>@@<expected>] -P run_cli.cmake
+# ctest's own PASS_REGULAR_EXPRESSION ignores the exit status, hence this script.
+string(REPLACE "@@" ";" args "${ARGS}")
+if(DEFINED COMPARE)
+  string(REPLACE "@@" ";" compare "${COMPARE}")
+  list(GET compare 0 produced)
+  list(GET compare 1 expected)
+  file(REMOVE "${produced}")
+endif()
+execute_process(COMMAND "${KILN}" ${args}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(report "command: kiln ${args}\nexit status: ${rc}\n--- stdout\n${out}--- stderr\n${err}---")
+if(NOT "${rc}" STREQUAL "${RC}")
+  message(FATAL_ERROR "expected exit status ${RC}\n${report}")
+endif()
+if(DEFINED OUT AND NOT out MATCHES "${OUT}")
+  message(FATAL_ERROR "stdout does not match: ${OUT}\n${report}")
+endif()
+if(DEFINED ERR AND NOT err MATCHES "${ERR}")
+  message(FATAL_ERROR "stderr does not match: ${ERR}\n${report}")
+endif()
+if(DEFINED NOT_ERR AND err MATCHES "${NOT_ERR}")
+  message(FATAL_ERROR "stderr should not match: ${NOT_ERR}\n${report}")
+endif()
+if(DEFINED COMPARE)
+  execute_process(COMMAND "${CMAKE_COMMAND}" -E compare_files "${produced}" "${expected}" RESULT_VARIABLE differ)
+  if(differ)
+    message(FATAL_ERROR "${produced} differs from ${expected}\n${report}")
+  endif()
+endif()

@@ -1,0 +1,342 @@
+// Tests of the core contraction and pooling ops against hand-computed values.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/ir/interpreter.h"
+#include "kiln/ir/op.h"
+#include "kiln/ir/verifier.h"
+
+using namespace kiln;
+
+namespace {
+
+Tensor f32(std::vector<int64_t> shape, std::vector<double> v) {
+  return Tensor::from_f64(DType::kF32, std::move(shape), v);
+}
+
+/// Builds a graph holding one `op` node over `inputs`, takes the result types from the
+/// shape rule, verifies it and runs it through the interpreter.
+StatusOr<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs,
+                                     AttrMap attrs = {}, int num_results = 1) {
+  Graph g;
+  std::vector<Value*> operands;
+  std::vector<TensorType> types;
+  for (const Tensor& t : inputs) {
+    operands.push_back(g.add_input("in" + std::to_string(operands.size()), t.type()));
+    types.push_back(t.type());
+  }
+  KILN_ASSIGN_OR_RETURN(
+      Node * n,
+      g.create_node(op, operands, std::vector<TensorType>(static_cast<size_t>(num_results)),
+                    std::move(attrs)));
+  KILN_ASSIGN_OR_RETURN(auto result_types, infer_node_types(*n, types));
+  for (int i = 0; i < num_results; ++i)
+    n->result(i)->set_type(result_types[static_cast<size_t>(i)]);
+  g.set_outputs(n->results());
+  KILN_RETURN_IF_ERROR(verify(g));
+  return Interpreter().run(g, inputs);
+}
+
+/// The shape rule's answer for one `op` node over operands of `types`.
+StatusOr<std::vector<TensorType>> infer_op(const std::string& op, std::vector<TensorType> types,
+                                           AttrMap attrs = {}, int num_results = 1) {
+  Graph g;
+  std::vector<Value*> operands;
+  for (const TensorType& t : types)
+    operands.push_back(g.add_input("in" + std::to_string(operands.size()), t));
+  KILN_ASSIGN_OR_RETURN(
+      Node * n,
+      g.create_node(op, operands, std::vector<TensorType>(static_cast<size_t>(num_results)),
+                    std::move(attrs)));
+  return infer_node_types(*n, std::move(types));
+}
+
+/// Runs a one-result op and returns the result, failing the test on error.
+Tensor run1(const std::string& op, const std::vector<Tensor>& inputs, AttrMap attrs = {}) {
+  StatusOr<std::vector<Tensor>> r = run_op(op, inputs, std::move(attrs));
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  REQUIRE(r->size() == 1);
+  return (*r)[0];
+}
+
+void check_values(const Tensor& t, const std::vector<int64_t>& shape,
+                  const std::vector<double>& want, double tolerance = 1e-6) {
+  REQUIRE(t.shape() == shape);
+  const std::vector<double> got = t.to_f64();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    CHECK_MESSAGE(got[i] == doctest::Approx(want[i]).epsilon(tolerance), "at " << i);
+}
+
+template <typename T>
+std::string error_of(const StatusOr<T>& r) {
+  REQUIRE_FALSE(r.ok());
+  return r.status().message();
+}
+
+const Tensor kX3x3 = f32({1, 1, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9});
+
+}  // namespace
+
+TEST_CASE("linalg: ops are registered with the contraction and reduction traits") {
+  for (const char* name : {"matmul", "linear", "conv"}) {
+    const OpDef* def = OpRegistry::global().find(name);
+    REQUIRE(def != nullptr);
+    CHECK(def->has(kTraitContraction));
+  }
+  for (const char* name : {"max_pool", "avg_pool"})
+    REQUIRE(OpRegistry::global().find(name) != nullptr);
+}
+
+TEST_CASE("linalg: matmul 2-D") {
+  check_values(
+      run1("matmul", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), f32({3, 2}, {7, 8, 9, 10, 11, 12})}), {2, 2},
+      {58, 64, 139, 154});
+}
+
+TEST_CASE("linalg: matmul broadcasts batch dims on both sides") {
+  // a: 2 batches of 1x2 rows, b: 3 batches of 2x1 columns; each output is a dot product.
+  Tensor a = f32({2, 1, 1, 2}, {1, 2, 3, 4});
+  Tensor b = f32({3, 2, 1}, {1, 0, 0, 1, 1, 1});
+  check_values(run1("matmul", {a, b}), {2, 3, 1, 1}, {1, 2, 3, 3, 4, 7});
+}
+
+TEST_CASE("linalg: matmul 1-D promotion") {
+  Tensor m = f32({3, 2}, {7, 8, 9, 10, 11, 12});
+  check_values(run1("matmul", {f32({3}, {1, 2, 3}), m}), {2}, {58, 64});
+  check_values(run1("matmul", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), f32({3}, {1, 1, 1})}), {2},
+               {6, 15});
+  check_values(run1("matmul", {f32({3}, {1, 2, 3}), f32({3}, {4, 5, 6})}), {}, {32});
+  // A vector against a batch of matrices keeps the batch dim.
+  check_values(run1("matmul", {f32({2}, {1, 1}), f32({2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8})}), {2, 2},
+               {4, 6, 12, 14});
+}
+
+TEST_CASE("linalg: matmul on integers accumulates exactly and wraps to the dtype") {
+  const int64_t a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8};
+  Tensor y = run1("matmul", {Tensor::from_i64(DType::kI32, {2, 2}, a),
+                             Tensor::from_i64(DType::kI32, {2, 2}, b)});
+  CHECK(y.dtype() == DType::kI32);
+  CHECK(y.to_i64() == std::vector<int64_t>{19, 22, 43, 50});
+  // 100*2 + 100*2 = 400 does not fit in i8: it wraps to 400 - 512 = -112.
+  const int64_t c[] = {100, 100}, d[] = {2, 2};
+  Tensor z = run1(
+      "matmul", {Tensor::from_i64(DType::kI8, {1, 2}, c), Tensor::from_i64(DType::kI8, {2, 1}, d)});
+  CHECK(z.to_i64() == std::vector<int64_t>{-112});
+}
+
+TEST_CASE("linalg: matmul shape rule with symbolic dims") {
+  auto r = infer_op(
+      "matmul", {{DType::kF32, {Dim::symbol("B"), 2, 3}}, {DType::kF32, {3, Dim::symbol("N")}}});
+  REQUIRE(r.ok());
+  CHECK((*r)[0].str() == "f32[B, 2, N]");
+  // A symbolic contraction dim is checked at run time, not refused.
+  auto k = infer_op("matmul", {{DType::kF32, {2, Dim::symbol("K")}}, {DType::kF32, {3, 4}}});
+  REQUIRE(k.ok());
+  CHECK((*k)[0].str() == "f32[2, 4]");
+}
+
+TEST_CASE("linalg: matmul errors") {
+  CHECK(error_of(run_op("matmul", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), f32({2, 2}, {1, 2, 3, 4})}))
+            .find("contraction dims differ: f32[2, 3] @ f32[2, 2]") != std::string::npos);
+  const double h[] = {1, 2, 3};
+  CHECK(error_of(run_op("matmul", {f32({1, 3}, {1, 2, 3}), Tensor::from_f64(DType::kF16, {3}, h)}))
+            .find("must have the same dtype, got f32 and f16") != std::string::npos);
+  CHECK(error_of(infer_op("matmul", {{DType::kF32, {2, 1, 3}}, {DType::kF32, {3, 3, 1}}}))
+            .find("batch dims of f32[2, 1, 3] and f32[3, 3, 1] do not broadcast") !=
+        std::string::npos);
+  CHECK(error_of(infer_op("matmul", {{DType::kF32, {}}, {DType::kF32, {3}}})).find("rank >= 1") !=
+        std::string::npos);
+  CHECK(error_of(infer_op("matmul", {{DType::kBool, {2}}, {DType::kBool, {2}}}))
+            .find("operand 'a' must be float or integer, got bool") != std::string::npos);
+}
+
+TEST_CASE("linalg: linear with and without bias") {
+  Tensor x = f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor w = f32({2, 3}, {1, 0, -1, 0.5, 0.5, 0.5});
+  check_values(run1("linear", {x, w}), {2, 2}, {-2, 3, -2, 7.5});
+  check_values(run1("linear", {x, w, f32({2}, {10, 20})}), {2, 2}, {8, 23, 8, 27.5});
+  check_values(run1("linear", {x.reshaped({2, 1, 3}), w}), {2, 1, 2}, {-2, 3, -2, 7.5});
+  check_values(run1("linear", {f32({3}, {1, 2, 3}), w}), {2}, {-2, 3});
+}
+
+TEST_CASE("linalg: linear errors") {
+  CHECK(error_of(infer_op("linear", {{DType::kF32, {2, 3}}, {DType::kF32, {3}}}))
+            .find("operand 'w' must be [out_features, in_features], got f32[3]") !=
+        std::string::npos);
+  CHECK(error_of(infer_op("linear", {{DType::kF32, {2, 3}}, {DType::kF32, {4, 2}}}))
+            .find("in_features differ") != std::string::npos);
+  CHECK(error_of(
+            infer_op("linear", {{DType::kF32, {2, 3}}, {DType::kF32, {4, 3}}, {DType::kF32, {3}}}))
+            .find("operand 'bias' must be [out_features] = [4], got f32[3]") != std::string::npos);
+  auto sym = infer_op("linear", {{DType::kF32, {Dim::symbol("B"), 3}}, {DType::kF32, {4, 3}}});
+  REQUIRE(sym.ok());
+  CHECK((*sym)[0].str() == "f32[B, 4]");
+}
+
+TEST_CASE("linalg: conv 2-D, plain and with bias") {
+  Tensor w = f32({1, 1, 2, 2}, {1, 0, 0, 1});  // top-left + bottom-right of each window
+  check_values(run1("conv", {kX3x3, w}), {1, 1, 2, 2}, {6, 8, 12, 14});
+  check_values(run1("conv", {kX3x3, w, f32({1}, {10})}), {1, 1, 2, 2}, {16, 18, 22, 24});
+}
+
+TEST_CASE("linalg: conv with stride, pads and dilation") {
+  Tensor w = f32({1, 1, 2, 2}, {1, 0, 0, 1});
+  // Padded by 1 all round, stride 2: windows start at rows/cols -1 and 1.
+  check_values(
+      run1("conv", {kX3x3, w},
+           {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"strides", std::vector<int64_t>{2, 2}}}),
+      {1, 1, 2, 2}, {1, 3, 7, 14});
+  // pads are all begins then all ends: [h_begin, w_begin, h_end, w_end] = one column on the left.
+  check_values(run1("conv", {kX3x3, w}, {{"pads", std::vector<int64_t>{0, 1, 0, 0}}}), {1, 1, 2, 3},
+               {4, 6, 8, 7, 12, 14});
+  // Dilation 2 spreads the 2x2 kernel over the corners of the 3x3 input: 1*1 + 2*3 + 3*7 + 4*9.
+  check_values(run1("conv", {kX3x3, f32({1, 1, 2, 2}, {1, 2, 3, 4})},
+                    {{"dilations", std::vector<int64_t>{2, 2}}}),
+               {1, 1, 1, 1}, {64});
+}
+
+TEST_CASE("linalg: conv with channels and groups") {
+  Tensor x = f32({1, 2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  // One output channel summing both input channels (c0 + 10 * c1).
+  check_values(run1("conv", {x, f32({1, 2, 1, 1}, {1, 10})}), {1, 1, 2, 2}, {51, 62, 73, 84});
+  // groups 2, 4 output channels: channels 0-1 read input channel 0, channels 2-3 read channel 1.
+  check_values(run1("conv", {x, f32({4, 1, 1, 1}, {1, 2, 3, 4})}, {{"groups", 2}}), {1, 4, 2, 2},
+               {1, 2, 3, 4, 2, 4, 6, 8, 15, 18, 21, 24, 20, 24, 28, 32});
+  // Batch of two: each image is convolved on its own.
+  Tensor x2 = f32({2, 1, 1, 2}, {1, 2, 3, 4});
+  check_values(run1("conv", {x2, f32({1, 1, 1, 2}, {1, 1})}), {2, 1, 1, 1}, {3, 7});
+}
+
+TEST_CASE("linalg: conv 1-D and 3-D") {
+  // Padded [0 1 2 3 4 5 0], kernel [1 0 -1], stride 2.
+  check_values(run1("conv", {f32({1, 1, 5}, {1, 2, 3, 4, 5}), f32({1, 1, 3}, {1, 0, -1})},
+                    {{"pads", std::vector<int64_t>{1, 1}}, {"strides", std::vector<int64_t>{2}}}),
+               {1, 1, 3}, {-2, -2, 4});
+  check_values(run1("conv", {f32({1, 1, 2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8}),
+                             f32({1, 1, 2, 2, 2}, {1, 1, 1, 1, 1, 1, 1, 1})}),
+               {1, 1, 1, 1, 1}, {36});
+}
+
+TEST_CASE("linalg: conv shape rule and errors") {
+  auto sym = infer_op(
+      "conv",
+      {{DType::kF32, {Dim::symbol("N"), 3, Dim::symbol("H"), 7}}, {DType::kF32, {8, 3, 3, 3}}},
+      {{"strides", std::vector<int64_t>{2, 2}}});
+  REQUIRE(sym.ok());
+  CHECK((*sym)[0].str() == "f32[N, 8, ?, 3]");
+  CHECK(error_of(infer_op("conv", {{DType::kF32, {1, 3, 4, 4}}, {DType::kF32, {2, 1, 1, 1}}},
+                          {{"groups", 2}}))
+            .find("input channels 3 are not divisible by groups 2") != std::string::npos);
+  CHECK(error_of(infer_op("conv", {{DType::kF32, {1, 4, 4, 4}}, {DType::kF32, {3, 2, 1, 1}}},
+                          {{"groups", 2}}))
+            .find("output channels 3 are not divisible by groups 2") != std::string::npos);
+  CHECK(error_of(infer_op("conv", {{DType::kF32, {1, 2, 4, 4}}, {DType::kF32, {1, 3, 1, 1}}}))
+            .find("expects 3 input channels") != std::string::npos);
+  CHECK(error_of(infer_op("conv", {{DType::kF32, {1, 1, 2, 2}}, {DType::kF32, {1, 1, 3, 3}}}))
+            .find("window of size 3 is larger than the padded input of size 2") !=
+        std::string::npos);
+  CHECK(error_of(infer_op("conv", {{DType::kF32, {1, 1, 4, 4}}, {DType::kF32, {1, 1, 1, 1}}},
+                          {{"strides", std::vector<int64_t>{1}}}))
+            .find("attribute 'strides' must have 2 values, got 1") != std::string::npos);
+  CHECK(error_of(infer_op("conv", {{DType::kF32, {1, 4}}, {DType::kF32, {1, 4}}}))
+            .find("operand 'x' must be [N, C, spatial...]") != std::string::npos);
+}
+
+TEST_CASE("linalg: max_pool floor and ceil mode") {
+  check_values(
+      run1("max_pool", {kX3x3},
+           {{"kernel_shape", std::vector<int64_t>{2, 2}}, {"strides", std::vector<int64_t>{2, 2}}}),
+      {1, 1, 1, 1}, {5});
+  check_values(run1("max_pool", {kX3x3},
+                    {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                     {"strides", std::vector<int64_t>{2, 2}},
+                     {"ceil_mode", 1}}),
+               {1, 1, 2, 2}, {5, 6, 8, 9});
+  // ceil_mode drops a last window that would start in the end padding: 4 windows fit the
+  // arithmetic, 3 remain.
+  check_values(run1("max_pool", {f32({1, 1, 5}, {1, 2, 3, 4, 5})},
+                    {{"kernel_shape", std::vector<int64_t>{2}},
+                     {"strides", std::vector<int64_t>{2}},
+                     {"pads", std::vector<int64_t>{1, 1}},
+                     {"ceil_mode", 1}}),
+               {1, 1, 3}, {1, 3, 5});
+}
+
+TEST_CASE("linalg: max_pool ignores padding, honours dilation, takes integers") {
+  // All values negative: a padding value of 0 would win if padding were counted.
+  Tensor neg = f32({1, 1, 3, 3}, {-1, -2, -3, -4, -5, -6, -7, -8, -9});
+  check_values(run1("max_pool", {neg},
+                    {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                     {"strides", std::vector<int64_t>{2, 2}},
+                     {"pads", std::vector<int64_t>{1, 1, 1, 1}}}),
+               {1, 1, 2, 2}, {-1, -2, -4, -5});
+  // Dilation 2 looks only at the corners, so the 9 in the middle of the top row is skipped.
+  check_values(run1("max_pool", {f32({1, 1, 3, 3}, {1, 9, 2, 3, 4, 5, 6, 7, 0})},
+                    {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                     {"dilations", std::vector<int64_t>{2, 2}}}),
+               {1, 1, 1, 1}, {6});
+  const int64_t v[] = {3, -1, 7, 2};
+  Tensor y = run1("max_pool", {Tensor::from_i64(DType::kI32, {1, 1, 4}, v)},
+                  {{"kernel_shape", std::vector<int64_t>{2}}});
+  CHECK(y.to_i64() == std::vector<int64_t>{3, 7, 7});
+}
+
+TEST_CASE("linalg: avg_pool with count_include_pad and ceil_mode") {
+  check_values(run1("avg_pool", {kX3x3}, {{"kernel_shape", std::vector<int64_t>{2, 2}}}),
+               {1, 1, 2, 2}, {3, 4, 6, 7});
+  AttrMap padded = {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                    {"strides", std::vector<int64_t>{2, 2}},
+                    {"pads", std::vector<int64_t>{1, 1, 1, 1}}};
+  check_values(run1("avg_pool", {kX3x3}, padded), {1, 1, 2, 2}, {1, 2.5, 5.5, 7});
+  padded["count_include_pad"] = 1;
+  check_values(run1("avg_pool", {kX3x3}, padded), {1, 1, 2, 2}, {0.25, 1.25, 2.75, 7});
+  // A ceil_mode window hanging past the input (no padding there) is averaged over what it covers.
+  check_values(run1("avg_pool", {kX3x3},
+                    {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                     {"strides", std::vector<int64_t>{2, 2}},
+                     {"ceil_mode", 1},
+                     {"count_include_pad", 1}}),
+               {1, 1, 2, 2}, {3, 4.5, 7.5, 9});
+  // 1-D, kernel 3, stride 2, pads 1/1, ceil: windows [-1,2) [1,4) [3,6); the last is clipped
+  // to the padded end (5), so count_include_pad divides it by 2.
+  AttrMap ceil = {{"kernel_shape", std::vector<int64_t>{3}},
+                  {"strides", std::vector<int64_t>{2}},
+                  {"pads", std::vector<int64_t>{1, 1}},
+                  {"ceil_mode", 1}};
+  Tensor x = f32({1, 1, 4}, {1, 2, 3, 4});
+  check_values(run1("avg_pool", {x}, ceil), {1, 1, 3}, {1.5, 3, 4});
+  ceil["count_include_pad"] = 1;
+  check_values(run1("avg_pool", {x}, ceil), {1, 1, 3}, {1, 3, 2});
+}
+
+TEST_CASE("linalg: pooling errors") {
+  const TensorType x{DType::kF32, {1, 1, 4, 4}};
+  CHECK(error_of(infer_op("max_pool", {x})).find("missing required attribute 'kernel_shape'") !=
+        std::string::npos);
+  CHECK(error_of(infer_op("max_pool", {x}, {{"kernel_shape", std::vector<int64_t>{2}}}))
+            .find("attribute 'kernel_shape' must have 2 values, got 1") != std::string::npos);
+  CHECK(error_of(infer_op("avg_pool", {x},
+                          {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                           {"pads", std::vector<int64_t>{2, 0, 0, 0}}}))
+            .find("pads of spatial dim 0 must be smaller than the window size 2") !=
+        std::string::npos);
+  CHECK(error_of(infer_op("avg_pool", {{DType::kI32, {1, 1, 4}}},
+                          {{"kernel_shape", std::vector<int64_t>{2}}}))
+            .find("operand 'x' must be float, got i32") != std::string::npos);
+  CHECK(error_of(infer_op("avg_pool", {x},
+                          {{"kernel_shape", std::vector<int64_t>{2, 2}}, {"count_include_pad", 2}}))
+            .find("attribute 'count_include_pad' must be 0 or 1, got 2") != std::string::npos);
+  CHECK(error_of(infer_op("avg_pool", {x},
+                          {{"kernel_shape", std::vector<int64_t>{2, 2}},
+                           {"dilations", std::vector<int64_t>{1, 1}}}))
+            .find("unknown attribute 'dilations'") != std::string::npos);
+  auto sym = infer_op(
+      "max_pool", {{DType::kF32, {Dim::symbol("N"), 3, Dim::symbol("H"), 8}}},
+      {{"kernel_shape", std::vector<int64_t>{2, 2}}, {"strides", std::vector<int64_t>{2, 2}}});
+  REQUIRE(sym.ok());
+  CHECK((*sym)[0].str() == "f32[N, 3, ?, 4]");
+}

@@ -1,0 +1,58 @@
+// Shared pieces of the kiln command line: argument reading, error reporting, subcommands.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/ir/status.h"
+
+namespace kiln::cli {
+
+/// Exit codes: success, an error while working, a malformed command line.
+inline constexpr int kExitOk = 0, kExitError = 1, kExitUsage = 2;
+
+/// Thrown inside a subcommand for a malformed command line; main() prints it and exits 2.
+struct UsageError {
+  std::string message;
+};
+
+/// Reads `--flag`, `--flag VALUE` and `--flag=VALUE` arguments and positionals, in order.
+class Args {
+ public:
+  Args(std::vector<std::string> args, std::string command)
+      : args_(std::move(args)), command_(std::move(command)) {}
+
+  bool done() const { return i_ >= args_.size(); }
+  /// The next argument is an option ("-x" or "--x", but not "-" alone).
+  bool at_option() const;
+  /// Consumes the next argument as an option and returns its name ("--pipeline").
+  std::string option();
+  /// The option's value: the "=VALUE" part or the next argument.
+  std::string value(const std::string& flag);
+  /// Refuses a "=VALUE" given to a flag that takes none.
+  void no_value(const std::string& flag);
+  std::string positional() { return args_[i_++]; }
+  [[noreturn]] void unknown(const std::string& flag) const;
+
+ private:
+  std::vector<std::string> args_;
+  std::string command_;
+  size_t i_ = 0;
+  std::optional<std::string> inline_value_;
+};
+
+/// Prints each line of `s`'s message as "kiln: error: ..." and returns kExitError.
+int report(const Status& s);
+/// "kiln: note: ..." on stderr.
+void note(const std::string& msg);
+
+int cmd_plugins(Args& args);
+int cmd_opt(Args& args);
+int cmd_run(Args& args);
+
+/// The help text of one subcommand ("" = the overview).
+std::string usage_text(std::string_view command);
+
+}  // namespace kiln::cli
