@@ -6,7 +6,7 @@ PACKAGES=(
   cmake ninja-build g++ make pkg-config
   llvm-19-dev llvm-19-tools libzstd-dev
   libtomlplusplus-dev doctest-dev
-  libboost-dev
+  libboost-dev libssl-dev
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
   python3 python3-numpy
 )

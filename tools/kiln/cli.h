@@ -51,6 +51,11 @@ void note(const std::string& msg);
 int cmd_plugins(Args& args);
 int cmd_opt(Args& args);
 int cmd_run(Args& args);
+int cmd_compile(Args& args);
+int cmd_inspect(Args& args);
+int cmd_cache(Args& args);
+/// Help of compile, inspect and cache ("" for other commands).
+std::string artifact_usage_text(std::string_view command);
 
 /// The help text of one subcommand ("" = the overview).
 std::string usage_text(std::string_view command);

@@ -13,8 +13,12 @@ constexpr std::string_view kOverview = R"(usage: kiln <command> [options]
 
 commands:
   plugins   list the plugins found and the options each one declares
+  import    read a model with a front end (e.g. .onnx) and write it as .kir
   opt       read a model, run passes on it, and print the resulting .kir
   run       read a model, run passes, compile it for a backend and run it
+  compile   build a .kiln artifact with kernel images for GPU targets (no GPU needed)
+  inspect   check a .kiln artifact and print what it holds
+  cache     show or clear the kernel cache
 
   kiln --version        print the version, plugin ABI and build fingerprint
   kiln --help           this text; `kiln <command> --help` for one command
@@ -72,10 +76,16 @@ Outputs not written to a file are printed: name, type, then the values (shortene
 
 }  // namespace
 
+int cmd_import(Args& args);  // import_cmd.cpp
+std::string import_usage();   // import_cmd.cpp
+
 std::string usage_text(std::string_view command) {
   if (command == "plugins") return std::string(kPlugins);
+  if (command == "import") return import_usage();
   if (command == "opt") return std::string(kOpt) + std::string(kCommon);
   if (command == "run") return std::string(kRun) + std::string(kCommon);
+  if (command == "compile") return artifact_usage_text(command) + std::string(kCommon);
+  if (!artifact_usage_text(command).empty()) return artifact_usage_text(command);
   return std::string(kOverview);
 }
 
@@ -148,8 +158,12 @@ int dispatch(std::vector<std::string> argv) {
   }
   Args args(std::move(rest), command);
   if (command == "plugins") return cmd_plugins(args);
+  if (command == "import") return cmd_import(args);
   if (command == "opt") return cmd_opt(args);
   if (command == "run") return cmd_run(args);
+  if (command == "compile") return cmd_compile(args);
+  if (command == "inspect") return cmd_inspect(args);
+  if (command == "cache") return cmd_cache(args);
   throw UsageError{"unknown command '" + command + "'"};
 }
 

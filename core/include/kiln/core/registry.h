@@ -53,11 +53,22 @@ class Executable {
   virtual StatusOr<std::vector<Tensor>> run(std::span<const Tensor> inputs) = 0;
 };
 
+struct ArtifactContents;
+
 /// Lowers graphs for one kind of device.
 class Backend {
  public:
   virtual ~Backend() = default;
+  /// Compiles for this process's use (e.g. `kiln run`).
   virtual StatusOr<std::unique_ptr<Executable>> compile(const Graph& g) = 0;
+  /// Adds this backend's part of a .kiln artifact for `targets` (each one this backend lists).
+  /// The first backend asked fills the plan and weights; later ones (other generations of the
+  /// same family) add images built from the same lowering. Backends that make no artifacts
+  /// keep this default.
+  virtual Status build_artifact(const Graph& g, const std::vector<std::string>& targets,
+                                ArtifactContents& out) {
+    return Status(StatusCode::kUnimplemented, "this backend does not produce .kiln artifacts");
+  }
 };
 
 struct BackendInfo : PluginEntry {

@@ -1,0 +1,47 @@
+// Lowering of Kiln IR to CUDA C++ and an execution plan (docs/artifact.md), shared by the
+// cuda-sm80, cuda-sm90 and cuda-sm100 backends.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/ir/graph.h"
+#include "kiln/ir/status.h"
+
+namespace kiln::cuda {
+
+/// What differs between GPU generations: one row per backend plugin.
+struct Capabilities {
+  std::string plugin;                ///< "cuda-sm90"
+  std::string version;               ///< the plugin's version
+  std::string summary;               ///< one line for `kiln plugins`
+  int sm = 80;                       ///< compute capability, major * 10 + minor
+  std::vector<std::string> targets;  ///< NVRTC targets: "sm_90a" (cubin), "compute_90" (PTX)
+  bool fp8 = false;                  ///< FP8 tensor cores (e4m3/e5m2)
+  std::string tensor_cores;          ///< "mma.sync", "wgmma", "tcgen05"
+  int64_t max_smem_per_block = 0;    ///< opt-in dynamic shared memory limit, bytes
+};
+
+struct LoweringOptions {
+  bool allow_tf32 = false;  ///< f32 GEMMs may use tf32 tensor cores
+};
+
+/// The result of lowering one graph: what an artifact needs besides the kernel images.
+struct LoweredGraph {
+  std::string plan;                  ///< "kiln-plan 1\n..."
+  std::string weights;               ///< the weights section
+  std::string source;                ///< CUDA C++ defining every kernel the plan launches
+  std::vector<std::string> kernels;  ///< kernel names, in plan order
+};
+
+/// Lowers a graph whose shapes are all static. Unsupported ops or dtypes give an
+/// unimplemented status naming them; symbolic dims an invalid-argument naming the value.
+StatusOr<LoweredGraph> lower_graph(const Graph& g, const LoweringOptions& opts = {});
+
+/// Replaces symbolic dims of the graph inputs by `sizes` and re-infers every type.
+/// Fails naming a symbol that has no size.
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& sizes);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,1160 @@
+// Lowering of a static-shape Kiln graph to CUDA C++ kernels, cuBLASLt GEMM steps and a
+// liveness-based static memory plan (the plan text of docs/artifact.md).
+#include "kiln/cuda/lowering.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numbers>
+#include <set>
+#include <unordered_map>
+
+#include "codegen.h"
+#include "kiln/ir/interpreter.h"
+#include "kiln/ir/op.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int64_t kAlign = 256;
+constexpr int kBlock = 256;
+constexpr int64_t kMaxGrid = int64_t{1} << 20;
+constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+constexpr int64_t kFoldLimitBytes = int64_t{64} << 20;
+
+int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+std::string dname(DType t) { return std::string(dtype_name(t)); }
+
+std::string value_label(const Value* v) { return "%" + (v->name().empty() ? std::string("<unnamed>") : v->name()); }
+
+Status unsupported(const Node& n, const std::string& why) {
+  return error_at(n.loc(), StatusCode::kUnimplemented, "cuda: " + n.op_name() + ": " + why);
+}
+
+Status unsupported_dtype(const Node& n, DType t) {
+  return unsupported(n, "dtype " + dname(t) + " is not supported");
+}
+
+Sizes sizes_of(const Value* v) { return static_sizes(v->shape()); }
+
+/// ONNX slice clamping of one axis: first index, step and count.
+struct SliceAxis {
+  int64_t start = 0, step = 1, count = 0;
+};
+SliceAxis clamp_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  SliceAxis s;
+  s.step = step;
+  if (dim == 0) return s;
+  int64_t distance;
+  if (step > 0) {
+    s.start = std::clamp<int64_t>(start, 0, dim);
+    distance = std::clamp<int64_t>(end, 0, dim) - s.start;
+  } else {
+    s.start = std::clamp<int64_t>(start, 0, dim - 1);
+    distance = s.start - std::clamp<int64_t>(end, -1, dim - 1);
+  }
+  const uint64_t abs_step = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+  if (distance > 0) s.count = 1 + static_cast<int64_t>(static_cast<uint64_t>(distance - 1) / abs_step);
+  return s;
+}
+
+int64_t norm_axis(int64_t a, int64_t rank) { return a < 0 ? a + rank : a; }
+
+class Lowerer {
+ public:
+  explicit Lowerer(const LoweringOptions& o) : opts_(o) {}
+  StatusOr<LoweredGraph> run(const Graph& g);
+
+ private:
+  struct Buffer {
+    std::string kind;  // input, output, activation, weight, alias
+    DType dtype;
+    Sizes shape;
+    int64_t bytes = 0;
+    int64_t offset = 0;
+    int base = -1;
+    std::string name;
+  };
+  struct Step {
+    std::string text;
+    std::vector<int> buffers;
+  };
+
+  int add_buffer(std::string kind, DType t, Sizes shape, std::string name = "") {
+    Buffer b{std::move(kind), t, std::move(shape), 0, 0, -1, std::move(name)};
+    b.bytes = dtype_storage_bytes(t, product(b.shape));
+    bufs_.push_back(std::move(b));
+    return static_cast<int>(bufs_.size()) - 1;
+  }
+  int root(int id) const { return bufs_[id].kind == "alias" ? bufs_[id].base : id; }
+  int buf(const Value* v) const { return val_.at(v); }
+  int activation_for(const Value* v) {
+    const int id = add_buffer("activation", v->dtype(), sizes_of(v), v->name());
+    val_[v] = id;
+    return id;
+  }
+  std::string kernel_name(const std::string& op) { return "k" + std::to_string(kernels_.size()) + "_" + op; }
+  void add_kernel(const std::string& name, const std::string& params, const std::string& body) {
+    kernels_.push_back(name);
+    source_ += "\nextern \"C\" __global__ void __launch_bounds__(" + std::to_string(kBlock) + ") " +
+               name + "(" + params + ") {\n" + body + "}\n";
+  }
+  void launch(const std::string& kernel, int64_t blocks, const std::vector<int>& args) {
+    std::string a;
+    for (size_t i = 0; i < args.size(); ++i) a += (i ? ",b" : "b") + std::to_string(args[i]);
+    steps_.push_back({"step launch kernel=" + kernel + " grid=" +
+                          std::to_string(std::clamp<int64_t>(blocks, 1, kMaxGrid)) + ",1,1 block=" +
+                          std::to_string(kBlock) + ",1,1 smem=0 args=" + a,
+                      args});
+  }
+  /// One thread per element of `n`: the grid-stride loop around `body` (which sees `i`).
+  void launch_elementwise(const std::string& kernel, const std::string& params, int64_t n,
+                          const std::string& body, const std::vector<int>& args) {
+    add_kernel(kernel, params,
+               "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < " +
+                   int_literal(n) + "; i += (long long)gridDim.x * blockDim.x) {\n" + body + "  }\n");
+    launch(kernel, (n + kBlock - 1) / kBlock, args);
+  }
+  StatusOr<std::string> storage(const Node& n, DType t) {
+    std::optional<std::string> s = storage_type(t);
+    if (!s) return unsupported_dtype(n, t);
+    note_dtype(t);
+    return *s;
+  }
+  StatusOr<std::string> reg(const Node& n, DType t) {
+    std::optional<std::string> r = reg_type(t);
+    if (!r) return unsupported_dtype(n, t);
+    note_dtype(t);
+    return *r;
+  }
+  void note_dtype(DType t) {
+    fp16_ |= t == DType::kF16;
+    bf16_ |= t == DType::kBF16;
+  }
+
+  Status check_static(const Value* v) {
+    for (size_t d = 0; d < v->shape().size(); ++d)
+      if (!v->shape()[d].is_static())
+        return invalid_argument("cuda: value " + value_label(v) + " has symbolic dim " +
+                                std::to_string(d) + " ('" + v->shape()[d].str() +
+                                "'); artifacts need static shapes (bind it with --sym " +
+                                v->shape()[d].str() + "=N)");
+    return ok_status();
+  }
+
+  Status lower_graph_nodes(const Graph& g);
+  Status lower_node(const Node& n);
+  Status fold(const Node& n);
+  Status weight(const Value* v, const Tensor& t);
+  bool pure_pointwise(const Node& fused) const;
+  Status pointwise(const std::string& label, const std::vector<const Node*>& nodes,
+                   const std::vector<const Value*>& inputs, const std::vector<const Value*>& outputs,
+                   const std::vector<int>& in_bufs, const std::vector<int>& out_bufs);
+  StatusOr<std::string> op_expr(const Node& n, const std::vector<std::string>& a);
+  Status strided_copy(const Node& n, int in, int out, const Sizes& out_shape, const Sizes& in_strides,
+                      int64_t in_base, const Sizes& out_strides, int64_t out_base, const Sizes& iter);
+  Status gather_view(const Node& n, int in, int out, const Sizes& out_shape, const Sizes& strides,
+                     int64_t base) {
+    return strided_copy(n, in, out, out_shape, strides, base, contiguous_strides(out_shape), 0, out_shape);
+  }
+  Status reduce(const Node& n);
+  Status arg_reduce(const Node& n);
+  Status softmax(const Node& n);
+  Status norm(const Node& n);
+  Status batch_norm(const Node& n);
+  Status matmul(const Node& n);
+  Status linear(const Node& n);
+  Status conv(const Node& n);
+  Status pool(const Node& n);
+  Status gather(const Node& n);
+  Status pad(const Node& n);
+  Status gemm_operand(const Node& n, const Value* v, const Sizes& batch_dims, int64_t rows,
+                      int64_t cols, int& id, int64_t& stride);
+  std::string write_plan(int64_t arena);
+  int64_t plan_memory();
+
+  LoweringOptions opts_;
+  std::vector<Buffer> bufs_;
+  std::unordered_map<const Value*, int> val_;
+  std::vector<Step> steps_;
+  std::vector<std::string> kernels_;
+  std::string source_, weights_;
+  std::vector<std::pair<std::string, int>> inputs_, outputs_;
+  bool fp16_ = false, bf16_ = false, gemm_ = false;
+};
+
+Status Lowerer::weight(const Value* v, const Tensor& t) {
+  weights_.resize(static_cast<size_t>(align_up(static_cast<int64_t>(weights_.size()))), '\0');
+  const int id = add_buffer("weight", t.dtype(), t.shape(), v->name());
+  bufs_[id].offset = static_cast<int64_t>(weights_.size());
+  weights_.append(reinterpret_cast<const char*>(t.data()), t.nbytes());
+  val_[v] = id;
+  return ok_status();
+}
+
+Status Lowerer::fold(const Node& n) {
+  std::vector<Tensor> in, out;
+  for (const Value* v : n.operands()) {
+    const int id = buf(v);
+    const int64_t off = bufs_[root(id)].offset + (id == root(id) ? 0 : bufs_[id].offset);
+    auto bytes = std::make_shared<std::string>(weights_.substr(static_cast<size_t>(off), static_cast<size_t>(bufs_[id].bytes)));
+    in.push_back(Tensor::wrap(v->dtype(), sizes_of(v), reinterpret_cast<const std::byte*>(bytes->data()), bytes));
+  }
+  for (const Value* r : n.results()) out.emplace_back(r->dtype(), sizes_of(r));
+  Interpreter interp;
+  KernelContext ctx{n, in, out, interp};
+  KILN_RETURN_IF_ERROR(n.op()->reference(ctx).with_context("cuda: folding constant " + n.op_name()));
+  for (int i = 0; i < n.num_results(); ++i) KILN_RETURN_IF_ERROR(weight(n.result(i), out[static_cast<size_t>(i)]));
+  return ok_status();
+}
+
+bool Lowerer::pure_pointwise(const Node& fused) const {
+  const Graph& body = fused.region(0);
+  if (body.num_outputs() == 0) return false;
+  const Sizes shape = sizes_of(fused.result(0));
+  for (const Value* r : fused.results())
+    if (sizes_of(r) != shape) return false;
+  for (const Value* o : fused.operands()) {
+    const Sizes s = sizes_of(o);
+    if (s.size() > shape.size()) return false;
+    for (size_t d = 0; d < s.size(); ++d)
+      if (s[d] != 1 && s[d] != shape[shape.size() - s.size() + d]) return false;
+  }
+  for (const auto& n : body.nodes()) {
+    if (n->op_name() == "constant") {
+      if (n->attr("value") == nullptr || n->attr("value")->as_tensor().numel() != 1) return false;
+    } else if (!n->op()->has(kTraitElementwise) && n->op_name() != "identity") {
+      return false;
+    }
+  }
+  return true;
+}
+
+Status Lowerer::lower_graph_nodes(const Graph& g) {
+  for (const auto& n : g.nodes()) {
+    for (const Value* r : n->results()) KILN_RETURN_IF_ERROR(check_static(r));
+    KILN_RETURN_IF_ERROR(lower_node(*n));
+  }
+  return ok_status();
+}
+
+Status Lowerer::lower_node(const Node& n) {
+  const std::string& op = n.op_name();
+  if (op == "constant") return weight(n.result(), n.attr("value")->as_tensor());
+  if (op == "fused") {
+    const Graph& body = n.region(0);
+    if (pure_pointwise(n)) {
+      std::vector<const Node*> nodes;
+      for (const auto& m : body.nodes()) nodes.push_back(m.get());
+      std::vector<int> in_bufs, out_bufs;
+      for (const Value* v : n.operands()) in_bufs.push_back(buf(v));
+      for (const Value* r : n.results()) out_bufs.push_back(activation_for(r));
+      const std::vector<Value*> ins = body.inputs();
+      return pointwise("fused", nodes, {ins.begin(), ins.end()}, {body.outputs().begin(), body.outputs().end()},
+                       in_bufs, out_bufs);
+    }
+    // Not one kernel's worth: lower the group's nodes one by one.
+    for (int i = 0; i < body.num_inputs(); ++i) val_[body.input(i)] = buf(n.operand(i));
+    KILN_RETURN_IF_ERROR(lower_graph_nodes(body));
+    for (int i = 0; i < n.num_results(); ++i) val_[n.result(i)] = buf(body.output(i));
+    return ok_status();
+  }
+  if (n.num_regions() > 0) return unsupported(n, "ops with regions other than fused are not supported");
+  bool all_weights = true;
+  int64_t out_bytes = 0;
+  for (const Value* v : n.operands()) all_weights &= bufs_[root(buf(v))].kind == "weight";
+  for (const Value* r : n.results()) out_bytes += dtype_storage_bytes(r->dtype(), product(sizes_of(r)));
+  if (all_weights && out_bytes <= kFoldLimitBytes) return fold(n);
+
+  static const std::set<std::string> kViews = {"reshape", "flatten", "squeeze", "unsqueeze", "identity"};
+  if (kViews.count(op)) {
+    const int base = root(buf(n.operand(0)));
+    const int id = add_buffer("alias", n.result()->dtype(), sizes_of(n.result()), n.result()->name());
+    bufs_[id].base = base;
+    bufs_[id].offset = 0;
+    val_[n.result()] = id;
+    return ok_status();
+  }
+  if (n.op()->has(kTraitElementwise)) {
+    std::vector<int> in_bufs;
+    for (const Value* v : n.operands()) in_bufs.push_back(buf(v));
+    const int out = activation_for(n.result());
+    return pointwise(op, {&n}, {n.operands().begin(), n.operands().end()}, {n.result()}, in_bufs, {out});
+  }
+  if (op.rfind("reduce_", 0) == 0) return reduce(n);
+  if (op == "argmax" || op == "argmin") return arg_reduce(n);
+  if (op == "softmax" || op == "log_softmax") return softmax(n);
+  if (op == "layer_norm" || op == "rms_norm") return norm(n);
+  if (op == "batch_norm") return batch_norm(n);
+  if (op == "matmul") return matmul(n);
+  if (op == "linear") return linear(n);
+  if (op == "conv") return conv(n);
+  if (op == "max_pool" || op == "avg_pool") return pool(n);
+  if (op == "gather") return gather(n);
+  if (op == "pad") return pad(n);
+
+  const Value* x = n.num_operands() > 0 ? n.operand(0) : nullptr;
+  if (op == "transpose") {
+    const Sizes xs = sizes_of(x);
+    Sizes perm = n.get_ints("perm");
+    if (perm.empty())
+      for (size_t d = xs.size(); d-- > 0;) perm.push_back(static_cast<int64_t>(d));
+    const Sizes cs = contiguous_strides(xs);
+    Sizes st;
+    for (int64_t p : perm) st.push_back(cs[static_cast<size_t>(norm_axis(p, static_cast<int64_t>(xs.size())))]);
+    return gather_view(n, buf(x), activation_for(n.result()), sizes_of(n.result()), st, 0);
+  }
+  if (op == "slice") {
+    const Sizes xs = sizes_of(x);
+    const int64_t rank = static_cast<int64_t>(xs.size());
+    Sizes axes = n.get_ints("axes"), starts = n.get_ints("starts"), ends = n.get_ints("ends"),
+          steps = n.get_ints("steps");
+    if (!n.has_attr("axes"))
+      for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    if (!n.has_attr("steps")) steps.assign(starts.size(), 1);
+    Sizes st = contiguous_strides(xs);
+    int64_t base = 0;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const size_t a = static_cast<size_t>(norm_axis(axes[i], rank));
+      const SliceAxis s = clamp_slice(xs[a], starts[i], ends[i], steps[i]);
+      base += s.start * st[a];
+      if (s.count > 1) st[a] *= s.step;
+    }
+    return gather_view(n, buf(x), activation_for(n.result()), sizes_of(n.result()), st, base);
+  }
+  if (op == "expand") {
+    const Sizes out = sizes_of(n.result());
+    return gather_view(n, buf(x), activation_for(n.result()), out, broadcast_strides(sizes_of(x), out), 0);
+  }
+  if (op == "concat") {
+    const int out = activation_for(n.result());
+    const Sizes os = sizes_of(n.result());
+    const int64_t axis = norm_axis(n.get_int("axis"), static_cast<int64_t>(os.size()));
+    const Sizes ost = contiguous_strides(os);
+    int64_t at = 0;
+    for (const Value* v : n.operands()) {
+      const Sizes vs = sizes_of(v);
+      KILN_RETURN_IF_ERROR(strided_copy(n, buf(v), out, vs, contiguous_strides(vs), 0, ost,
+                                        at * ost[static_cast<size_t>(axis)], vs));
+      at += vs[static_cast<size_t>(axis)];
+    }
+    return ok_status();
+  }
+  if (op == "split") {
+    const Sizes xs = sizes_of(x);
+    const int64_t axis = norm_axis(n.get_int("axis", 0), static_cast<int64_t>(xs.size()));
+    const Sizes st = contiguous_strides(xs);
+    int64_t at = 0;
+    for (const Value* r : n.results()) {
+      const Sizes rs = sizes_of(r);
+      KILN_RETURN_IF_ERROR(gather_view(n, buf(x), activation_for(r), rs, st, at * st[static_cast<size_t>(axis)]));
+      at += rs[static_cast<size_t>(axis)];
+    }
+    return ok_status();
+  }
+  return unsupported(n, "op is not supported by the cuda lowering");
+}
+
+StatusOr<std::string> Lowerer::op_expr(const Node& n, const std::vector<std::string>& a) {
+  const std::string& op = n.op_name();
+  const DType in = n.operand(op == "where" ? 1 : 0)->dtype();
+  const DType out = n.result()->dtype();
+  const bool flt = is_float(in), dbl = in == DType::kF64;
+  auto fn = [&](const std::string& name, const std::string& args) { return name + (dbl ? "" : "f") + "(" + args + ")"; };
+  auto lit = [&](double v) { return literal(in, v); };
+  static const std::set<std::string> kMath = {"exp", "log", "sqrt", "tanh", "erf", "sin", "cos", "floor", "ceil"};
+  if (flt && kMath.count(op)) return fn(op, a[0]);
+  if (op == "neg") return "(-" + a[0] + ")";
+  if (op == "abs") return flt ? fn("fabs", a[0]) : "(" + a[0] + " < 0 ? -" + a[0] + " : " + a[0] + ")";
+  if (op == "relu") return "(" + a[0] + " < 0 ? " + lit(0) + " : " + a[0] + ")";
+  if (op == "sign") return "(" + a[0] + " > 0 ? " + lit(1) + " : (" + a[0] + " < 0 ? " + lit(-1) + " : " + a[0] + "))";
+  if (flt) {
+    if (op == "rsqrt") return "(" + lit(1) + " / " + fn("sqrt", a[0]) + ")";
+    if (op == "reciprocal") return "(" + lit(1) + " / " + a[0] + ")";
+    if (op == "sigmoid") return "(" + lit(1) + " / (" + lit(1) + " + " + fn("exp", "-" + a[0]) + "))";
+    if (op == "silu") return "(" + a[0] + " * (" + lit(1) + " / (" + lit(1) + " + " + fn("exp", "-" + a[0]) + ")))";
+    if (op == "round") return fn("rint", a[0]);
+    if (op == "softplus")
+      return "(" + fn("fmax", a[0] + ", " + lit(0)) + " + " + fn("log1p", fn("exp", "-" + fn("fabs", a[0]))) + ")";
+    if (op == "gelu") {
+      if (n.get_string("approximate") == "tanh")
+        return "(" + lit(0.5) + " * " + a[0] + " * (" + lit(1) + " + " +
+               fn("tanh", lit(std::sqrt(2.0 / std::numbers::pi)) + " * (" + a[0] + " + " + lit(0.044715) + " * " + a[0] + " * " + a[0] + " * " + a[0] + ")") + "))";
+      return "(" + lit(0.5) + " * " + a[0] + " * (" + lit(1) + " + " + fn("erf", a[0] + " * " + lit(1.0 / std::numbers::sqrt2)) + "))";
+    }
+    if (op == "leaky_relu") return "(" + a[0] + " < 0 ? " + lit(n.get_float("alpha")) + " * " + a[0] + " : " + a[0] + ")";
+    if (op == "isnan") return "isnan(" + a[0] + ")";
+    if (op == "isinf") return "isinf(" + a[0] + ")";
+    if (op == "div") return "(" + a[0] + " / " + a[1] + ")";
+    if (op == "pow") return fn("pow", a[0] + ", " + a[1]);
+    if (op == "maximum" || op == "minimum")
+      return "((isnan(" + a[0] + ") || isnan(" + a[1] + ")) ? " + a[0] + " + " + a[1] + " : " +
+             fn(op == "maximum" ? "fmax" : "fmin", a[0] + ", " + a[1]) + ")";
+    if (op == "mod")
+      return n.get_int("fmod") != 0 ? fn("fmod", a[0] + ", " + a[1]) : "kiln_pymod(" + a[0] + ", " + a[1] + ")";
+  } else if (is_integer(in)) {
+    if (op == "div") return "kiln_idiv(" + a[0] + ", " + a[1] + ")";
+    if (op == "pow") return "kiln_ipow(" + a[0] + ", " + a[1] + ")";
+    if (op == "maximum") return "(" + a[0] + " > " + a[1] + " ? " + a[0] + " : " + a[1] + ")";
+    if (op == "minimum") return "(" + a[0] + " < " + a[1] + " ? " + a[0] + " : " + a[1] + ")";
+    if (op == "mod") return "kiln_imod(" + a[0] + ", " + a[1] + ", " + (n.get_int("fmod") != 0 ? "false" : "true") + ")";
+  }
+  if (op == "add") return "(" + a[0] + " + " + a[1] + ")";
+  if (op == "sub") return "(" + a[0] + " - " + a[1] + ")";
+  if (op == "mul") return "(" + a[0] + " * " + a[1] + ")";
+  static const std::map<std::string, std::string> kCmp = {{"equal", "=="}, {"not_equal", "!="}, {"less", "<"},
+                                                          {"less_equal", "<="}, {"greater", ">"}, {"greater_equal", ">="}};
+  if (auto it = kCmp.find(op); it != kCmp.end()) return "(" + a[0] + " " + it->second + " " + a[1] + ")";
+  if (op == "and") return "(" + a[0] + " && " + a[1] + ")";
+  if (op == "or") return "(" + a[0] + " || " + a[1] + ")";
+  if (op == "xor") return "(" + a[0] + " != " + a[1] + ")";
+  if (op == "not") return "(!" + a[0] + ")";
+  if (op == "where") return "(" + a[0] + " ? " + a[1] + " : " + a[2] + ")";
+  if (op == "cast") {
+    if (out == DType::kBool) return "(" + a[0] + " != 0)";
+    if (is_integer(out)) return flt ? "kiln_f2i((double)" + a[0] + ")" : "(long long)" + a[0];
+    KILN_ASSIGN_OR_RETURN(std::string r, reg(n, out));
+    return "(" + r + ")" + a[0];
+  }
+  if (op == "clip") {
+    const double inf = std::numeric_limits<double>::infinity();
+    const double lo = n.has_attr("min") ? n.attr("min")->as_float() : -inf;
+    const double hi = n.has_attr("max") ? n.attr("max")->as_float() : inf;
+    std::string lo_s, hi_s;
+    if (flt) {
+      lo_s = lit(lo), hi_s = lit(hi);
+    } else {
+      const int64_t bits = dtype_bits(in);
+      const int64_t tmin = in == DType::kU8 ? 0 : (in == DType::kI64 ? std::numeric_limits<int64_t>::min() : -(int64_t{1} << (bits - 1)));
+      const int64_t tmax = in == DType::kU8 ? 255 : (in == DType::kI64 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << (bits - 1)) - 1);
+      auto clampd = [&](double v) {
+        if (v <= static_cast<double>(tmin)) return tmin;
+        if (v >= static_cast<double>(tmax)) return tmax;
+        return static_cast<int64_t>(v);
+      };
+      lo_s = int_literal(clampd(std::ceil(lo))), hi_s = int_literal(clampd(std::floor(hi)));
+    }
+    const std::string low = "(" + a[0] + " < " + lo_s + " ? " + lo_s + " : " + a[0] + ")";
+    return "(" + low + " > " + hi_s + " ? " + hi_s + " : " + low + ")";
+  }
+  return unsupported(n, "no kernel for dtype " + dname(in));
+}
+
+Status Lowerer::pointwise(const std::string& label, const std::vector<const Node*>& nodes,
+                          const std::vector<const Value*>& inputs, const std::vector<const Value*>& outputs,
+                          const std::vector<int>& in_bufs, const std::vector<int>& out_bufs) {
+  const Sizes shape = bufs_[out_bufs[0]].shape;
+  const int64_t count = product(shape);
+  std::unordered_map<const Value*, std::string> var;
+  std::string params, body;
+  std::vector<Sizes> strides;
+  std::vector<std::string> names;
+  std::vector<int> args;
+  const Node& first = *nodes.front();
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Buffer& b = bufs_[in_bufs[k]];
+    KILN_ASSIGN_OR_RETURN(std::string st, storage(first, b.dtype));
+    KILN_ASSIGN_OR_RETURN(std::string rt, reg(first, b.dtype));
+    const std::string p = "in" + std::to_string(k), off = "o" + std::to_string(k);
+    params += "const " + st + "* __restrict__ " + p + ", ";
+    args.push_back(in_bufs[k]);
+    std::string index = "i";
+    if (product(b.shape) == 1) {
+      index = "0";
+    } else if (b.shape != shape) {
+      strides.push_back(broadcast_strides(b.shape, shape));
+      names.push_back(off);
+      index = off;
+    }
+    var[inputs[k]] = "v" + std::to_string(k);
+    body += "    const " + rt + " v" + std::to_string(k) + " = " + load_expr(b.dtype, p + "[" + index + "]") + ";\n";
+  }
+  if (!names.empty()) body = index_code("i", shape, strides, names) + body;
+  int next = static_cast<int>(inputs.size());
+  for (const Node* n : nodes) {
+    const Value* r = n->result();
+    KILN_ASSIGN_OR_RETURN(std::string rt, reg(*n, r->dtype()));
+    std::string e;
+    if (n->op_name() == "constant") {
+      const Tensor& t = n->attr("value")->as_tensor();
+      e = is_float(t.dtype()) ? literal(t.dtype(), t.get_f64(0)) : literal(t.dtype(), static_cast<double>(t.get_i64(0)));
+      if (is_integer(t.dtype())) e = int_literal(t.get_i64(0));
+    } else if (n->op_name() == "identity") {
+      e = var.at(n->operand(0));
+    } else {
+      std::vector<std::string> a;
+      for (const Value* v : n->operands()) {
+        KILN_RETURN_IF_ERROR(reg(*n, v->dtype()).status());
+        a.push_back(var.at(v));
+      }
+      KILN_ASSIGN_OR_RETURN(e, op_expr(*n, a));
+    }
+    const std::string name = "v" + std::to_string(next++);
+    body += "    const " + rt + " " + name + " = " + round_expr(r->dtype(), e) + ";\n";
+    var[r] = name;
+  }
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Buffer& b = bufs_[out_bufs[k]];
+    KILN_ASSIGN_OR_RETURN(std::string st, storage(first, b.dtype));
+    params += st + "* __restrict__ out" + std::to_string(k) + (k + 1 < outputs.size() ? ", " : "");
+    body += "    out" + std::to_string(k) + "[i] = " + store_expr(b.dtype, var.at(outputs[k])) + ";\n";
+    args.push_back(out_bufs[k]);
+  }
+  if (count == 0) return ok_status();
+  launch_elementwise(kernel_name(label), params, count, body, args);
+  return ok_status();
+}
+
+Status Lowerer::strided_copy(const Node& n, int in, int out, const Sizes& out_shape, const Sizes& in_strides,
+                             int64_t in_base, const Sizes& out_strides, int64_t out_base, const Sizes& iter) {
+  (void)out_shape;
+  const DType t = bufs_[in].dtype;
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  const int64_t count = product(iter);
+  if (count == 0) return ok_status();
+  const std::string body = index_code("i", iter, {in_strides, out_strides}, {"src", "dst"}, {in_base, out_base}) +
+                           "    y[dst] = x[src];\n";
+  launch_elementwise(kernel_name(n.op_name()), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", count,
+                     body, {in, out});
+  return ok_status();
+}
+
+/// The accumulator type of reductions over `t`: f32 for narrow floats, f64 for f64.
+std::string acc_type(DType t) {
+  if (t == DType::kF64) return "double";
+  return is_float(t) ? "float" : "long long";
+}
+
+Status Lowerer::reduce(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const Sizes xs = sizes_of(x);
+  const int64_t rank = static_cast<int64_t>(xs.size());
+  const Sizes axes = n.get_ints("axes");
+  std::vector<bool> mask(xs.size(), axes.empty());
+  for (int64_t a : axes) mask[static_cast<size_t>(norm_axis(a, rank))] = true;
+  const Sizes cs = contiguous_strides(xs);
+  Sizes kd, ks, rd, rs;
+  for (size_t d = 0; d < xs.size(); ++d) {
+    (mask[d] ? rd : kd).push_back(xs[d]);
+    (mask[d] ? rs : ks).push_back(cs[d]);
+  }
+  const int64_t rows = product(kd), len = product(rd);
+  const std::string acc = acc_type(t);
+  const std::string& op = n.op_name();
+  const bool flt = is_float(t);
+  const DType at = t == DType::kF64 ? DType::kF64 : DType::kF32;
+  std::string init, comb;
+  if (op == "reduce_sum" || op == "reduce_mean") {
+    init = flt ? literal(at, 0) : "0LL";
+    comb = "a + b";
+  } else if (op == "reduce_prod") {
+    init = flt ? literal(at, 1) : "1LL";
+    comb = "a * b";
+  } else if (op == "reduce_max" || op == "reduce_min") {
+    const bool mx = op == "reduce_max";
+    const double inf = std::numeric_limits<double>::infinity();
+    init = flt ? literal(at, mx ? -inf : inf) : int_literal(mx ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max());
+    const std::string cmp = mx ? "b > a" : "b < a";
+    comb = flt ? "isnan(a) ? a : ((isnan(b) || " + cmp + ") ? b : a)" : "(" + cmp + ") ? b : a";
+  } else {
+    return unsupported(n, "op is not supported by the cuda lowering");
+  }
+  std::string fin = "acc";
+  if (op == "reduce_mean") fin = "acc / (" + acc + ")" + int_literal(len);
+  const int out = activation_for(n.result());
+  if (rows == 0) return ok_status();
+  std::string body = "  auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n";
+  body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
+  body += index_code("row", kd, {ks}, {"base"});
+  body += "    " + acc + " acc = " + init + ";\n";
+  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) {\n";
+  body += index_code("j", rd, {rs}, {"off"});
+  body += "      acc = comb(acc, (" + acc + ")" + load_expr(t, "x[base + off]") + ");\n    }\n";
+  body += "    acc = kiln_block_reduce(acc, (" + acc + ")" + init + ", comb);\n";
+  body += "    if (threadIdx.x == 0) y[row] = " + store_expr(t, fin) + ";\n  }\n";
+  const std::string name = kernel_name(op);
+  add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
+  launch(name, rows, {buf(x), out});
+  return ok_status();
+}
+
+Status Lowerer::arg_reduce(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const Sizes xs = sizes_of(x);
+  const size_t axis = static_cast<size_t>(norm_axis(n.get_int("axis"), static_cast<int64_t>(xs.size())));
+  const int64_t len = xs[axis], inner = product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end()));
+  const int64_t rows = product(xs) / std::max<int64_t>(len, 1);
+  const std::string acc = is_float(t) ? (t == DType::kF64 ? "double" : "float") : "long long";
+  const bool mx = n.op_name() == "argmax", last = n.get_int("select_last_index") != 0;
+  const std::string order = std::string("(c == b ? 0 : ((c > b) == ") + (mx ? "true" : "false") + " ? 1 : -1))";
+  const std::string cmp = is_float(t) ? "(isnan(c) || isnan(b)) ? ((int)isnan(c) - (int)isnan(b)) : " + order : order;
+  const int out = activation_for(n.result());
+  if (rows == 0 || len == 0) return ok_status();
+  std::string body = "  auto better = [](" + acc + " c, long long ci, " + acc + " b, long long bi) -> bool {\n"
+                     "    if (ci < 0) return false;\n    if (bi < 0) return true;\n"
+                     "    const int cmp = " + cmp + ";\n    if (cmp != 0) return cmp > 0;\n"
+                     "    return " + (last ? "ci > bi" : "ci < bi") + ";\n  };\n";
+  body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
+  body += "    const long long base = (row / " + int_literal(inner) + ") * " + int_literal(len * inner) +
+          " + row % " + int_literal(inner) + ";\n";
+  body += "    " + acc + " v = 0; long long vi = -1;\n";
+  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) {\n";
+  body += "      const " + acc + " c = (" + acc + ")" + load_expr(t, "x[base + j * " + int_literal(inner) + "]") + ";\n";
+  body += "      if (better(c, j, v, vi)) { v = c; vi = j; }\n    }\n";
+  body += "    kiln_block_argreduce(v, vi, better);\n";
+  body += "    if (threadIdx.x == 0) y[row] = vi;\n  }\n";
+  const std::string name = kernel_name(n.op_name());
+  add_kernel(name, "const " + st + "* __restrict__ x, long long* __restrict__ y", body);
+  launch(name, rows, {buf(x), out});
+  return ok_status();
+}
+
+Status Lowerer::softmax(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const Sizes xs = sizes_of(x);
+  const size_t axis = static_cast<size_t>(norm_axis(n.get_int("axis"), static_cast<int64_t>(xs.size())));
+  const int64_t len = xs[axis], inner = product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end()));
+  const int64_t rows = len == 0 ? 0 : product(xs) / len;
+  const bool dbl = t == DType::kF64;
+  const std::string acc = dbl ? "double" : "float", f = dbl ? "" : "f";
+  const DType at = dbl ? DType::kF64 : DType::kF32;
+  const int out = activation_for(n.result());
+  if (rows == 0) return ok_status();
+  const std::string at_k = "[base + j * " + int_literal(inner) + "]";
+  std::string body = "  auto mx = [](" + acc + " a, " + acc + " b) -> " + acc + " { return b > a ? b : a; };\n";
+  body += "  auto sum = [](" + acc + " a, " + acc + " b) -> " + acc + " { return a + b; };\n";
+  body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
+  body += "    const long long base = (row / " + int_literal(inner) + ") * " + int_literal(len * inner) +
+          " + row % " + int_literal(inner) + ";\n";
+  body += "    " + acc + " m = " + literal(at, -std::numeric_limits<double>::infinity()) + ";\n";
+  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) m = mx(m, " +
+          load_expr(t, "x" + at_k) + ");\n";
+  body += "    m = kiln_block_reduce(m, " + literal(at, -std::numeric_limits<double>::infinity()) + ", mx);\n";
+  body += "    " + acc + " s = 0;\n";
+  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) s += exp" + f + "(" +
+          load_expr(t, "x" + at_k) + " - m);\n";
+  body += "    s = kiln_block_reduce(s, (" + acc + ")0, sum);\n";
+  const std::string val = n.op_name() == "softmax" ? "exp" + f + "(" + load_expr(t, "x" + at_k) + " - m) / s"
+                                                   : load_expr(t, "x" + at_k) + " - m - log" + f + "(s)";
+  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) y" + at_k + " = " +
+          store_expr(t, val) + ";\n  }\n";
+  const std::string name = kernel_name(n.op_name());
+  add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
+  launch(name, rows, {buf(x), out});
+  return ok_status();
+}
+
+Status Lowerer::norm(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const Sizes xs = sizes_of(x);
+  const size_t axis = static_cast<size_t>(norm_axis(n.get_int("axis", -1), static_cast<int64_t>(xs.size())));
+  const Sizes trailing(xs.begin() + static_cast<std::ptrdiff_t>(axis), xs.end());
+  const int64_t len = product(trailing), rows = len == 0 ? 0 : product(xs) / len;
+  const bool rms = n.op_name() == "rms_norm", dbl = t == DType::kF64;
+  const std::string acc = dbl ? "double" : "float", f = dbl ? "" : "f";
+  const DType at = dbl ? DType::kF64 : DType::kF32;
+  std::string params = "const " + st + "* __restrict__ x, ";
+  std::vector<int> args = {buf(x)};
+  std::vector<std::string> pre;  // per-element parameter reads
+  for (int i = 1; i < n.num_operands(); ++i) {
+    const Sizes ps = sizes_of(n.operand(i));
+    const std::string p = i == 1 ? "scale" : "bias", o = p + "_o";
+    params += "const " + st + "* __restrict__ " + p + ", ";
+    args.push_back(buf(n.operand(i)));
+    std::string code;
+    if (ps == trailing || product(ps) == len)
+      code = "      const long long " + o + " = j;\n";
+    else
+      code = index_code("j", trailing, {broadcast_strides(ps, trailing)}, {o});
+    pre.push_back(code);
+  }
+  const int out = activation_for(n.result());
+  args.push_back(out);
+  if (rows == 0) return ok_status();
+  const std::string loop = "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) ";
+  std::string body = "  auto sum = [](" + acc + " a, " + acc + " b) -> " + acc + " { return a + b; };\n";
+  body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
+  body += "    const " + std::string(st) + "* xr = x + row * " + int_literal(len) + ";\n";
+  body += "    " + acc + " mean = 0;\n";
+  if (!rms) {
+    body += loop + "mean += " + load_expr(t, "xr[j]") + ";\n";
+    body += "    mean = kiln_block_reduce(mean, (" + acc + ")0, sum) / (" + acc + ")" + int_literal(len) + ";\n";
+  }
+  body += "    " + acc + " sq = 0;\n";
+  body += loop + "{ const " + acc + " d = " + load_expr(t, "xr[j]") + " - mean; sq += d * d; }\n";
+  body += "    sq = kiln_block_reduce(sq, (" + acc + ")0, sum);\n";
+  body += "    const " + acc + " inv = " + literal(at, 1) + " / sqrt" + f + "(sq / (" + acc + ")" + int_literal(len) +
+          " + " + literal(at, n.get_float("epsilon")) + ");\n";
+  body += loop + "{\n";
+  body += "      " + acc + " v = (" + load_expr(t, "xr[j]") + " - mean) * inv;\n";
+  if (n.num_operands() > 1) body += pre[0] + "      v *= " + load_expr(t, "scale[scale_o]") + ";\n";
+  if (n.num_operands() > 2) body += pre[1] + "      v += " + load_expr(t, "bias[bias_o]") + ";\n";
+  body += "      y[row * " + int_literal(len) + " + j] = " + store_expr(t, "v") + ";\n    }\n  }\n";
+  const std::string name = kernel_name(n.op_name());
+  add_kernel(name, params + st + "* __restrict__ y", body);
+  launch(name, rows, args);
+  return ok_status();
+}
+
+Status Lowerer::batch_norm(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const Sizes xs = sizes_of(x);
+  const int64_t c = xs[1], plane = product(Sizes(xs.begin() + 2, xs.end()));
+  const bool dbl = t == DType::kF64;
+  const std::string acc = dbl ? "double" : "float", f = dbl ? "" : "f";
+  std::string params = "const " + st + "* __restrict__ x, ";
+  for (const char* p : {"scale", "bias", "mean", "var"}) params += "const " + st + "* __restrict__ " + std::string(p) + ", ";
+  std::vector<int> args;
+  for (const Value* v : n.operands()) args.push_back(buf(v));
+  const int out = activation_for(n.result());
+  args.push_back(out);
+  auto ld = [&](const std::string& p) { return load_expr(t, p + "[ch]"); };
+  const std::string body = "    const long long ch = (i / " + int_literal(plane) + ") % " + int_literal(c) + ";\n"
+                           "    const " + acc + " mul = " + ld("scale") + " / sqrt" + f + "(" + ld("var") + " + " +
+                           literal(dbl ? DType::kF64 : DType::kF32, n.get_float("epsilon")) + ");\n"
+                           "    y[i] = " + store_expr(t, "(" + load_expr(t, "x[i]") + " - " + ld("mean") + ") * mul + " + ld("bias")) + ";\n";
+  if (product(xs) == 0) return ok_status();
+  launch_elementwise(kernel_name("batch_norm"), params + st + "* __restrict__ y", product(xs), body, args);
+  return ok_status();
+}
+
+Status Lowerer::gemm_operand(const Node& n, const Value* v, const Sizes& batch_dims, int64_t rows, int64_t cols,
+                             int& id, int64_t& stride) {
+  Sizes vs = sizes_of(v);
+  const Sizes vb(vs.begin(), vs.end() - std::min<std::ptrdiff_t>(2, static_cast<std::ptrdiff_t>(vs.size())));
+  id = buf(v);
+  if (product(vb) == product(batch_dims)) {
+    stride = rows * cols;
+    return ok_status();
+  }
+  if (product(vb) == 1) {
+    stride = 0;
+    return ok_status();
+  }
+  // Partial batch broadcast: cuBLASLt takes one stride per operand, so expand the operand first.
+  Sizes full = batch_dims;
+  full.push_back(rows);
+  full.push_back(cols);
+  Sizes src = vb;
+  src.push_back(rows);
+  src.push_back(cols);
+  const int tmp = add_buffer("activation", v->dtype(), full, "");
+  KILN_RETURN_IF_ERROR(gather_view(n, id, tmp, full, broadcast_strides(src, full), 0));
+  id = tmp;
+  stride = rows * cols;
+  return ok_status();
+}
+
+std::string fmt_float(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+Status Lowerer::matmul(const Node& n) {
+  const DType t = n.result()->dtype();
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return unsupported_dtype(n, t);
+  Sizes as = sizes_of(n.operand(0)), bs = sizes_of(n.operand(1));
+  if (as.size() == 1) as.insert(as.begin(), 1);
+  if (bs.size() == 1) bs.push_back(1);
+  const int64_t m = as[as.size() - 2], k = as.back(), nn = bs.back();
+  const Sizes ys = sizes_of(n.result());
+  const int64_t batch = m * nn == 0 ? 0 : product(ys) / (m * nn);
+  Sizes bdims;
+  {
+    const Sizes ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+    const size_t r = std::max(ab.size(), bb.size());
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t x = d + ab.size() >= r ? ab[d + ab.size() - r] : 1;
+      const int64_t y = d + bb.size() >= r ? bb[d + bb.size() - r] : 1;
+      bdims.push_back(x == 1 ? y : x);
+    }
+  }
+  const int out = activation_for(n.result());
+  note_dtype(t);
+  if (product(ys) == 0) return ok_status();
+  if (k == 0) {
+    steps_.push_back({"step memset dst=b" + std::to_string(out) + " bytes=" + std::to_string(bufs_[out].bytes), {out}});
+    return ok_status();
+  }
+  // A 1-D operand reshaped to a matrix keeps its bytes, so its buffer serves as is.
+  int a_id, b_id;
+  int64_t sa, sb;
+  {
+    // gemm_operand reads the operand's own shape; promote 1-D shapes through the batch test.
+    const Value* av = n.operand(0);
+    const Value* bv = n.operand(1);
+    KILN_RETURN_IF_ERROR(gemm_operand(n, av, bdims, m, k, a_id, sa));
+    KILN_RETURN_IF_ERROR(gemm_operand(n, bv, bdims, k, nn, b_id, sb));
+  }
+  gemm_ = true;
+  const std::string dt = dname(t);
+  const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  steps_.push_back({"step gemm a=b" + std::to_string(a_id) + " b=b" + std::to_string(b_id) + " d=b" + std::to_string(out) +
+                        " m=" + std::to_string(m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
+                        " batch=" + std::to_string(batch) + " trans_a=0 trans_b=0 lda=" + std::to_string(k) +
+                        " ldb=" + std::to_string(nn) + " ldd=" + std::to_string(nn) + " stride_a=" + std::to_string(sa) +
+                        " stride_b=" + std::to_string(sb) + " stride_d=" + std::to_string(m * nn) + " dtype=" + dt +
+                        " compute=" + compute + " alpha=" + fmt_float(1) + " beta=" + fmt_float(0) + " epilogue=none",
+                    {a_id, b_id, out}});
+  return ok_status();
+}
+
+Status Lowerer::linear(const Node& n) {
+  const DType t = n.result()->dtype();
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return unsupported_dtype(n, t);
+  const Sizes ws = sizes_of(n.operand(1));
+  const int64_t nn = ws[0], k = ws[1];
+  const int64_t m = nn == 0 ? 0 : product(sizes_of(n.result())) / nn;
+  const bool bias = n.num_operands() == 3;
+  const int out = activation_for(n.result());
+  note_dtype(t);
+  if (m * nn == 0) return ok_status();
+  if (k == 0) {
+    if (!bias) {
+      steps_.push_back({"step memset dst=b" + std::to_string(out) + " bytes=" + std::to_string(bufs_[out].bytes), {out}});
+      return ok_status();
+    }
+    return gather_view(n, buf(n.operand(2)), out, {m, nn}, {0, 1}, 0);
+  }
+  gemm_ = true;
+  const int a = buf(n.operand(0)), b = buf(n.operand(1));
+  std::string text = "step gemm a=b" + std::to_string(a) + " b=b" + std::to_string(b) + " d=b" + std::to_string(out);
+  std::vector<int> used = {a, b, out};
+  if (bias) {
+    text += " bias=b" + std::to_string(buf(n.operand(2)));
+    used.push_back(buf(n.operand(2)));
+  }
+  const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  text += " m=" + std::to_string(m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
+          " batch=1 trans_a=0 trans_b=1 lda=" + std::to_string(k) + " ldb=" + std::to_string(k) +
+          " ldd=" + std::to_string(nn) + " stride_a=" + std::to_string(m * k) + " stride_b=0 stride_d=" +
+          std::to_string(m * nn) + " dtype=" + dname(t) + " compute=" + compute + " alpha=" + fmt_float(1) +
+          " beta=" + fmt_float(0) + " epilogue=" + (bias ? "bias" : "none");
+  steps_.push_back({text, used});
+  return ok_status();
+}
+
+Status Lowerer::conv(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
+  const size_t nsp = xs.size() - 2;
+  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads"), dil = n.get_ints("dilations");
+  if (strides.empty()) strides.assign(nsp, 1);
+  if (pads.empty()) pads.assign(2 * nsp, 0);
+  if (dil.empty()) dil.assign(nsp, 1);
+  const int64_t groups = n.get_int("groups", 1);
+  const int64_t cin = xs[1], cout = ws[0], cg_in = cin / groups, cg_out = cout / groups;
+  const Sizes in_sp(xs.begin() + 2, xs.end()), k_sp(ws.begin() + 2, ws.end()), out_sp(ys.begin() + 2, ys.end());
+  const Sizes in_st = contiguous_strides(in_sp);
+  const std::string acc = acc_type(t);
+  const bool bias = n.num_operands() == 3;
+  std::vector<int> args = {buf(x), buf(n.operand(1))};
+  if (bias) args.push_back(buf(n.operand(2)));
+  const int out = activation_for(n.result());
+  args.push_back(out);
+  std::string body = "    long long r_ = i;\n";
+  for (size_t d = nsp; d-- > 0;)
+    body += "    const long long o" + std::to_string(d) + " = r_ % " + int_literal(out_sp[d]) + "; r_ /= " + int_literal(out_sp[d]) + ";\n";
+  body += "    const long long oc = r_ % " + int_literal(cout) + ", nb = r_ / " + int_literal(cout) + ";\n";
+  body += "    const long long g = oc / " + int_literal(cg_out) + ";\n";
+  body += "    " + acc + " acc = " + (bias ? "(" + acc + ")" + load_expr(t, "b[oc]") : "0") + ";\n";
+  body += "    for (long long ic = 0; ic < " + int_literal(cg_in) + "; ++ic) {\n";
+  body += "      const " + st + "* xp = x + (nb * " + int_literal(cin) + " + g * " + int_literal(cg_in) + " + ic) * " +
+          int_literal(product(in_sp)) + ";\n";
+  body += "      const " + st + "* wp = w + (oc * " + int_literal(cg_in) + " + ic) * " + int_literal(product(k_sp)) + ";\n";
+  std::string xoff = "0", woff = "0";
+  for (size_t d = 0; d < nsp; ++d) {
+    const std::string D = std::to_string(d);
+    body += std::string(6 + 2 * d, ' ') + "for (long long k" + D + " = 0; k" + D + " < " + int_literal(k_sp[d]) + "; ++k" + D +
+            ") {\n";
+    body += std::string(8 + 2 * d, ' ') + "const long long p" + D + " = o" + D + " * " + int_literal(strides[d]) + " - " +
+            int_literal(pads[d]) + " + k" + D + " * " + int_literal(dil[d]) + ";\n";
+    body += std::string(8 + 2 * d, ' ') + "if (p" + D + " < 0 || p" + D + " >= " + int_literal(in_sp[d]) + ") continue;\n";
+    xoff += " + p" + D + " * " + int_literal(in_st[d]);
+    woff = "(" + woff + ") * " + int_literal(k_sp[d]) + " + k" + D;
+  }
+  body += std::string(6 + 2 * nsp, ' ') + "acc += (" + acc + ")" + load_expr(t, "xp[" + xoff + "]") + " * (" + acc + ")" +
+          load_expr(t, "wp[" + woff + "]") + ";\n";
+  for (size_t d = nsp; d-- > 0;) body += std::string(6 + 2 * d, ' ') + "}\n";
+  body += "    }\n    y[i] = " + store_expr(t, "acc") + ";\n";
+  std::string params = "const " + st + "* __restrict__ x, const " + st + "* __restrict__ w, ";
+  if (bias) params += "const " + st + "* __restrict__ b, ";
+  if (product(ys) == 0) return ok_status();
+  launch_elementwise(kernel_name("conv"), params + st + "* __restrict__ y", product(ys), body, args);
+  return ok_status();
+}
+
+Status Lowerer::pool(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const bool mx = n.op_name() == "max_pool";
+  const Sizes xs = sizes_of(x), ys = sizes_of(n.result());
+  const size_t nsp = xs.size() - 2;
+  const Sizes kernel = n.get_ints("kernel_shape");
+  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads"), dil = mx ? n.get_ints("dilations") : Sizes();
+  if (strides.empty()) strides.assign(nsp, 1);
+  if (pads.empty()) pads.assign(2 * nsp, 0);
+  if (dil.empty()) dil.assign(nsp, 1);
+  const Sizes in_sp(xs.begin() + 2, xs.end()), out_sp(ys.begin() + 2, ys.end());
+  const Sizes in_st = contiguous_strides(in_sp);
+  const std::string acc = acc_type(t);
+  const bool include_pad = n.get_int("count_include_pad", 0) == 1;
+  std::string init = "0";
+  if (mx) {
+    if (is_float(t)) {
+      init = literal(t == DType::kF64 ? DType::kF64 : DType::kF32, -std::numeric_limits<double>::infinity());
+    } else {
+      const int bits = dtype_bits(t);
+      init = t == DType::kU8 ? "0LL" : (t == DType::kI64 ? int_literal(std::numeric_limits<int64_t>::min()) : int_literal(-(int64_t{1} << (bits - 1))));
+    }
+  }
+  std::string body = "    long long r_ = i;\n";
+  for (size_t d = nsp; d-- > 0;)
+    body += "    const long long o" + std::to_string(d) + " = r_ % " + int_literal(out_sp[d]) + "; r_ /= " + int_literal(out_sp[d]) + ";\n";
+  body += "    const " + st + "* xp = x + r_ * " + int_literal(product(in_sp)) + ";\n";
+  body += "    " + acc + " acc = " + init + "; long long valid = 0, padded = 1;\n";
+  std::string xoff = "0";
+  for (size_t d = 0; d < nsp; ++d) {
+    const std::string D = std::to_string(d);
+    body += "    { const long long s = o" + D + " * " + int_literal(strides[d]) + " - " + int_literal(pads[d]) +
+            "; const long long e = s + " + int_literal(kernel[d]) + ", lim = " + int_literal(in_sp[d] + pads[nsp + d]) +
+            "; padded *= (e < lim ? e : lim) - s; }\n";
+  }
+  for (size_t d = 0; d < nsp; ++d) {
+    const std::string D = std::to_string(d);
+    body += std::string(4 + 2 * d, ' ') + "for (long long k" + D + " = 0; k" + D + " < " + int_literal(kernel[d]) + "; ++k" + D + ") {\n";
+    body += std::string(6 + 2 * d, ' ') + "const long long p" + D + " = o" + D + " * " + int_literal(strides[d]) + " - " +
+            int_literal(pads[d]) + " + k" + D + " * " + int_literal(dil[d]) + ";\n";
+    body += std::string(6 + 2 * d, ' ') + "if (p" + D + " < 0 || p" + D + " >= " + int_literal(in_sp[d]) + ") continue;\n";
+    xoff += " + p" + D + " * " + int_literal(in_st[d]);
+  }
+  const std::string pad_in(4 + 2 * nsp, ' ');
+  body += pad_in + "const " + acc + " v = (" + acc + ")" + load_expr(t, "xp[" + xoff + "]") + ";\n";
+  body += pad_in + (mx ? "if (v > acc || v != v) acc = v;\n" : "acc += v;\n") + pad_in + "++valid;\n";
+  for (size_t d = nsp; d-- > 0;) body += std::string(4 + 2 * d, ' ') + "}\n";
+  if (!mx) body += "    (void)valid; (void)padded;\n    acc = acc / (" + acc + ")" + (include_pad ? "padded" : "valid") + ";\n";
+  body += "    y[i] = " + store_expr(t, "acc") + ";\n";
+  const int out = activation_for(n.result());
+  if (product(ys) == 0) return ok_status();
+  launch_elementwise(kernel_name(n.op_name()), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", product(ys),
+                     body, {buf(x), out});
+  return ok_status();
+}
+
+Status Lowerer::gather(const Node& n) {
+  const Value* data = n.operand(0);
+  const Value* idx = n.operand(1);
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, data->dtype()));
+  KILN_ASSIGN_OR_RETURN(std::string it, storage(n, idx->dtype()));
+  const Sizes ds = sizes_of(data);
+  const size_t axis = static_cast<size_t>(norm_axis(n.get_int("axis", 0), static_cast<int64_t>(ds.size())));
+  const int64_t dim = ds[axis], inner = product(Sizes(ds.begin() + static_cast<std::ptrdiff_t>(axis) + 1, ds.end()));
+  const int64_t cnt = product(sizes_of(idx));
+  const int out = activation_for(n.result());
+  const int64_t total = product(sizes_of(n.result()));
+  if (total == 0) return ok_status();
+  // Out-of-range indices cannot raise an error on the device; they read zeros.
+  const std::string body = "    const long long o = i / " + int_literal(cnt * inner) + ", j = (i / " + int_literal(inner) +
+                           ") % " + int_literal(cnt) + ", k = i % " + int_literal(inner) + ";\n"
+                           "    long long ix = (long long)ind[j];\n    if (ix < 0) ix += " + int_literal(dim) + ";\n"
+                           "    y[i] = (ix < 0 || ix >= " + int_literal(dim) + ") ? " + st + "() : x[(o * " + int_literal(dim) +
+                           " + ix) * " + int_literal(inner) + " + k];\n";
+  launch_elementwise(kernel_name("gather"), "const " + st + "* __restrict__ x, const " + it + "* __restrict__ ind, " + st +
+                     "* __restrict__ y", total, body, {buf(data), buf(idx), out});
+  return ok_status();
+}
+
+Status Lowerer::pad(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  const std::string mode = n.get_string("mode", "constant");
+  if (mode == "constant") KILN_RETURN_IF_ERROR(reg(n, t).status());
+  const Sizes xs = sizes_of(x), ys = sizes_of(n.result()), pads = n.get_ints("pads");
+  const size_t r = xs.size();
+  const Sizes xst = contiguous_strides(xs);
+  std::string body = "    long long r_ = i, off = 0; bool fill = false;\n";
+  for (size_t d = r; d-- > 0;) {
+    const std::string N = int_literal(xs[d]);
+    body += "    { long long s = r_ % " + int_literal(ys[d]) + " - " + int_literal(pads[d]) + "; r_ /= " + int_literal(ys[d]) + ";\n";
+    if (mode == "constant")
+      body += "      if (s < 0 || s >= " + N + ") fill = true;\n";
+    else if (mode == "edge")
+      body += "      s = s < 0 ? 0 : (s >= " + N + " ? " + N + " - 1 : s);\n";
+    else
+      body += "      if (s < 0) s = -s; else if (s >= " + N + ") s = 2 * (" + N + " - 1) - s;\n";
+    body += "      off += s * " + int_literal(xst[d]) + "; }\n";
+  }
+  const std::string fillv = mode == "constant" ? store_expr(t, literal(t, n.get_float("value", 0.0))) : st + "()";
+  body += "    y[i] = fill ? " + fillv + " : x[off];\n";
+  const int out = activation_for(n.result());
+  if (product(ys) == 0) return ok_status();
+  launch_elementwise(kernel_name("pad"), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", product(ys), body,
+                     {buf(x), out});
+  return ok_status();
+}
+
+int64_t Lowerer::plan_memory() {
+  const int last_step = static_cast<int>(steps_.size());
+  std::vector<int> first(bufs_.size(), std::numeric_limits<int>::max()), last(bufs_.size(), -2);
+  for (int s = 0; s < last_step; ++s)
+    for (int b : steps_[static_cast<size_t>(s)].buffers) {
+      const int r = root(b);
+      first[r] = std::min(first[r], s);
+      last[r] = std::max(last[r], s);
+    }
+  std::vector<std::vector<int>> alloc_at(static_cast<size_t>(last_step + 2)), free_at(static_cast<size_t>(last_step + 2));
+  for (size_t b = 0; b < bufs_.size(); ++b) {
+    const std::string& k = bufs_[b].kind;
+    if (k != "input" && k != "output" && k != "activation") continue;
+    int f = k == "input" ? -1 : first[b];
+    int l = k == "output" ? last_step : last[b];
+    if (f == std::numeric_limits<int>::max()) f = -1;
+    l = std::max(l, f);
+    alloc_at[static_cast<size_t>(f + 1)].push_back(static_cast<int>(b));
+    free_at[static_cast<size_t>(l + 1)].push_back(static_cast<int>(b));
+  }
+  std::vector<std::pair<int64_t, int64_t>> live;  // (offset, size), sorted by offset
+  int64_t arena = 0;
+  for (size_t t = 0; t < alloc_at.size(); ++t) {
+    for (int b : alloc_at[t]) {
+      const int64_t size = align_up(bufs_[static_cast<size_t>(b)].bytes);
+      int64_t at = 0;
+      auto it = live.begin();
+      for (; it != live.end(); ++it) {
+        if (it->first - at >= size) break;
+        at = std::max(at, align_up(it->first + it->second));
+      }
+      bufs_[static_cast<size_t>(b)].offset = at;
+      if (size > 0) live.insert(it, {at, size});
+      arena = std::max(arena, at + size);
+    }
+    for (int b : free_at[t]) {
+      const int64_t off = bufs_[static_cast<size_t>(b)].offset;
+      auto it = std::find_if(live.begin(), live.end(), [&](const auto& p) { return p.first == off && p.second > 0; });
+      if (align_up(bufs_[static_cast<size_t>(b)].bytes) > 0 && it != live.end()) live.erase(it);
+    }
+  }
+  return arena;
+}
+
+std::string Lowerer::write_plan(int64_t arena) {
+  std::string p = "kiln-plan 1\n";
+  p += "arena bytes=" + std::to_string(arena) + "\n";
+  p += "workspace bytes=" + std::to_string(gemm_ ? kWorkspaceBytes : 0) + "\n";
+  for (size_t i = 0; i < bufs_.size(); ++i) {
+    const Buffer& b = bufs_[i];
+    p += "buffer " + std::to_string(i) + " kind=" + b.kind + " dtype=" + dname(b.dtype) + " shape=" + dims_text(b.shape) +
+         " bytes=" + std::to_string(b.bytes) + " offset=" + std::to_string(b.offset);
+    if (b.base >= 0) p += " base=" + std::to_string(b.base);
+    if (!b.name.empty() && b.name.find_first_of(" \t\n=#") == std::string::npos) p += " name=" + b.name;
+    p += "\n";
+  }
+  for (const auto& [name, id] : inputs_) p += "input " + name + " buffer=" + std::to_string(id) + "\n";
+  for (const auto& [name, id] : outputs_) p += "output " + name + " buffer=" + std::to_string(id) + "\n";
+  for (const std::string& k : kernels_) p += "kernel " + k + "\n";
+  for (const Step& s : steps_) p += s.text + "\n";
+  return p;
+}
+
+StatusOr<LoweredGraph> Lowerer::run(const Graph& g) {
+  for (int i = 0; i < g.num_inputs(); ++i) {
+    const Value* v = g.input(i);
+    KILN_RETURN_IF_ERROR(check_static(v));
+    const std::string name = v->name().empty() ? "input" + std::to_string(i) : v->name();
+    val_[v] = add_buffer("input", v->dtype(), sizes_of(v), name);
+    inputs_.push_back({name, val_[v]});
+  }
+  KILN_RETURN_IF_ERROR(lower_graph_nodes(g));
+  std::set<int> claimed;
+  for (int i = 0; i < g.num_outputs(); ++i) {
+    const Value* v = g.output(i);
+    const std::string name = v->name().empty() ? "output" + std::to_string(i) : v->name();
+    const int id = buf(v);
+    if (bufs_[id].kind == "activation" && !claimed.count(id)) {
+      bufs_[id].kind = "output";
+      if (bufs_[id].name.empty()) bufs_[id].name = name;
+      claimed.insert(id);
+      outputs_.push_back({name, id});
+      continue;
+    }
+    // Inputs, weights, views and repeated outputs get a buffer of their own.
+    const int out = add_buffer("output", v->dtype(), sizes_of(v), name);
+    claimed.insert(out);
+    outputs_.push_back({name, out});
+    if (bufs_[out].bytes > 0)
+      steps_.push_back({"step copy src=b" + std::to_string(id) + " dst=b" + std::to_string(out) + " bytes=" +
+                            std::to_string(bufs_[out].bytes),
+                        {id, out}});
+  }
+  const int64_t arena = plan_memory();
+  LoweredGraph out;
+  out.plan = write_plan(arena);
+  out.weights = std::move(weights_);
+  out.source = prelude(fp16_, bf16_) + source_;
+  out.kernels = kernels_;
+  return out;
+}
+
+void bind_regions(Graph& g, Status& status) {
+  for (Node* n : g.node_list()) {
+    if (n->op_name() != "fused" || !status.ok()) continue;
+    Graph& body = n->region(0);
+    for (int i = 0; i < body.num_inputs() && i < n->num_operands(); ++i) body.input(i)->set_type(n->operand(i)->type());
+    status = infer_types(body);
+    if (status.ok()) bind_regions(body, status);
+  }
+}
+
+}  // namespace
+
+StatusOr<LoweredGraph> lower_graph(const Graph& g, const LoweringOptions& opts) { return Lowerer(opts).run(g); }
+
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& sizes) {
+  for (Value* v : g.inputs()) {
+    TensorType t = v->type();
+    for (Dim& d : t.shape) {
+      if (d.is_static()) continue;
+      auto it = sizes.find(d.symbol_name());
+      if (it == sizes.end())
+        return invalid_argument("symbol '" + d.symbol_name() + "' of input " + value_label(v) +
+                                " has no size; bind it with --sym " + d.symbol_name() + "=N");
+      d = Dim(it->second);
+    }
+    v->set_type(std::move(t));
+  }
+  KILN_RETURN_IF_ERROR(infer_types(g));
+  Status s;
+  bind_regions(g, s);
+  return s;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,95 @@
+// Reading .kiln artifacts and their execution plans (docs/artifact.md). C++, no CUDA: used by
+// the runtime and by `kiln inspect`.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln::artifact {
+
+/// A parsed buffer line of the plan.
+struct PlanBuffer {
+  enum class Kind { kInput, kOutput, kActivation, kWeight, kAlias };
+  int id = 0;
+  Kind kind = Kind::kActivation;
+  std::string dtype;                 ///< Kiln dtype name
+  std::vector<int64_t> shape;        ///< empty for scalars
+  uint64_t bytes = 0;
+  uint64_t offset = 0;               ///< arena offset, weights offset, or offset into `base`
+  int base = -1;                     ///< for aliases
+  std::string name;
+};
+
+/// One argument of a kernel launch.
+struct LaunchArg {
+  enum class Kind { kBuffer, kInt64, kFloat32 };
+  Kind kind = Kind::kBuffer;
+  int buffer = -1;
+  int64_t i64 = 0;
+  float f32 = 0;
+};
+
+struct PlanStep {
+  enum class Kind { kLaunch, kGemm, kCopy, kMemset };
+  Kind kind = Kind::kLaunch;
+  // launch
+  std::string kernel;
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t smem = 0;
+  std::vector<LaunchArg> args;
+  // gemm, copy, memset: named attributes as written (a, b, d, m, n, ... src, dst, bytes)
+  std::map<std::string, std::string> attrs;
+  int line = 0;  ///< line in the plan text, for messages
+};
+
+struct Plan {
+  uint64_t arena_bytes = 0;
+  uint64_t workspace_bytes = 0;
+  std::vector<PlanBuffer> buffers;
+  std::vector<std::pair<std::string, int>> inputs;   ///< name, buffer id
+  std::vector<std::pair<std::string, int>> outputs;
+  std::vector<std::string> kernels;
+  std::vector<PlanStep> steps;
+};
+
+struct Section {
+  uint32_t kind = 0;
+  std::string name;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+/// A validated artifact. Views point into the bytes held by `storage`.
+struct Artifact {
+  std::shared_ptr<const std::string> storage;
+  uint32_t format_version = 0;
+  std::vector<Section> sections;
+  std::map<std::string, std::string> meta;
+  std::string_view plan_text;
+  Plan plan;
+  std::string_view weights;
+  /// image name ("sm_90a.cubin", "compute_90a.ptx") → bytes
+  std::map<std::string, std::string_view> images;
+  std::map<std::string, std::string_view> sources;
+};
+
+/// Parses and validates (header, checksums, bounds, plan syntax and references). On failure
+/// returns nullptr and sets `error` to a message naming `name` (the file) and the problem.
+std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& name,
+                                        std::string* error);
+std::unique_ptr<Artifact> read_artifact_file(const std::string& path, std::string* error);
+
+/// Parses plan text; error messages are "plan:LINE: ...".
+bool parse_plan(std::string_view text, Plan* out, std::string* error);
+
+/// For `kiln inspect`: a human-readable summary, or JSON ({"format_version", "meta",
+/// "targets": ["sm_80", ...], "images": [...], "sections": [...], "inputs", "outputs",
+/// "steps": count, "kernels": count, "weights_bytes", "arena_bytes"}).
+std::string describe(const Artifact& a, bool json);
+
+}  // namespace kiln::artifact

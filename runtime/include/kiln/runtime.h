@@ -1,0 +1,172 @@
+/* Kiln runtime C API: load a compiled .kiln artifact and run it on a GPU.
+ *
+ * The runtime has no compiler inside and depends only on the CUDA libraries, so a host
+ * program embeds it without the rest of Kiln.
+ *
+ * Conventions (as ONNX Runtime's OrtApi and IREE's runtime API):
+ * - Objects are opaque handles made by kiln_<object>_create/_load and freed by
+ *   kiln_<object>_release; release accepts NULL.
+ * - Every function that can fail returns a kiln_status*: NULL means success; otherwise the
+ *   caller owns the status and frees it with kiln_status_release.
+ * - Options structs start with struct_size; fill them with kiln_*_options_initialize first
+ *   so that a host built against an older header keeps working with a newer runtime.
+ * - Threading: a kiln_runtime may be shared by threads; a kiln_model runs one call at a time
+ *   (calls on one model from several threads must be serialized by the host).
+ * - kiln_get_api(version) returns a function table that only grows at its end.
+ */
+#ifndef KILN_RUNTIME_H_
+#define KILN_RUNTIME_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KILN_RUNTIME_BUILD)
+#define KILN_RUNTIME_EXPORT __attribute__((visibility("default")))
+#else
+#define KILN_RUNTIME_EXPORT
+#endif
+
+#define KILN_RUNTIME_API_VERSION 1
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+typedef enum kiln_status_code {
+  KILN_STATUS_OK = 0,
+  KILN_STATUS_INVALID_ARGUMENT = 1,  /* bad input: corrupt artifact, wrong shapes or dtypes */
+  KILN_STATUS_NOT_FOUND = 2,         /* missing file, unknown input name */
+  KILN_STATUS_UNSUPPORTED = 3,       /* no image for this device, feature not available */
+  KILN_STATUS_OUT_OF_MEMORY = 4,     /* device or host allocation failed */
+  KILN_STATUS_NO_DEVICE = 5,         /* no usable GPU */
+  KILN_STATUS_DEVICE_ERROR = 6,      /* a CUDA, cuBLASLt or driver call failed */
+  KILN_STATUS_INTERNAL = 7,
+} kiln_status_code;
+
+typedef struct kiln_status kiln_status;
+
+KILN_RUNTIME_EXPORT kiln_status_code kiln_status_get_code(const kiln_status* status);
+/* The message lives as long as the status. Never NULL for a non-NULL status. */
+KILN_RUNTIME_EXPORT const char* kiln_status_get_message(const kiln_status* status);
+KILN_RUNTIME_EXPORT void kiln_status_release(kiln_status* status);
+
+/* ---- element types (same order as Kiln's DType) -------------------------------------------- */
+
+typedef enum kiln_dtype {
+  KILN_DTYPE_F64 = 0, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16, KILN_DTYPE_F8E4M3FN,
+  KILN_DTYPE_F8E5M2, KILN_DTYPE_I64, KILN_DTYPE_I32, KILN_DTYPE_I16, KILN_DTYPE_I8,
+  KILN_DTYPE_U8, KILN_DTYPE_I4, KILN_DTYPE_BOOL,
+} kiln_dtype;
+
+#define KILN_MAX_RANK 8
+
+/* Describes one model input or output. Strings are owned by the model. */
+typedef struct kiln_tensor_info {
+  const char* name;
+  kiln_dtype dtype;
+  int32_t rank;
+  int64_t dims[KILN_MAX_RANK];
+  uint64_t bytes; /* storage size of the whole tensor */
+} kiln_tensor_info;
+
+/* Host memory the caller owns: data must hold `bytes` bytes (row-major, Kiln's storage layout:
+ * i4 packs two per byte, bool one byte of 0 or 1). */
+typedef struct kiln_host_tensor {
+  void* data;
+  uint64_t bytes;
+} kiln_host_tensor;
+
+/* ---- runtime ------------------------------------------------------------------------------- */
+
+typedef struct kiln_runtime kiln_runtime;
+
+typedef struct kiln_runtime_options {
+  uint32_t struct_size;
+  int32_t device_ordinal;       /* default 0 */
+  int32_t use_cuda_graphs;      /* default 1: capture the whole plan once, replay it */
+  uint64_t device_memory_limit; /* bytes Kiln may hold on the device; 0 = no limit */
+} kiln_runtime_options;
+
+KILN_RUNTIME_EXPORT void kiln_runtime_options_initialize(kiln_runtime_options* options);
+KILN_RUNTIME_EXPORT kiln_status* kiln_runtime_create(const kiln_runtime_options* options,
+                                                     kiln_runtime** out_runtime);
+KILN_RUNTIME_EXPORT void kiln_runtime_release(kiln_runtime* runtime);
+/* "sm_90" etc. for the runtime's device; owned by the runtime. */
+KILN_RUNTIME_EXPORT const char* kiln_runtime_device_name(const kiln_runtime* runtime);
+
+/* ---- models -------------------------------------------------------------------------------- */
+
+typedef struct kiln_model kiln_model;
+
+/* Loads an artifact: validates it, picks the image for the device (matching SASS, else PTX
+ * that the driver compiles), uploads the weights, plans memory. Fails with UNSUPPORTED and a
+ * message naming the artifact's targets and the device when no image fits. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_load_file(kiln_runtime* runtime, const char* path,
+                                                      kiln_model** out_model);
+/* Same from memory; the bytes are copied, the caller may free them after the call. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_load_memory(kiln_runtime* runtime, const void* data,
+                                                        size_t size, kiln_model** out_model);
+KILN_RUNTIME_EXPORT void kiln_model_release(kiln_model* model);
+
+KILN_RUNTIME_EXPORT size_t kiln_model_num_inputs(const kiln_model* model);
+KILN_RUNTIME_EXPORT size_t kiln_model_num_outputs(const kiln_model* model);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_input_info(const kiln_model* model, size_t index,
+                                                       kiln_tensor_info* out_info);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_output_info(const kiln_model* model, size_t index,
+                                                        kiln_tensor_info* out_info);
+
+/* Runs the model: copies inputs to the device (through pinned staging), runs the plan (as a
+ * CUDA graph replay when enabled), copies outputs back, and waits. Inputs and outputs are in
+ * the model's order; each buffer's size must equal the tensor's bytes. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_run(kiln_model* model, const kiln_host_tensor* inputs,
+                                                size_t num_inputs, kiln_host_tensor* outputs,
+                                                size_t num_outputs);
+
+/* Device memory held by Kiln, by category. */
+typedef struct kiln_memory_report {
+  uint32_t struct_size;
+  uint64_t weights;      /* uploaded constants */
+  uint64_t activations;  /* the static plan's arena (inputs, outputs, intermediates) */
+  uint64_t workspace;    /* library scratch (cuBLASLt) */
+  uint64_t staging;      /* pinned host staging (host memory) */
+  uint64_t allocated;    /* device bytes in use by Kiln */
+  uint64_t reserved;     /* device bytes held by Kiln's caching allocator, in use or not */
+} kiln_memory_report;
+
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_memory_report(const kiln_model* model,
+                                                          kiln_memory_report* out_report);
+
+/* ---- versioned function table -------------------------------------------------------------- */
+
+typedef struct kiln_api {
+  uint32_t version; /* KILN_RUNTIME_API_VERSION of the runtime that filled it */
+  kiln_status_code (*status_get_code)(const kiln_status*);
+  const char* (*status_get_message)(const kiln_status*);
+  void (*status_release)(kiln_status*);
+  void (*runtime_options_initialize)(kiln_runtime_options*);
+  kiln_status* (*runtime_create)(const kiln_runtime_options*, kiln_runtime**);
+  void (*runtime_release)(kiln_runtime*);
+  const char* (*runtime_device_name)(const kiln_runtime*);
+  kiln_status* (*model_load_file)(kiln_runtime*, const char*, kiln_model**);
+  kiln_status* (*model_load_memory)(kiln_runtime*, const void*, size_t, kiln_model**);
+  void (*model_release)(kiln_model*);
+  size_t (*model_num_inputs)(const kiln_model*);
+  size_t (*model_num_outputs)(const kiln_model*);
+  kiln_status* (*model_input_info)(const kiln_model*, size_t, kiln_tensor_info*);
+  kiln_status* (*model_output_info)(const kiln_model*, size_t, kiln_tensor_info*);
+  kiln_status* (*model_run)(kiln_model*, const kiln_host_tensor*, size_t, kiln_host_tensor*, size_t);
+  kiln_status* (*model_memory_report)(const kiln_model*, kiln_memory_report*);
+  /* New entries go here, at the end, with a bump of KILN_RUNTIME_API_VERSION. */
+} kiln_api;
+
+/* The function table for `version` (1 .. KILN_RUNTIME_API_VERSION), or NULL when this runtime
+ * is older than the version asked for. */
+KILN_RUNTIME_EXPORT const kiln_api* kiln_get_api(uint32_t version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_RUNTIME_H_ */

@@ -1,0 +1,632 @@
+// Reading .kiln artifacts: header, section table and checksums, meta, and the plan parser
+// with its reference checks (docs/artifact.md). No CUDA here: `kiln inspect` uses it too.
+#include "kiln/artifact_reader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "kiln/artifact_format.h"
+
+namespace kiln::artifact {
+
+namespace {
+
+using Attrs = std::map<std::string, std::string, std::less<>>;
+
+uint64_t get_le(const std::string& s, uint64_t at, int size) {
+  uint64_t v = 0;
+  for (int i = size - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<uint64_t>(i)]);
+  return v;
+}
+
+/// Bits per element of a Kiln dtype name (the runtime may not link the IR); 0 when unknown.
+int dtype_bits(std::string_view name) {
+  static const std::map<std::string_view, int> bits = {
+      {"f64", 64}, {"f32", 32}, {"f16", 16}, {"bf16", 16}, {"f8e4m3fn", 8}, {"f8e5m2", 8}, {"i64", 64},
+      {"i32", 32}, {"i16", 16}, {"i8", 8},   {"u8", 8},    {"i4", 4},     {"bool", 8}};
+  auto it = bits.find(name);
+  return it == bits.end() ? 0 : it->second;
+}
+
+template <typename T>
+bool parse_num(std::string_view s, T* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (size_t start = 0;;) {
+    const size_t end = s.find(sep, start);
+    out.push_back(s.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
+    if (end == std::string_view::npos) return out;
+    start = end + 1;
+  }
+}
+
+/// `offset + bytes <= limit` without overflow.
+bool fits(uint64_t offset, uint64_t bytes, uint64_t limit) { return bytes <= limit && offset <= limit - bytes; }
+
+/// The plan parser: one line at a time, each line checked against what came before.
+class PlanParser {
+ public:
+  PlanParser(Plan* plan, std::string* error) : p_(*plan), error_(error) {}
+
+  bool parse(std::string_view text) {
+    for (std::string_view rest = text; !rest.empty();) {
+      const size_t nl = rest.find('\n');
+      std::string_view line = rest.substr(0, nl);
+      rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+      ++line_;
+      if (const size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+      if (line.ends_with('\r')) line.remove_suffix(1);
+      std::vector<std::string_view> toks;
+      for (std::string_view t : split(line, ' '))
+        if (!t.empty()) toks.push_back(t);
+      if (!toks.empty() && !parse_line(toks)) return false;
+    }
+    if (stage_ < 0) return fail("empty plan: expected 'kiln-plan 1'");
+    if (stage_ < 2) return fail(std::string("missing '") + (stage_ < 1 ? "arena" : "workspace") + "' line");
+    return true;
+  }
+
+ private:
+  bool fail(const std::string& msg) {
+    if (error_) *error_ = "plan:" + std::to_string(line_) + ": " + msg;
+    return false;
+  }
+
+  /// Lines must come in the documented order; each kind has its rank.
+  bool parse_line(const std::vector<std::string_view>& toks) {
+    static const std::vector<std::string_view> order = {"kiln-plan", "arena", "workspace", "buffer",
+                                                        "input",     "output", "kernel",   "step"};
+    const auto it = std::find(order.begin(), order.end(), toks[0]);
+    if (it == order.end()) return fail("unknown line '" + std::string(toks[0]) + "'");
+    const int rank = static_cast<int>(it - order.begin());
+    if (stage_ < 0 && rank != 0) return fail("expected 'kiln-plan 1' first");
+    if (rank < stage_ || (rank == stage_ && rank <= 2))
+      return fail("'" + std::string(toks[0]) + "' out of order (lines go: kiln-plan, arena, workspace, buffer, input, "
+                  "output, kernel, step)");
+    if (rank > 1 && stage_ < 1) return fail("missing 'arena' line");
+    if (rank > 2 && stage_ < 2) return fail("missing 'workspace' line");
+    stage_ = rank;
+    switch (rank) {
+      case 0:
+        if (toks.size() != 2 || toks[1] != "1")
+          return fail("plan format version '" + (toks.size() > 1 ? std::string(toks[1]) : "") + "'; this runtime reads 1");
+        return true;
+      case 1:
+      case 2: {
+        Attrs a;
+        if (!attrs(toks, 1, &a, {"bytes"}, {})) return false;
+        return num(a, "bytes", rank == 1 ? &p_.arena_bytes : &p_.workspace_bytes);
+      }
+      case 3: return buffer(toks);
+      case 4:
+      case 5: return io(toks, rank == 4);
+      case 6:
+        if (toks.size() != 2) return fail("expected 'kernel NAME'");
+        if (std::find(p_.kernels.begin(), p_.kernels.end(), toks[1]) != p_.kernels.end())
+          return fail("kernel '" + std::string(toks[1]) + "' declared twice");
+        p_.kernels.emplace_back(toks[1]);
+        return true;
+      default: return step(toks);
+    }
+  }
+
+  /// Reads `key=value` tokens from `from` on; `required` must be there, and every key must be
+  /// in `required` or `optional`.
+  bool attrs(const std::vector<std::string_view>& toks, size_t from, Attrs* out,
+             std::initializer_list<std::string_view> required, std::initializer_list<std::string_view> optional) {
+    for (size_t i = from; i < toks.size(); ++i) {
+      const size_t eq = toks[i].find('=');
+      if (eq == std::string_view::npos || eq == 0) return fail("expected key=value, got '" + std::string(toks[i]) + "'");
+      const std::string_view key = toks[i].substr(0, eq);
+      if (std::find(required.begin(), required.end(), key) == required.end() &&
+          std::find(optional.begin(), optional.end(), key) == optional.end())
+        return fail("unknown attribute '" + std::string(key) + "' on '" + std::string(toks[0]) +
+                    (toks[0] == "step" ? " " + std::string(toks[1]) : "") + "'");
+      if (!out->emplace(std::string(key), std::string(toks[i].substr(eq + 1))).second)
+        return fail("attribute '" + std::string(key) + "' given twice");
+    }
+    const std::string what = std::string(toks[0]) + (toks[0] == "step" ? " " + std::string(toks[1]) : "");
+    for (std::string_view r : required)
+      if (!out->count(r)) return fail("'" + what + "' needs " + std::string(r) + "=");
+    return true;
+  }
+
+  template <typename T>
+  bool num(const Attrs& a, std::string_view key, T* out) {
+    const std::string& v = a.find(key)->second;
+    if (!parse_num(v, out)) return fail(std::string(key) + "='" + v + "' is not a valid number");
+    return true;
+  }
+
+  /// "bID" naming a declared buffer.
+  bool buffer_ref(std::string_view text, int* id) {
+    if (text.size() < 2 || text[0] != 'b' || !parse_num(text.substr(1), id) || *id < 0)
+      return fail("expected a buffer reference bID, got '" + std::string(text) + "'");
+    if (static_cast<size_t>(*id) >= p_.buffers.size())
+      return fail("buffer " + std::to_string(*id) + " is not declared");
+    return true;
+  }
+
+  bool buffer(const std::vector<std::string_view>& toks) {
+    PlanBuffer b;
+    if (toks.size() < 2 || !parse_num(toks[1], &b.id)) return fail("expected 'buffer ID ...'");
+    const std::string what = "buffer " + std::string(toks[1]);
+    if (b.id != static_cast<int>(p_.buffers.size()))
+      return fail(what + ": expected id " + std::to_string(p_.buffers.size()) + " (ids are 0..count-1 in order)");
+    Attrs a;
+    if (!attrs(toks, 2, &a, {"kind", "dtype", "shape", "bytes", "offset"}, {"base", "name"})) return false;
+    static const std::map<std::string, PlanBuffer::Kind, std::less<>> kinds = {
+        {"input", PlanBuffer::Kind::kInput},           {"output", PlanBuffer::Kind::kOutput},
+        {"activation", PlanBuffer::Kind::kActivation}, {"weight", PlanBuffer::Kind::kWeight},
+        {"alias", PlanBuffer::Kind::kAlias}};
+    const auto kind = kinds.find(a["kind"]);
+    if (kind == kinds.end()) return fail(what + ": unknown kind '" + a["kind"] + "'");
+    b.kind = kind->second;
+    b.dtype = a["dtype"];
+    const int bits = dtype_bits(b.dtype);
+    if (bits == 0) return fail(what + ": unknown dtype '" + b.dtype + "'");
+    if (a["shape"] != "scalar") {
+      for (std::string_view d : split(a["shape"], 'x')) {
+        int64_t v = 0;
+        if (!parse_num(d, &v) || v < 0) return fail(what + ": bad shape '" + a["shape"] + "'");
+        b.shape.push_back(v);
+      }
+    }
+    if (!num(a, "bytes", &b.bytes) || !num(a, "offset", &b.offset)) return false;
+    uint64_t bits_total = static_cast<uint64_t>(bits);
+    for (int64_t d : b.shape)
+      if (__builtin_mul_overflow(bits_total, static_cast<uint64_t>(d), &bits_total))
+        return fail(what + ": shape '" + a["shape"] + "' is too large");
+    if (b.bytes < (bits_total + 7) / 8)
+      return fail(what + ": " + std::to_string(b.bytes) + " bytes cannot hold " + b.dtype + " of shape " + a["shape"]);
+    if (a.count("name")) b.name = a["name"];
+    if (b.kind == PlanBuffer::Kind::kAlias) {
+      if (!a.count("base")) return fail(what + ": an alias needs base=ID");
+      if (!parse_num(a["base"], &b.base) || b.base < 0 || b.base >= b.id)
+        return fail(what + ": base '" + a["base"] + "' is not a buffer declared before it");
+      const PlanBuffer& base = p_.buffers[static_cast<size_t>(b.base)];
+      if (!fits(b.offset, b.bytes, base.bytes))
+        return fail(what + ": bytes [" + std::to_string(b.offset) + ", +" + std::to_string(b.bytes) +
+                    ") outside its base buffer " + std::to_string(b.base) + " of " + std::to_string(base.bytes) + " bytes");
+    } else if (a.count("base")) {
+      return fail(what + ": base= is only for kind=alias");
+    }
+    const bool in_arena = b.kind == PlanBuffer::Kind::kInput || b.kind == PlanBuffer::Kind::kOutput ||
+                          b.kind == PlanBuffer::Kind::kActivation;
+    if (in_arena && !fits(b.offset, b.bytes, p_.arena_bytes))
+      return fail(what + ": bytes [" + std::to_string(b.offset) + ", +" + std::to_string(b.bytes) +
+                  ") outside the arena of " + std::to_string(p_.arena_bytes) + " bytes");
+    p_.buffers.push_back(std::move(b));
+    return true;
+  }
+
+  bool io(const std::vector<std::string_view>& toks, bool input) {
+    const std::string what = input ? "input" : "output";
+    if (toks.size() != 3) return fail("expected '" + what + " NAME buffer=ID'");
+    Attrs a;
+    if (!attrs(toks, 2, &a, {"buffer"}, {})) return false;
+    int id = -1;
+    if (!parse_num(a["buffer"], &id) || id < 0 || static_cast<size_t>(id) >= p_.buffers.size())
+      return fail(what + " '" + std::string(toks[1]) + "': buffer '" + a["buffer"] + "' is not declared");
+    if (input && p_.buffers[static_cast<size_t>(id)].kind != PlanBuffer::Kind::kInput)
+      return fail("input '" + std::string(toks[1]) + "': buffer " + a["buffer"] + " is not of kind input");
+    auto& list = input ? p_.inputs : p_.outputs;
+    for (const auto& [name, b] : list)
+      if (name == toks[1]) return fail(what + " '" + name + "' declared twice");
+    list.emplace_back(std::string(toks[1]), id);
+    return true;
+  }
+
+  bool dims3(const Attrs& a, std::string_view key, uint32_t* out) {
+    const std::vector<std::string_view> parts = split(a.find(key)->second, ',');
+    bool ok = parts.size() == 3;
+    for (size_t i = 0; ok && i < 3; ++i) ok = parse_num(parts[i], &out[i]) && out[i] > 0;
+    if (!ok) return fail(std::string(key) + "='" + a.find(key)->second + "' is not three positive integers X,Y,Z");
+    return true;
+  }
+
+  bool step(const std::vector<std::string_view>& toks) {
+    PlanStep s;
+    s.line = line_;
+    if (toks.size() < 2) return fail("expected 'step KIND ...'");
+    if (toks[1] == "launch") {
+      s.kind = PlanStep::Kind::kLaunch;
+      Attrs a;
+      if (!attrs(toks, 2, &a, {"kernel", "grid", "block"}, {"smem", "args"})) return false;
+      s.kernel = a["kernel"];
+      if (std::find(p_.kernels.begin(), p_.kernels.end(), s.kernel) == p_.kernels.end())
+        return fail("kernel '" + s.kernel + "' is not declared");
+      if (!dims3(a, "grid", s.grid) || !dims3(a, "block", s.block)) return false;
+      if (a.count("smem") && !num(a, "smem", &s.smem)) return false;
+      if (a.count("args") && !a["args"].empty()) {
+        for (std::string_view t : split(a["args"], ',')) {
+          LaunchArg arg;
+          const bool ok = t.size() >= 2;
+          if (ok && t[0] == 'b') {
+            if (!buffer_ref(t, &arg.buffer)) return false;
+          } else if (ok && t[0] == 'i' && parse_num(t.substr(1), &arg.i64)) {
+            arg.kind = LaunchArg::Kind::kInt64;
+          } else if (ok && t[0] == 'f' && parse_num(t.substr(1), &arg.f32)) {
+            arg.kind = LaunchArg::Kind::kFloat32;
+          } else {
+            return fail("bad launch argument '" + std::string(t) + "' (expected bID, iN or fN)");
+          }
+          s.args.push_back(arg);
+        }
+      }
+    } else if (toks[1] == "gemm") {
+      s.kind = PlanStep::Kind::kGemm;
+      if (!gemm(toks, &s.attrs)) return false;
+    } else if (toks[1] == "copy" || toks[1] == "memset") {
+      const bool copy = toks[1] == "copy";
+      s.kind = copy ? PlanStep::Kind::kCopy : PlanStep::Kind::kMemset;
+      Attrs a;
+      if (copy ? !attrs(toks, 2, &a, {"src", "dst", "bytes"}, {}) : !attrs(toks, 2, &a, {"dst", "bytes"}, {}))
+        return false;
+      uint64_t bytes = 0;
+      if (!num(a, "bytes", &bytes)) return false;
+      for (const char* key : {"src", "dst"}) {
+        if (!a.count(key)) continue;
+        int id = -1;
+        if (!buffer_ref(a[key], &id)) return false;
+        const uint64_t have = p_.buffers[static_cast<size_t>(id)].bytes;
+        if (bytes > have)
+          return fail(std::string(toks[1]) + " of " + std::to_string(bytes) + " bytes exceeds buffer " +
+                      std::to_string(id) + " (" + std::to_string(have) + " bytes)");
+      }
+      s.attrs.insert(a.begin(), a.end());
+    } else {
+      return fail("unknown step '" + std::string(toks[1]) + "'");
+    }
+    p_.steps.push_back(std::move(s));
+    return true;
+  }
+
+  /// Checks a gemm's attributes, and that each matrix it touches lies within its buffer.
+  bool gemm(const std::vector<std::string_view>& toks, std::map<std::string, std::string>* out) {
+    Attrs a;
+    if (!attrs(toks, 2, &a,
+               {"a", "b", "d", "m", "n", "k", "batch", "trans_a", "trans_b", "lda", "ldb", "ldd", "stride_a",
+                "stride_b", "stride_d", "dtype", "compute", "alpha", "beta", "epilogue"},
+               {"c", "bias", "ldc", "stride_c"}))
+      return false;
+    auto one_of = [&](std::string_view key, std::initializer_list<std::string_view> allowed) {
+      if (std::find(allowed.begin(), allowed.end(), a[std::string(key)]) != allowed.end()) return true;
+      return fail("gemm: " + std::string(key) + "='" + a[std::string(key)] + "' is not allowed");
+    };
+    if (!one_of("dtype", {"f32", "f16", "bf16"}) || !one_of("compute", {"f32", "tf32"}) ||
+        !one_of("trans_a", {"0", "1"}) || !one_of("trans_b", {"0", "1"}) ||
+        !one_of("epilogue", {"none", "relu", "gelu", "bias", "bias_relu", "bias_gelu"}))
+      return false;
+    float alpha = 0, beta = 0;
+    if (!num(a, "alpha", &alpha) || !num(a, "beta", &beta)) return false;
+    const bool has_bias = a["epilogue"].starts_with("bias");
+    if (has_bias != (a.count("bias") > 0)) return fail("gemm: bias= must be given exactly when the epilogue adds a bias");
+    if (a.count("c") && !a.count("ldc")) return fail("gemm: c= needs ldc=");
+    uint64_t m = 0, n = 0, k = 0, batch = 0;
+    if (!num(a, "m", &m) || !num(a, "n", &n) || !num(a, "k", &k) || !num(a, "batch", &batch)) return false;
+    // {operand, rows, cols}, row-major with leading dimension ld and batch stride.
+    struct Operand { const char* name; uint64_t rows, cols; const char* ld; const char* stride; };
+    const bool ta = a["trans_a"] == "1", tb = a["trans_b"] == "1";
+    const Operand ops[] = {{"a", ta ? k : m, ta ? m : k, "lda", "stride_a"},
+                           {"b", tb ? n : k, tb ? k : n, "ldb", "stride_b"},
+                           {"d", m, n, "ldd", "stride_d"},
+                           {"c", m, n, "ldc", "stride_c"},
+                           {"bias", 1, n, nullptr, nullptr}};
+    for (const Operand& op : ops) {
+      if (!a.count(op.name)) continue;
+      int id = -1;
+      if (!buffer_ref(a[op.name], &id)) return false;
+      uint64_t ld = op.cols, stride = 0;
+      if (op.ld && !num(a, op.ld, &ld)) return false;
+      if (op.stride && a.count(op.stride) && !num(a, op.stride, &stride)) return false;
+      if (ld < op.cols) return fail("gemm: " + std::string(op.ld) + "=" + std::to_string(ld) + " is less than " + std::to_string(op.cols) + " columns");
+      if (op.rows == 0 || op.cols == 0 || batch == 0) continue;
+      // Elements the operand spans: the last matrix's last element, plus one.
+      uint64_t span = 0, t = 0;
+      bool overflow = __builtin_mul_overflow(batch - 1, stride, &span) ||
+                      __builtin_mul_overflow(op.rows - 1, ld, &t) || __builtin_add_overflow(span, t, &span) ||
+                      __builtin_add_overflow(span, op.cols, &span);
+      const PlanBuffer& buf = p_.buffers[static_cast<size_t>(id)];
+      overflow = overflow || __builtin_mul_overflow(span, static_cast<uint64_t>(dtype_bits(buf.dtype)), &span);
+      if (overflow || (span + 7) / 8 > buf.bytes)
+        return fail("gemm: operand " + std::string(op.name) + " spans more than buffer " + std::to_string(id) + "'s " +
+                    std::to_string(buf.bytes) + " bytes");
+    }
+    out->insert(a.begin(), a.end());
+    return true;
+  }
+
+  Plan& p_;
+  std::string* error_;
+  int line_ = 0;
+  int stage_ = -1;
+};
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+const char* section_kind_name(uint32_t kind) {
+  switch (kind) {
+    case kSectionMeta: return "meta";
+    case kSectionPlan: return "plan";
+    case kSectionImage: return "image";
+    case kSectionWeights: return "weights";
+    case kSectionSource: return "source";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+bool parse_plan(std::string_view text, Plan* out, std::string* error) {
+  *out = Plan();
+  return PlanParser(out, error).parse(text);
+}
+
+std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& name, std::string* error) {
+  auto a = std::make_unique<Artifact>();
+  a->storage = std::make_shared<const std::string>(std::move(bytes));
+  const std::string& b = *a->storage;
+  const uint64_t size = b.size();
+  auto fail = [&](const std::string& msg) {
+    if (error) *error = name + ": " + msg;
+    return nullptr;
+  };
+
+  const bool magic_ok = std::memcmp(b.data(), kMagic, std::min<size_t>(b.size(), sizeof(kMagic))) == 0;
+  if (!magic_ok || b.empty()) return fail("not a Kiln artifact (bad magic)");
+  if (size < sizeof(Header))
+    return fail("truncated: " + std::to_string(size) + " bytes, shorter than the " + std::to_string(sizeof(Header)) +
+                "-byte header");
+  a->format_version = static_cast<uint32_t>(get_le(b, 8, 4));
+  if (a->format_version != kFormatVersion)
+    return fail("format version " + std::to_string(a->format_version) + "; this runtime reads " +
+                std::to_string(kFormatVersion));
+  const uint64_t count = get_le(b, 12, 4), table = get_le(b, 16, 8), file_size = get_le(b, 24, 8);
+  if (file_size != size)
+    return fail((size < file_size ? "truncated: " : "size mismatch: ") + std::to_string(size) + " bytes, header says " +
+                std::to_string(file_size));
+  const uint64_t table_bytes = count * sizeof(SectionEntry);  // count < 2^32: no overflow
+  if (table < sizeof(Header) || !fits(table, table_bytes, size))
+    return fail("section table (offset " + std::to_string(table) + ", " + std::to_string(count) +
+                " entries) lies outside the file");
+  if (fnv1a64(b.data() + table, table_bytes) != get_le(b, 32, 8)) return fail("corrupt section table (checksum mismatch)");
+
+  // Every byte range claimed: the header, the table, then each section; none may overlap.
+  std::vector<std::pair<std::pair<uint64_t, uint64_t>, std::string>> ranges = {
+      {{0, sizeof(Header)}, "the header"}, {{table, table + table_bytes}, "the section table"}};
+  std::set<std::string> names;
+  const Section* meta = nullptr;
+  const Section* plan = nullptr;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t at = table + i * sizeof(SectionEntry);
+    Section s;
+    s.kind = static_cast<uint32_t>(get_le(b, at, 4));
+    s.offset = get_le(b, at + 8, 8);
+    s.size = get_le(b, at + 16, 8);
+    const char* raw_name = b.data() + at + 32;
+    const size_t name_len = strnlen(raw_name, sizeof(SectionEntry::name));
+    if (name_len == 0 || name_len == sizeof(SectionEntry::name))
+      return fail("section " + std::to_string(i) + " has an empty or unterminated name");
+    s.name.assign(raw_name, name_len);
+    const std::string what = "section '" + s.name + "'";
+    if (!names.insert(s.name).second) return fail("two sections named '" + s.name + "'");
+    if (!fits(s.offset, s.size, size))
+      return fail(what + " (offset " + std::to_string(s.offset) + ", " + std::to_string(s.size) +
+                  " bytes) lies outside the file of " + std::to_string(size) + " bytes");
+    const uint64_t align = s.kind == kSectionWeights ? kWeightsAlign : kSectionAlign;
+    if (s.offset % align) return fail(what + " is not " + std::to_string(align) + "-byte aligned");
+    if (fnv1a64(b.data() + s.offset, s.size) != get_le(b, at + 24, 8)) return fail("corrupt " + what + " (checksum mismatch)");
+    if (s.size) ranges.push_back({{s.offset, s.offset + s.size}, what});
+    a->sections.push_back(s);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first.first < ranges[i - 1].first.second)
+      return fail(ranges[i - 1].second + " and " + ranges[i].second + " overlap");
+
+  for (const Section& s : a->sections) {
+    const std::string_view bytes_view(b.data() + s.offset, s.size);
+    const std::string what = "section '" + s.name + "'";
+    if (s.kind == kSectionMeta || s.kind == kSectionPlan || s.kind == kSectionWeights) {
+      if (s.name != section_kind_name(s.kind))
+        return fail(what + " of kind " + section_kind_name(s.kind) + " must be named '" + section_kind_name(s.kind) + "'");
+    }
+    if (s.kind == kSectionMeta) meta = &s;
+    if (s.kind == kSectionPlan) plan = &s;
+    if (s.kind == kSectionWeights) a->weights = bytes_view;
+    if (s.kind == kSectionImage) {
+      const size_t dot = s.name.rfind('.');
+      if (dot == 0 || dot == std::string::npos || dot + 1 == s.name.size())
+        return fail("image " + what + " is not named TARGET.FORM");
+      a->images.emplace(s.name, bytes_view);
+    }
+    if (s.kind == kSectionSource) {
+      if (!s.name.ends_with(".cu") || s.name.size() == 3) return fail("source " + what + " is not named TARGET.cu");
+      a->sources.emplace(s.name.substr(0, s.name.size() - 3), bytes_view);
+    }
+  }
+  if (!meta) return fail("missing section 'meta'");
+  if (!plan) return fail("missing section 'plan'");
+
+  int line_no = 0;
+  for (std::string_view line : split(std::string_view(b.data() + meta->offset, meta->size), '\n')) {
+    ++line_no;
+    if (line.empty()) continue;
+    const size_t eq = line.find('=');
+    if (eq == 0 || eq == std::string_view::npos)
+      return fail("meta line " + std::to_string(line_no) + ": expected key=value");
+    if (!a->meta.emplace(std::string(line.substr(0, eq)), std::string(line.substr(eq + 1))).second)
+      return fail("meta key '" + std::string(line.substr(0, eq)) + "' appears twice");
+  }
+  if (auto v = a->meta.find("format_version"); v != a->meta.end() && v->second != std::to_string(a->format_version))
+    return fail("meta format_version '" + v->second + "' differs from the header's " + std::to_string(a->format_version));
+
+  a->plan_text = std::string_view(b.data() + plan->offset, plan->size);
+  std::string plan_error;
+  if (!parse_plan(a->plan_text, &a->plan, &plan_error)) return fail(plan_error);
+  for (const PlanBuffer& buf : a->plan.buffers) {
+    if (buf.kind != PlanBuffer::Kind::kWeight) continue;
+    const std::string what = "plan: buffer " + std::to_string(buf.id) + (buf.name.empty() ? "" : " (" + buf.name + ")");
+    if (buf.offset % kTensorAlign)
+      return fail(what + ": weight offset " + std::to_string(buf.offset) + " is not " + std::to_string(kTensorAlign) +
+                  "-byte aligned");
+    if (!fits(buf.offset, buf.bytes, a->weights.size()))
+      return fail(what + ": bytes [" + std::to_string(buf.offset) + ", +" + std::to_string(buf.bytes) +
+                  ") outside the weights section of " + std::to_string(a->weights.size()) + " bytes");
+  }
+  return a;
+}
+
+std::unique_ptr<Artifact> read_artifact_file(const std::string& path, std::string* error) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    if (error) *error = "cannot read '" + path + "': it is a directory";
+    return nullptr;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (error) *error = "cannot read '" + path + "': " + std::strerror(errno);
+    return nullptr;
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) {
+    if (error) *error = "cannot read '" + path + "': read failed";
+    return nullptr;
+  }
+  return read_artifact(std::move(ss).str(), path, error);
+}
+
+namespace {
+
+/// Targets by name: meta's list, else the targets of the images.
+std::vector<std::string> artifact_targets(const Artifact& a) {
+  std::vector<std::string> out;
+  if (auto t = a.meta.find("targets"); t != a.meta.end())
+    for (std::string_view s : split(t->second, ','))
+      if (!s.empty()) out.emplace_back(s);
+  if (out.empty())
+    for (const auto& [name, bytes] : a.images) {
+      const std::string target = name.substr(0, name.rfind('.'));
+      if (std::find(out.begin(), out.end(), target) == out.end()) out.push_back(target);
+    }
+  return out;
+}
+
+std::string buffer_type(const PlanBuffer& b) {
+  std::string s = b.dtype + "[";
+  for (size_t i = 0; i < b.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(b.shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::string describe(const Artifact& a, bool json) {
+  const Plan& p = a.plan;
+  const std::vector<std::string> targets = artifact_targets(a);
+  std::ostringstream o;
+  if (json) {
+    auto list = [&](const std::vector<std::string>& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + json_string(v[i]);
+      return s + "]";
+    };
+    auto io = [&](const std::vector<std::pair<std::string, int>>& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); ++i) {
+        const PlanBuffer& b = p.buffers[static_cast<size_t>(v[i].second)];
+        std::string shape;
+        for (size_t d = 0; d < b.shape.size(); ++d) shape += (d ? ", " : "") + std::to_string(b.shape[d]);
+        s += std::string(i ? ", " : "") + "{\"name\": " + json_string(v[i].first) + ", \"buffer\": " +
+             std::to_string(b.id) + ", \"dtype\": " + json_string(b.dtype) + ", \"shape\": [" + shape + "], \"bytes\": " +
+             std::to_string(b.bytes) + "}";
+      }
+      return s + "]";
+    };
+    o << "{\"format_version\": " << a.format_version << ", \"meta\": {";
+    bool first = true;
+    for (const auto& [k, v] : a.meta) o << (std::exchange(first, false) ? "" : ", ") << json_string(k) << ": " << json_string(v);
+    o << "}, \"targets\": " << list(targets) << ", \"images\": [";
+    first = true;
+    for (const Section& s : a.sections) {
+      if (s.kind != kSectionImage) continue;
+      const size_t dot = s.name.rfind('.');
+      o << (std::exchange(first, false) ? "" : ", ") << "{\"name\": " << json_string(s.name)
+        << ", \"target\": " << json_string(s.name.substr(0, dot)) << ", \"form\": " << json_string(s.name.substr(dot + 1))
+        << ", \"bytes\": " << s.size << "}";
+    }
+    o << "], \"sections\": [";
+    first = true;
+    for (const Section& s : a.sections)
+      o << (std::exchange(first, false) ? "" : ", ") << "{\"kind\": " << json_string(section_kind_name(s.kind))
+        << ", \"name\": " << json_string(s.name) << ", \"offset\": " << s.offset << ", \"size\": " << s.size << "}";
+    o << "], \"inputs\": " << io(p.inputs) << ", \"outputs\": " << io(p.outputs) << ", \"steps\": " << p.steps.size()
+      << ", \"kernels\": " << p.kernels.size() << ", \"weights_bytes\": " << a.weights.size()
+      << ", \"arena_bytes\": " << p.arena_bytes << ", \"workspace_bytes\": " << p.workspace_bytes << "}\n";
+    return o.str();
+  }
+  auto meta = [&](const char* key) {
+    auto it = a.meta.find(key);
+    return it == a.meta.end() ? std::string("?") : it->second;
+  };
+  o << "format version " << a.format_version << ", kiln " << meta("kiln_version") << ", created by "
+    << meta("created_by") << " from " << meta("model") << "\n"
+    << "targets: " << join(targets, ", ") << "\n"
+    << "pipeline: " << meta("pipeline") << "\n"
+    << "plugins: " << meta("plugins") << "\n"
+    << "cuda " << meta("cuda_version") << ", nvrtc " << meta("nvrtc_version") << "\n"
+    << "images and sources:\n";
+  for (const Section& s : a.sections)
+    if (s.kind == kSectionImage || s.kind == kSectionSource) o << "  " << s.name << ": " << s.size << " bytes\n";
+  for (const auto& [label, list] : {std::pair{"inputs", &p.inputs}, std::pair{"outputs", &p.outputs}}) {
+    o << label << ":\n";
+    for (const auto& [name, id] : *list) o << "  " << name << ": " << buffer_type(p.buffers[static_cast<size_t>(id)]) << "\n";
+  }
+  std::map<std::string, int> step_kinds;
+  static const char* kStepNames[] = {"launch", "gemm", "copy", "memset"};
+  for (const PlanStep& s : p.steps) ++step_kinds[kStepNames[static_cast<int>(s.kind)]];
+  std::vector<std::string> counts;
+  for (const auto& [k, n] : step_kinds) counts.push_back(std::to_string(n) + " " + k);
+  o << "plan: steps " << p.steps.size() << (counts.empty() ? "" : " (" + join(counts, ", ") + ")") << ", kernels "
+    << p.kernels.size() << ", buffers " << p.buffers.size() << "\n"
+    << "memory: weights " << a.weights.size() << " bytes, arena " << p.arena_bytes << " bytes, workspace "
+    << p.workspace_bytes << " bytes\n";
+  return o.str();
+}
+
+}  // namespace kiln::artifact

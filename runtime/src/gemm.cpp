@@ -1,0 +1,230 @@
+// cuBLASLt gemm steps: attribute checks, descriptors, heuristic algorithm, launch.
+#include "gemm.h"
+
+#include <charconv>
+#include <cstdlib>
+
+namespace kiln::rt {
+namespace {
+
+/// Reads a gemm step's attributes; every error names the plan line.
+struct Attrs {
+  const artifact::PlanStep& step;
+
+  kiln_status* fail(const std::string& msg) const {
+    return make_status(KILN_STATUS_INVALID_ARGUMENT,
+                       "plan:" + std::to_string(step.line) + ": gemm: " + msg);
+  }
+  const std::string* find(const char* key) const {
+    auto it = step.attrs.find(key);
+    return it == step.attrs.end() ? nullptr : &it->second;
+  }
+  kiln_status* integer(const char* key, const int64_t* fallback, int64_t* out) const {
+    const std::string* v = find(key);
+    if (!v) {
+      if (!fallback) return fail(std::string("missing attribute '") + key + "'");
+      *out = *fallback;
+      return nullptr;
+    }
+    auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), *out);
+    if (ec != std::errc() || end != v->data() + v->size() || *out < 0)
+      return fail(std::string("attribute ") + key + "='" + *v + "' is not a count");
+    return nullptr;
+  }
+  kiln_status* number(const char* key, float fallback, float* out) const {
+    const std::string* v = find(key);
+    *out = fallback;
+    if (!v) return nullptr;
+    char* end = nullptr;
+    *out = std::strtof(v->c_str(), &end);
+    if (v->empty() || *end != '\0')
+      return fail(std::string("attribute ") + key + "='" + *v + "' is not a number");
+    return nullptr;
+  }
+  /// Buffer ids are written "bID"; -1 when absent and optional.
+  kiln_status* buffer(const char* key, bool required, int* out) const {
+    const std::string* v = find(key);
+    *out = -1;
+    if (!v) return required ? fail(std::string("missing attribute '") + key + "'") : nullptr;
+    std::string_view s = *v;
+    if (!s.empty() && s[0] == 'b') s.remove_prefix(1);
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+    if (ec != std::errc() || end != s.data() + s.size() || *out < 0)
+      return fail(std::string("attribute ") + key + "='" + *v + "' is not a buffer");
+    return nullptr;
+  }
+};
+
+uint64_t pointer_alignment(const void* p, int64_t stride_bytes) {
+  uint64_t a = reinterpret_cast<uintptr_t>(p) | 256;
+  if (stride_bytes > 0) a |= static_cast<uint64_t>(stride_bytes);
+  return a & (~a + 1);  // lowest set bit
+}
+
+}  // namespace
+
+GemmStep::~GemmStep() {
+  if (desc_) cublasLtMatmulDescDestroy(desc_);
+  for (cublasLtMatrixLayout_t l : {layout_a_, layout_b_, layout_c_, layout_d_})
+    if (l) cublasLtMatrixLayoutDestroy(l);
+}
+
+kiln_status* GemmStep::create(const artifact::PlanStep& step,
+                              const std::function<const DeviceBuffer*(int)>& buffer_of,
+                              cublasLtHandle_t handle, uint64_t workspace_bytes,
+                              std::unique_ptr<GemmStep>* out) {
+  Attrs at{step};
+  int ia, ib, id, ic, ibias;
+  KILN_RT_TRY(at.buffer("a", true, &ia));
+  KILN_RT_TRY(at.buffer("b", true, &ib));
+  KILN_RT_TRY(at.buffer("d", true, &id));
+  KILN_RT_TRY(at.buffer("c", false, &ic));
+  KILN_RT_TRY(at.buffer("bias", false, &ibias));
+  int64_t m, n, k, batch, ta, tb, lda, ldb, ldd, ldc, sa, sb, sd, sc;
+  const int64_t one = 1, zero = 0;
+  KILN_RT_TRY(at.integer("m", nullptr, &m));
+  KILN_RT_TRY(at.integer("n", nullptr, &n));
+  KILN_RT_TRY(at.integer("k", nullptr, &k));
+  KILN_RT_TRY(at.integer("batch", &one, &batch));
+  KILN_RT_TRY(at.integer("trans_a", &zero, &ta));
+  KILN_RT_TRY(at.integer("trans_b", &zero, &tb));
+  if (m == 0 || n == 0 || k == 0 || batch == 0) return at.fail("m, n, k and batch must be positive");
+  if (ta > 1 || tb > 1) return at.fail("trans_a and trans_b must be 0 or 1");
+  // Row-major shapes of the stored matrices.
+  int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+  KILN_RT_TRY(at.integer("lda", &a_cols, &lda));
+  KILN_RT_TRY(at.integer("ldb", &b_cols, &ldb));
+  KILN_RT_TRY(at.integer("ldd", &n, &ldd));
+  KILN_RT_TRY(at.integer("ldc", &ldd, &ldc));
+  KILN_RT_TRY(at.integer("stride_a", &zero, &sa));
+  KILN_RT_TRY(at.integer("stride_b", &zero, &sb));
+  KILN_RT_TRY(at.integer("stride_d", &zero, &sd));
+  KILN_RT_TRY(at.integer("stride_c", &sd, &sc));
+  const std::string* dtype = at.find("dtype");
+  const std::string* compute = at.find("compute");
+  const std::string* epilogue = at.find("epilogue");
+  std::string dt = dtype ? *dtype : "f32", ct = compute ? *compute : "f32",
+              ep = epilogue ? *epilogue : "none";
+  cudaDataType_t data_type;
+  int64_t es;
+  if (dt == "f32") data_type = CUDA_R_32F, es = 4;
+  else if (dt == "f16") data_type = CUDA_R_16F, es = 2;
+  else if (dt == "bf16") data_type = CUDA_R_16BF, es = 2;
+  else return at.fail("dtype '" + dt + "' is not f32, f16 or bf16");
+  cublasComputeType_t compute_type;
+  if (ct == "f32") compute_type = CUBLAS_COMPUTE_32F;
+  else if (ct == "tf32" && dt == "f32") compute_type = CUBLAS_COMPUTE_32F_FAST_TF32;
+  else return at.fail("compute '" + ct + "' is not valid for dtype " + dt);
+  cublasLtEpilogue_t epi;
+  if (ep == "none") epi = CUBLASLT_EPILOGUE_DEFAULT;
+  else if (ep == "relu") epi = CUBLASLT_EPILOGUE_RELU;
+  else if (ep == "gelu") epi = CUBLASLT_EPILOGUE_GELU;  // tanh approximation
+  else if (ep == "bias") epi = CUBLASLT_EPILOGUE_BIAS;
+  else if (ep == "bias_relu") epi = CUBLASLT_EPILOGUE_RELU_BIAS;
+  else if (ep == "bias_gelu") epi = CUBLASLT_EPILOGUE_GELU_BIAS;
+  else return at.fail("unknown epilogue '" + ep + "'");
+  bool wants_bias = ep.rfind("bias", 0) == 0;
+  if (wants_bias != (ibias >= 0))
+    return at.fail(wants_bias ? "epilogue " + ep + " needs a bias buffer"
+                              : "a bias buffer needs a bias epilogue");
+
+  auto g = std::unique_ptr<GemmStep>(new GemmStep());
+  KILN_RT_TRY(at.number("alpha", 1.0f, &g->alpha_));
+  KILN_RT_TRY(at.number("beta", 0.0f, &g->beta_));
+  if (g->beta_ != 0 && ic < 0) ic = id;  // beta without c accumulates into d
+  if (ic < 0) ldc = ldd, sc = sd;
+
+  // Every operand must lie inside its buffer: a bad plan must not read or write past it.
+  auto check = [&](int bid, const char* what, int64_t rows, int64_t cols, int64_t ld,
+                   int64_t stride, const DeviceBuffer** out_buf) -> kiln_status* {
+    const DeviceBuffer* buf = buffer_of(bid);
+    if (!buf) return at.fail(std::string(what) + " refers to undefined buffer b" + std::to_string(bid));
+    if (buf->dtype != dt)
+      return at.fail(std::string(what) + " buffer b" + std::to_string(bid) + " is " + buf->dtype +
+                     ", the gemm's dtype is " + dt);
+    if (ld < cols) return at.fail(std::string("leading dimension of ") + what + " is " +
+                                  std::to_string(ld) + ", less than its " + std::to_string(cols) + " columns");
+    uint64_t extent = static_cast<uint64_t>((batch - 1) * stride + (rows - 1) * ld + cols) * es;
+    if (extent > buf->bytes)
+      return at.fail(std::string(what) + " needs " + std::to_string(extent) + " bytes, buffer b" +
+                     std::to_string(bid) + " has " + std::to_string(buf->bytes));
+    *out_buf = buf;
+    return nullptr;
+  };
+  const DeviceBuffer *A, *B, *C, *D, *bias = nullptr;
+  KILN_RT_TRY(check(ia, "a", a_rows, a_cols, lda, sa, &A));
+  KILN_RT_TRY(check(ib, "b", b_rows, b_cols, ldb, sb, &B));
+  KILN_RT_TRY(check(id, "d", m, n, ldd, sd, &D));
+  KILN_RT_TRY(check(ic < 0 ? id : ic, "c", m, n, ldc, sc, &C));
+  if (ibias >= 0) KILN_RT_TRY(check(ibias, "bias", 1, n, n, 0, &bias));
+  g->a_ = B->ptr;
+  g->b_ = A->ptr;
+  g->c_ = C->ptr;
+  g->d_ = D->ptr;
+
+  // Column-major view: a row-major R x C matrix with leading dimension ld is a column-major
+  // C x R one; D^T[n,m] = op(B)^T[n,k] @ op(A)^T[k,m].
+  auto layout = [&](cublasLtMatrixLayout_t* l, int64_t rows, int64_t cols, int64_t ld,
+                    int64_t stride) -> kiln_status* {
+    KILN_CUBLAS_TRY(cublasLtMatrixLayoutCreate(l, data_type, static_cast<uint64_t>(cols),
+                                               static_cast<uint64_t>(rows), ld));
+    int32_t count = static_cast<int32_t>(batch);
+    KILN_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                     &count, sizeof count));
+    KILN_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(
+        *l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    return nullptr;
+  };
+  KILN_RT_TRY(layout(&g->layout_a_, b_rows, b_cols, ldb, sb));
+  KILN_RT_TRY(layout(&g->layout_b_, a_rows, a_cols, lda, sa));
+  KILN_RT_TRY(layout(&g->layout_c_, m, n, ldc, sc));
+  KILN_RT_TRY(layout(&g->layout_d_, m, n, ldd, sd));
+
+  KILN_CUBLAS_TRY(cublasLtMatmulDescCreate(&g->desc_, compute_type, CUDA_R_32F));
+  cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (bias) {
+    const void* bias_ptr = bias->ptr;
+    KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &bias_ptr, sizeof bias_ptr));
+  }
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)>
+      pref_guard(pref, cublasLtMatmulPreferenceDestroy);
+  KILN_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof workspace_bytes));
+  // The pointers are fixed at load, so the heuristic may count on their real alignment.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(pointer_alignment(g->a_, sb * es))},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(pointer_alignment(g->b_, sa * es))},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(pointer_alignment(g->c_, sc * es))},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(pointer_alignment(g->d_, sd * es))}};
+  for (const auto& [attr, value] : aligns)
+    KILN_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  KILN_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, g->desc_, g->layout_a_, g->layout_b_,
+                                                 g->layout_c_, g->layout_d_, pref, 1, &result, &found));
+  if (found == 0)
+    return make_status(KILN_STATUS_UNSUPPORTED,
+                       "plan:" + std::to_string(step.line) + ": gemm: cuBLASLt has no algorithm for " +
+                           dt + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+                           std::to_string(k) + " epilogue=" + ep);
+  g->algo_ = result.algo;
+  *out = std::move(g);
+  return nullptr;
+}
+
+kiln_status* GemmStep::run(cublasLtHandle_t handle, void* workspace, uint64_t workspace_bytes,
+                           cudaStream_t stream) const {
+  KILN_CUBLAS_TRY(cublasLtMatmul(handle, desc_, &alpha_, a_, layout_a_, b_, layout_b_, &beta_, c_,
+                                 layout_c_, d_, layout_d_, &algo_, workspace, workspace_bytes,
+                                 stream));
+  return nullptr;
+}
+
+}  // namespace kiln::rt

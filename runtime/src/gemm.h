@@ -1,0 +1,49 @@
+// Plan `gemm` steps on cuBLASLt: descriptors and algorithm chosen once at load, run per call.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <functional>
+#include <memory>
+
+#include "kiln/artifact_reader.h"
+#include "status.h"
+
+namespace kiln::rt {
+
+/// A device buffer of the plan, resolved at load.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  uint64_t bytes = 0;
+  std::string dtype;
+};
+
+/// One prepared gemm: row-major D = alpha * op(A) @ op(B) + beta * C (+ bias, activation),
+/// run as the column-major D^T = op(B)^T @ op(A)^T so that no data moves.
+class GemmStep {
+ public:
+  ~GemmStep();
+  /// Validates the step's attributes and buffer extents, builds the descriptors and asks
+  /// cuBLASLt's heuristic for an algorithm that fits `workspace_bytes`.
+  static kiln_status* create(const artifact::PlanStep& step,
+                             const std::function<const DeviceBuffer*(int)>& buffer,
+                             cublasLtHandle_t handle, uint64_t workspace_bytes,
+                             std::unique_ptr<GemmStep>* out);
+  /// Enqueues the matmul on `stream` (capturable in a CUDA graph).
+  kiln_status* run(cublasLtHandle_t handle, void* workspace, uint64_t workspace_bytes,
+                   cudaStream_t stream) const;
+
+ private:
+  GemmStep() = default;
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t layout_a_ = nullptr, layout_b_ = nullptr, layout_c_ = nullptr,
+                         layout_d_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  const void* a_ = nullptr;  ///< cuBLAS's A: the plan's B
+  const void* b_ = nullptr;  ///< cuBLAS's B: the plan's A
+  const void* c_ = nullptr;
+  void* d_ = nullptr;
+  float alpha_ = 1, beta_ = 0;
+};
+
+}  // namespace kiln::rt

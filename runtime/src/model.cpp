@@ -1,0 +1,359 @@
+// Loading a model onto the device (image, weights, arena, prepared steps, graph) and running it.
+#include "model.h"
+
+#include <charconv>
+#include <cstring>
+
+namespace kiln::rt {
+namespace {
+
+using artifact::PlanBuffer;
+using artifact::PlanStep;
+
+/// cuBLASLt's scratch when the plan asks for none: what it wants on Hopper for its fastest
+/// kernels (PyTorch uses the same).
+constexpr uint64_t kDefaultGemmWorkspace = 32ull << 20;
+constexpr uint64_t kStagingAlign = 256;
+
+kiln_status* invalid(std::string msg) {
+  return make_status(KILN_STATUS_INVALID_ARGUMENT, std::move(msg));
+}
+
+/// "b3" → 3 (the reader has checked the reference).
+int buffer_ref(const PlanStep& step, const char* key) {
+  const std::string& v = step.attrs.at(key);
+  int id = -1;
+  std::from_chars(v.data() + 1, v.data() + v.size(), id);
+  return id;
+}
+
+uint64_t step_bytes(const PlanStep& step) {
+  uint64_t n = 0;
+  const std::string& v = step.attrs.at("bytes");
+  std::from_chars(v.data(), v.data() + v.size(), n);
+  return n;
+}
+
+/// Loads the chosen image as a context-independent library (runtime API, no libcuda link).
+kiln_status* load_image(kiln_model* m) {
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : m->artifact->images) names.push_back(name);
+  ImageChoice choice = select_image(names, m->runtime->device.cc);
+  if (choice.image.empty()) return make_status(KILN_STATUS_UNSUPPORTED, choice.error);
+  m->image_name = choice.image;
+  m->image_bytes = std::string(m->artifact->images.at(choice.image));
+  char log[4096] = {};
+  cudaJitOption options[] = {cudaJitErrorLogBuffer, cudaJitErrorLogBufferSizeBytes};
+  void* values[] = {log, reinterpret_cast<void*>(uintptr_t{sizeof log})};
+  cudaError_t err = cudaLibraryLoadData(&m->library, m->image_bytes.c_str(), options, values, 2,
+                                        nullptr, nullptr, 0);
+  if (err != cudaSuccess) {
+    kiln_status* st = cuda_status(err, "cudaLibraryLoadData");
+    bool unsupported = err == cudaErrorUnsupportedPtxVersion || err == cudaErrorNoKernelImageForDevice;
+    bool corrupt = err == cudaErrorInvalidKernelImage || err == cudaErrorInvalidPtx ||
+                   err == cudaErrorInvalidSource;
+    st->code = unsupported ? KILN_STATUS_UNSUPPORTED
+               : corrupt   ? KILN_STATUS_INVALID_ARGUMENT
+                           : KILN_STATUS_DEVICE_ERROR;
+    st->message = "loading image '" + m->image_name + "' on " + m->runtime->device.name + ": " +
+                  st->message + (log[0] ? std::string(": ") + log : std::string());
+    m->library = nullptr;
+    return st;
+  }
+  return nullptr;
+}
+
+/// Points every plan buffer at device memory: arena, weights, or its alias base.
+kiln_status* resolve_buffers(kiln_model* m) {
+  const artifact::Plan& plan = m->artifact->plan;
+  for (const PlanBuffer& b : plan.buffers) {
+    if (b.id != static_cast<int>(m->buffers.size()))
+      return invalid("plan: buffer ids must be 0..N-1 in order, found " + std::to_string(b.id));
+    char* base = nullptr;
+    uint64_t limit = 0;
+    switch (b.kind) {
+      case PlanBuffer::Kind::kInput:
+      case PlanBuffer::Kind::kOutput:
+      case PlanBuffer::Kind::kActivation:
+        base = static_cast<char*>(m->arena), limit = plan.arena_bytes;
+        break;
+      case PlanBuffer::Kind::kWeight:
+        base = static_cast<char*>(m->weights), limit = m->artifact->weights.size();
+        break;
+      case PlanBuffer::Kind::kAlias:
+        if (b.base < 0 || b.base >= b.id) return invalid("plan: alias buffer " + std::to_string(b.id) + " has no earlier base");
+        base = static_cast<char*>(m->buffers[static_cast<size_t>(b.base)].ptr);
+        limit = m->buffers[static_cast<size_t>(b.base)].bytes;
+        break;
+    }
+    if (b.offset > limit || b.bytes > limit - b.offset)
+      return invalid("plan: buffer " + std::to_string(b.id) + " (" + std::to_string(b.bytes) +
+                     " bytes at offset " + std::to_string(b.offset) + ") lies outside its " +
+                     std::to_string(limit) + "-byte storage");
+    m->buffers.push_back({base ? base + b.offset : nullptr, b.bytes, b.dtype});
+  }
+  return nullptr;
+}
+
+kiln_status* make_bindings(kiln_model* m, const std::vector<std::pair<std::string, int>>& list,
+                           std::vector<kiln_model::Binding>* out) {
+  for (const auto& [name, id] : list) {
+    const PlanBuffer& b = m->artifact->plan.buffers.at(static_cast<size_t>(id));
+    kiln_model::Binding bind;
+    bind.info.name = name.c_str();
+    if (!dtype_from_name(b.dtype, &bind.info.dtype))
+      return invalid("plan: tensor '" + name + "' has unknown dtype '" + b.dtype + "'");
+    if (b.shape.size() > KILN_MAX_RANK)
+      return make_status(KILN_STATUS_UNSUPPORTED, "plan: tensor '" + name + "' has rank " +
+                                                      std::to_string(b.shape.size()) + ", more than " +
+                                                      std::to_string(KILN_MAX_RANK));
+    bind.info.rank = static_cast<int32_t>(b.shape.size());
+    for (size_t i = 0; i < b.shape.size(); ++i) bind.info.dims[i] = b.shape[i];
+    bind.info.bytes = b.bytes;
+    bind.device = m->buffers[static_cast<size_t>(id)].ptr;
+    bind.staging_offset = m->staging_bytes;
+    m->staging_bytes += (b.bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+    out->push_back(bind);
+  }
+  return nullptr;
+}
+
+kiln_status* prepare_steps(kiln_model* m) {
+  const artifact::Plan& plan = m->artifact->plan;
+  std::map<std::string, cudaKernel_t> kernels;
+  for (const std::string& name : plan.kernels) {
+    cudaKernel_t k = nullptr;
+    cudaError_t err = cudaLibraryGetKernel(&k, m->library, name.c_str());
+    if (err != cudaSuccess) {
+      kiln_status* st = cuda_status(err, "cudaLibraryGetKernel");
+      st->code = KILN_STATUS_INVALID_ARGUMENT;
+      st->message = "image '" + m->image_name + "' has no kernel '" + name + "': " + st->message;
+      return st;
+    }
+    kernels[name] = k;
+  }
+  auto buffer_of = [m](int id) -> const DeviceBuffer* {
+    return id >= 0 && static_cast<size_t>(id) < m->buffers.size() ? &m->buffers[static_cast<size_t>(id)]
+                                                                  : nullptr;
+  };
+  for (const PlanStep& ps : plan.steps) {
+    kiln_model::Step s;
+    s.kind = ps.kind;
+    switch (ps.kind) {
+      case PlanStep::Kind::kLaunch: {
+        s.kernel = kernels.at(ps.kernel);
+        s.grid = dim3(ps.grid[0], ps.grid[1], ps.grid[2]);
+        s.block = dim3(ps.block[0], ps.block[1], ps.block[2]);
+        s.smem = ps.smem;
+        if (s.smem > 48 * 1024) {
+          // Above 48 KiB a kernel must opt in to dynamic shared memory.
+          if (static_cast<int>(s.smem) > m->runtime->device.max_smem_optin)
+            return make_status(KILN_STATUS_UNSUPPORTED,
+                               "plan:" + std::to_string(ps.line) + ": kernel '" + ps.kernel + "' needs " +
+                                   std::to_string(s.smem) + " bytes of shared memory, " +
+                                   m->runtime->device.name + " allows " +
+                                   std::to_string(m->runtime->device.max_smem_optin));
+          KILN_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<const void*>(s.kernel),
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(s.smem)));
+        }
+        s.arg_values.resize(ps.args.size());
+        for (size_t i = 0; i < ps.args.size(); ++i) {
+          const artifact::LaunchArg& a = ps.args[i];
+          uint64_t& slot = s.arg_values[i];
+          if (a.kind == artifact::LaunchArg::Kind::kBuffer) {
+            const DeviceBuffer* b = buffer_of(a.buffer);
+            if (!b) return invalid("plan:" + std::to_string(ps.line) + ": undefined buffer " + std::to_string(a.buffer));
+            std::memcpy(&slot, &b->ptr, sizeof b->ptr);
+          } else if (a.kind == artifact::LaunchArg::Kind::kInt64) {
+            std::memcpy(&slot, &a.i64, sizeof a.i64);
+          } else {
+            std::memcpy(&slot, &a.f32, sizeof a.f32);  // a float parameter: its first 4 bytes
+          }
+        }
+        for (uint64_t& v : s.arg_values) s.arg_ptrs.push_back(&v);
+        break;
+      }
+      case PlanStep::Kind::kGemm:
+        if (!m->cublas) KILN_CUBLAS_TRY(cublasLtCreate(&m->cublas));
+        KILN_RT_TRY(GemmStep::create(ps, buffer_of, m->cublas, m->workspace_bytes, &s.gemm));
+        break;
+      case PlanStep::Kind::kCopy:
+        s.src = buffer_of(buffer_ref(ps, "src"))->ptr;
+        [[fallthrough]];
+      case PlanStep::Kind::kMemset:
+        s.dst = buffer_of(buffer_ref(ps, "dst"))->ptr;
+        s.bytes = step_bytes(ps);
+        break;
+    }
+    m->steps.push_back(std::move(s));
+  }
+  return nullptr;
+}
+
+/// Input copies, the plan's steps and output copies, on the model's stream.
+kiln_status* enqueue(kiln_model* m) {
+  for (const kiln_model::Binding& in : m->inputs)
+    if (in.info.bytes)
+      KILN_CUDA_TRY(cudaMemcpyAsync(in.device, m->staging + in.staging_offset, in.info.bytes,
+                                    cudaMemcpyHostToDevice, m->stream));
+  for (kiln_model::Step& s : m->steps) {
+    switch (s.kind) {
+      case PlanStep::Kind::kLaunch:
+        KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(s.kernel), s.grid, s.block,
+                                       s.arg_ptrs.data(), s.smem, m->stream));
+        break;
+      case PlanStep::Kind::kGemm:
+        KILN_RT_TRY(s.gemm->run(m->cublas, m->workspace, m->workspace_bytes, m->stream));
+        break;
+      case PlanStep::Kind::kCopy:
+        if (s.bytes) KILN_CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, m->stream));
+        break;
+      case PlanStep::Kind::kMemset:
+        if (s.bytes) KILN_CUDA_TRY(cudaMemsetAsync(s.dst, 0, s.bytes, m->stream));
+        break;
+    }
+  }
+  for (const kiln_model::Binding& out : m->outputs)
+    if (out.info.bytes)
+      KILN_CUDA_TRY(cudaMemcpyAsync(m->staging + out.staging_offset, out.device, out.info.bytes,
+                                    cudaMemcpyDeviceToHost, m->stream));
+  return nullptr;
+}
+
+/// Prefixes a status's message with what was being done.
+kiln_status* context(kiln_status* st, const std::string& what) {
+  if (st) st->message = what + ": " + st->message;
+  return st;
+}
+
+/// Captures input copies, steps and output copies as one CUDA graph. The staging and arena
+/// addresses never change, so the graph stays valid for every later run.
+kiln_status* capture_graph(kiln_model* m) {
+  KILN_CUDA_TRY(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
+  kiln_status* st = enqueue(m);
+  cudaGraph_t graph = nullptr;
+  cudaError_t end = cudaStreamEndCapture(m->stream, &graph);
+  if (!st) st = cuda_status(end, "cudaStreamEndCapture");
+  if (!st) st = cuda_status(cudaGraphInstantiate(&m->graph, graph, 0), "cudaGraphInstantiate");
+  if (graph) cudaGraphDestroy(graph);
+  if (st) m->graph = nullptr;
+  return context(st, "capturing the plan as a CUDA graph");
+}
+
+}  // namespace
+
+bool dtype_from_name(const std::string& name, kiln_dtype* out) {
+  static const char* const kNames[] = {"f64", "f32", "f16", "bf16", "f8e4m3fn", "f8e5m2", "i64",
+                                       "i32", "i16", "i8",  "u8",  "i4",   "bool"};
+  for (int i = 0; i < static_cast<int>(std::size(kNames)); ++i)
+    if (name == kNames[i]) {
+      *out = static_cast<kiln_dtype>(i);
+      return true;
+    }
+  return false;
+}
+
+kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifact> artifact,
+                        kiln_model** out) {
+  auto m = std::make_unique<kiln_model>();
+  runtime->references.fetch_add(1);
+  m->runtime = runtime;
+  m->artifact = std::move(artifact);
+  const artifact::Plan& plan = m->artifact->plan;
+  KILN_CUDA_TRY(cudaSetDevice(runtime->device.ordinal));
+  if (!plan.kernels.empty()) KILN_RT_TRY(load_image(m.get()));
+
+  CachingAllocator& alloc = *runtime->allocator;
+  bool has_gemm = false;
+  for (const PlanStep& s : plan.steps) has_gemm |= s.kind == PlanStep::Kind::kGemm;
+  m->workspace_bytes = plan.workspace_bytes ? plan.workspace_bytes : has_gemm ? kDefaultGemmWorkspace : 0;
+  KILN_RT_TRY(alloc.allocate(m->artifact->weights.size(), MemoryCategory::kWeights, &m->weights));
+  KILN_RT_TRY(alloc.allocate(plan.arena_bytes, MemoryCategory::kActivations, &m->arena));
+  KILN_RT_TRY(alloc.allocate(m->workspace_bytes, MemoryCategory::kWorkspace, &m->workspace));
+  if (!m->artifact->weights.empty())
+    KILN_RT_TRY(context(cuda_status(cudaMemcpy(m->weights, m->artifact->weights.data(),
+                                               m->artifact->weights.size(), cudaMemcpyHostToDevice),
+                                    "cudaMemcpy"),
+                        "uploading weights"));
+
+  KILN_RT_TRY(resolve_buffers(m.get()));
+  KILN_RT_TRY(make_bindings(m.get(), plan.inputs, &m->inputs));
+  KILN_RT_TRY(make_bindings(m.get(), plan.outputs, &m->outputs));
+  if (m->staging_bytes) {
+    void* p = nullptr;
+    KILN_RT_TRY(context(cuda_status(cudaHostAlloc(&p, m->staging_bytes, cudaHostAllocDefault), "cudaHostAlloc"),
+                        "allocating " + format_bytes(m->staging_bytes) + " of pinned staging"));
+    m->staging = static_cast<unsigned char*>(p);
+    std::memset(m->staging, 0, m->staging_bytes);
+  }
+  KILN_CUDA_TRY(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+  KILN_RT_TRY(prepare_steps(m.get()));
+
+  if (runtime->options.use_cuda_graphs && (!m->steps.empty() || m->staging_bytes)) {
+    // One eager run first, on zeroed memory (so index inputs stay in range): libraries
+    // finish their lazy initialization outside the capture, and a plan that faults fails
+    // here with its own error rather than inside a graph.
+    if (plan.arena_bytes) KILN_CUDA_TRY(cudaMemsetAsync(m->arena, 0, plan.arena_bytes, m->stream));
+    KILN_RT_TRY(context(enqueue(m.get()), "warm-up run"));
+    KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), "warm-up run"));
+    KILN_RT_TRY(capture_graph(m.get()));
+  }
+  *out = m.release();
+  return nullptr;
+}
+
+kiln_status* run_model(kiln_model* m, const kiln_host_tensor* inputs, size_t num_inputs,
+                       kiln_host_tensor* outputs, size_t num_outputs) {
+  auto check = [](const char* what, const std::vector<kiln_model::Binding>& binds,
+                  const kiln_host_tensor* given, size_t count) -> kiln_status* {
+    if (count != binds.size())
+      return invalid(std::string("kiln_model_run: ") + std::to_string(count) + " " + what +
+                     (count == 1 ? "" : "s") + " given, the model has " + std::to_string(binds.size()));
+    if (count && !given) return invalid(std::string("kiln_model_run: ") + what + "s is NULL");
+    for (size_t i = 0; i < count; ++i) {
+      const kiln_tensor_info& info = binds[i].info;
+      if (given[i].bytes != info.bytes)
+        return invalid(std::string("kiln_model_run: ") + what + " '" + info.name + "' has " +
+                       std::to_string(given[i].bytes) + " bytes, the model expects " +
+                       std::to_string(info.bytes));
+      if (info.bytes && !given[i].data)
+        return invalid(std::string("kiln_model_run: ") + what + " '" + info.name + "' has no data");
+    }
+    return nullptr;
+  };
+  KILN_RT_TRY(check("input", m->inputs, inputs, num_inputs));
+  KILN_RT_TRY(check("output", m->outputs, outputs, num_outputs));
+  KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
+  for (size_t i = 0; i < num_inputs; ++i)
+    if (inputs[i].bytes) std::memcpy(m->staging + m->inputs[i].staging_offset, inputs[i].data, inputs[i].bytes);
+  if (m->graph)
+    KILN_RT_TRY(context(cuda_status(cudaGraphLaunch(m->graph, m->stream), "cudaGraphLaunch"), "kiln_model_run"));
+  else
+    KILN_RT_TRY(context(enqueue(m), "kiln_model_run"));
+  // Faults inside kernels surface here.
+  KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), "kiln_model_run"));
+  for (size_t i = 0; i < num_outputs; ++i)
+    if (outputs[i].bytes) std::memcpy(outputs[i].data, m->staging + m->outputs[i].staging_offset, outputs[i].bytes);
+  return nullptr;
+}
+
+}  // namespace kiln::rt
+
+kiln_model::~kiln_model() {
+  if (runtime) (void)cudaSetDevice(runtime->device.ordinal);
+  if (stream) (void)cudaStreamSynchronize(stream);
+  if (graph) (void)cudaGraphExecDestroy(graph);
+  steps.clear();  // gemm descriptors before their handle
+  if (cublas) (void)cublasLtDestroy(cublas);
+  if (stream) (void)cudaStreamDestroy(stream);
+  if (library) (void)cudaLibraryUnload(library);
+  if (staging) (void)cudaFreeHost(staging);
+  if (runtime) {
+    runtime->allocator->release(weights);
+    runtime->allocator->release(arena);
+    runtime->allocator->release(workspace);
+  }
+  (void)cudaGetLastError();
+  if (runtime) runtime->unref();
+}

@@ -1,0 +1,106 @@
+// The runtime and model objects behind the C API's opaque handles.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allocator.h"
+#include "device.h"
+#include "gemm.h"
+#include "kiln/artifact_reader.h"
+#include "kiln/runtime.h"
+
+/// One device and its caching allocator; shared by the models loaded on it (thread-safe).
+/// Each model holds a reference, so the host may release runtime and models in any order.
+struct kiln_runtime {
+  kiln_runtime_options options{};
+  kiln::rt::DeviceInfo device;
+  std::unique_ptr<kiln::rt::CachingAllocator> allocator;
+  std::atomic<int> references{1};
+
+  /// Drops one reference; the last one deletes the runtime.
+  void unref() {
+    if (references.fetch_sub(1) == 1) delete this;
+  }
+};
+
+/// A loaded artifact: device-resident weights, the arena, prepared steps and, with CUDA
+/// graphs on, the captured plan. Runs one call at a time.
+struct kiln_model {
+  /// A plan step ready to enqueue: everything resolved at load.
+  struct Step {
+    kiln::artifact::PlanStep::Kind kind;
+    // launch
+    cudaKernel_t kernel = nullptr;
+    dim3 grid, block;
+    uint32_t smem = 0;
+    std::vector<uint64_t> arg_values;  ///< one 8-byte slot per kernel parameter
+    std::vector<void*> arg_ptrs;       ///< into arg_values, as cudaLaunchKernel wants
+    // gemm
+    std::unique_ptr<kiln::rt::GemmStep> gemm;
+    // copy, memset
+    void* dst = nullptr;
+    const void* src = nullptr;
+    uint64_t bytes = 0;
+  };
+  /// A graph input or output: its arena buffer and its slot in pinned staging.
+  struct Binding {
+    kiln_tensor_info info{};
+    void* device = nullptr;
+    uint64_t staging_offset = 0;
+  };
+
+  kiln_runtime* runtime = nullptr;
+  std::unique_ptr<kiln::artifact::Artifact> artifact;
+  std::string image_name;   ///< the chosen image, empty when the plan launches no kernels
+  std::string image_bytes;  ///< NUL-terminated copy: PTX must be a C string
+  cudaLibrary_t library = nullptr;
+  void* weights = nullptr;
+  void* arena = nullptr;
+  void* workspace = nullptr;
+  uint64_t workspace_bytes = 0;
+  std::vector<kiln::rt::DeviceBuffer> buffers;  ///< by plan buffer id
+  std::vector<Binding> inputs, outputs;
+  unsigned char* staging = nullptr;  ///< pinned host memory for every input and output
+  uint64_t staging_bytes = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t cublas = nullptr;
+  std::vector<Step> steps;
+  cudaGraphExec_t graph = nullptr;
+
+  ~kiln_model();
+};
+
+namespace kiln::rt {
+
+/// Restores the calling thread's current CUDA device on scope exit: the runtime switches to
+/// its own device, the host's choice must survive the call.
+class DeviceGuard {
+ public:
+  DeviceGuard() { saved_ = cudaGetDevice(&device_) == cudaSuccess; }
+  ~DeviceGuard() {
+    if (saved_) (void)cudaSetDevice(device_);
+    (void)cudaGetLastError();
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_ = 0;
+  bool saved_ = false;
+};
+
+/// Loads a validated artifact onto the runtime's device (see kiln_model_load_file).
+kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifact> artifact,
+                        kiln_model** out);
+/// Runs a model (see kiln_model_run).
+kiln_status* run_model(kiln_model* model, const kiln_host_tensor* inputs, size_t num_inputs,
+                       kiln_host_tensor* outputs, size_t num_outputs);
+/// Maps a Kiln dtype name ("f32") to kiln_dtype; false when unknown.
+bool dtype_from_name(const std::string& name, kiln_dtype* out);
+
+}  // namespace kiln::rt

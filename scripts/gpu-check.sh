@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs Kiln's GPU checks on a machine with an NVIDIA GPU, from a build made elsewhere and
+# copied here with the shared libraries it needs in BUILD/lib (see docs/gpu-testing.md).
+# Writes logs and a summary to OUT (default ./gpu-check-out).
+#
+#   scripts/gpu-check.sh BUILD_DIR [OUT]
+set -uo pipefail
+build=$(cd "${1:?usage: gpu-check.sh BUILD_DIR [OUT]}" && pwd)
+out=${2:-gpu-check-out}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+# The build recorded absolute paths of the machine it was configured on.
+configured_root=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
+if [ -n "$configured_root" ] && [ ! -e "$configured_root" ]; then
+  mkdir -p "$(dirname "$configured_root")" && ln -s "$root" "$configured_root"
+fi
+export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KILN_CACHE_DIR="$out/cache"
+kiln="$build/bin/kiln"
+summary="$out/summary.txt"
+: > "$summary"
+step() {  # step NAME COMMAND...: runs, logs to OUT/NAME.log, records the exit status
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  printf '%-28s rc=%-3s %6.1fs\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" | tee -a "$summary"
+}
+
+nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader | tee -a "$summary"
+step runtime_gpu_tests "$build/bin/runtime_gpu_tests"
+step cuda_gpu_tests "$build/bin/cuda_gpu_tests"
+
+# One artifact for three generations, inspected, then run here against the reference.
+for m in mlp attention convnet; do
+  step "compile-$m" "$kiln" compile "$root/examples/kir/$m.kir" --target sm_80,sm_90a,sm_100a \
+    --sym B=2 --sym S=8 -o "$out/$m.kiln"
+  step "inspect-$m" "$kiln" inspect "$out/$m.kiln" --json
+  step "run-ref-$m" "$kiln" run "$root/examples/kir/$m.kir" --random-inputs --seed 3 --sym B=2 --sym S=8 --backend reference
+  step "run-gpu-$m" "$kiln" run "$root/examples/kir/$m.kir" --random-inputs --seed 3 --sym B=2 --sym S=8 --backend cuda-sm90
+done
+
+# The real models (small versions) against onnxruntime's outputs.
+for d in "$root"/tests/models/*/; do
+  [ -f "$d/model.onnx" ] || continue
+  step "model-$(basename "$d")" python3 "$root/tests/models/check_model.py" "$kiln" "$d" --backend cuda-sm90
+done
+
+# ONNX node tests on the GPU backend, with the data shipped in the onnx Python package.
+node_dir=$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))' 2>/dev/null)
+if [ -d "$node_dir" ]; then
+  step conformance-reference "$build/bin/kiln-onnx-conformance" "$node_dir" --backend reference --report "$out/conformance-reference.json"
+  step conformance-cuda-sm90 "$build/bin/kiln-onnx-conformance" "$node_dir" --backend cuda-sm90 --report "$out/conformance-cuda-sm90.json"
+  tail -n 1 "$out/conformance-reference.log" "$out/conformance-cuda-sm90.log" | tee -a "$summary"
+fi
+cat "$summary"

@@ -1,0 +1,153 @@
+// GPU conformance: small graphs covering every lowered op run on `reference` and `cuda-sm90`
+// and must agree within PyTorch's assert_close tolerances. Exits 77 (skip) without a GPU.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kiln/core/driver.h"
+#include "kiln/ir/text.h"
+
+namespace {
+
+using namespace kiln;
+
+struct Case {
+  const char* name;
+  const char* text;
+};
+
+const Case kCases[] = {
+    {"unary", R"(graph @g(%x: f32[3, 5]) -> (f32[3, 5], f32[3, 5], f32[3, 5], f32[3, 5], f32[3, 5], f32[3, 5]) {
+  %a = exp(%x) : f32[3, 5]
+  %b = tanh(%x) : f32[3, 5]
+  %c = gelu(%x) : f32[3, 5]
+  %d = silu(%x) : f32[3, 5]
+  %e = softplus(%x) : f32[3, 5]
+  %f = clip(%x) {min = -0.5, max = 0.5} : f32[3, 5]
+  return %a, %b, %c, %d, %e, %f })"},
+    {"binary-broadcast", R"(graph @g(%x: f32[2, 3, 4], %y: f32[3, 1]) -> (f32[2, 3, 4], f32[2, 3, 4], bool[2, 3, 4], f32[2, 3, 4]) {
+  %a = add(%x, %y) : f32[2, 3, 4]
+  %b = maximum(%x, %y) : f32[2, 3, 4]
+  %c = less(%x, %y) : bool[2, 3, 4]
+  %d = where(%c, %a, %b) : f32[2, 3, 4]
+  return %a, %b, %c, %d })"},
+    {"fused", R"(graph @g(%x: f16[8, 16], %b: f16[16]) -> (f16[8, 16]) {
+  %y = fused(%x, %b) : f16[8, 16] {
+    graph @body(%a: f16[8, 16], %c: f16[16]) -> (f16[8, 16]) {
+      %s = add(%a, %c) : f16[8, 16]
+      %g = gelu(%s) {approximate = "tanh"} : f16[8, 16]
+      return %g
+    }
+  }
+  return %y })"},
+    {"integers", R"(graph @g(%a: i32[4, 5], %b: i32[5]) -> (i32[4, 5], i64[4, 1], f32[4, 5]) {
+  %s = mul(%a, %b) : i32[4, 5]
+  %r = reduce_sum(%s) {axes = [1]} : i32[4, 1]
+  %k = cast(%r) {to = i64} : i64[4, 1]
+  %f = cast(%s) {to = f32} : f32[4, 5]
+  return %s, %k, %f })"},
+    {"reductions", R"(graph @g(%x: f32[4, 300]) -> (f32[4, 1], f32[1, 300], i64[4], f32[4, 300], f32[4, 300], f32[4, 300], f32[4, 300]) {
+  %m = reduce_mean(%x) {axes = [1]} : f32[4, 1]
+  %n = reduce_max(%x) {axes = [0]} : f32[1, 300]
+  %a = argmin(%x) {axis = 1, keepdims = 0} : i64[4]
+  %s = softmax(%x) {axis = -1} : f32[4, 300]
+  %l = log_softmax(%x) {axis = -1} : f32[4, 300]
+  %ln = layer_norm(%x) : f32[4, 300]
+  %rn = rms_norm(%x) : f32[4, 300]
+  return %m, %n, %a, %s, %l, %ln, %rn })"},
+    {"gemm", R"(graph @g(%a: f32[2, 3, 8], %b: f32[8, 5], %w: f32[6, 8], %bias: f32[6]) -> (f32[2, 3, 5], f32[2, 3, 6]) {
+  %m = matmul(%a, %b) : f32[2, 3, 5]
+  %l = linear(%a, %w, %bias) : f32[2, 3, 6]
+  return %m, %l })"},
+    {"gemm-bf16", R"(graph @g(%a: bf16[4, 16], %b: bf16[2, 16, 8]) -> (bf16[2, 4, 8]) {
+  %m = matmul(%a, %b) : bf16[2, 4, 8]
+  return %m })"},
+    {"conv-pool", R"(graph @g(%x: f32[2, 3, 9, 9], %w: f32[4, 3, 3, 3], %b: f32[4]) -> (f32[2, 4, 4, 4], f32[2, 4, 2, 2], f32[2, 4, 2, 2]) {
+  %c = conv(%x, %w, %b) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[2, 4, 5, 5]
+  %r = relu(%c) : f32[2, 4, 5, 5]
+  %p = max_pool(%r) {kernel_shape = [2, 2], strides = [1, 1]} : f32[2, 4, 4, 4]
+  %q = avg_pool(%r) {kernel_shape = [3, 3], strides = [2, 2]} : f32[2, 4, 2, 2]
+  %s = avg_pool(%r) {kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 1, 1], count_include_pad = 1} : f32[2, 4, 3, 3]
+  %t = slice(%s) {starts = [0, 0], ends = [2, 2], axes = [2, 3]} : f32[2, 4, 2, 2]
+  return %p, %q, %t })"},
+    {"data-movement", R"(graph @g(%x: f32[2, 3, 4], %i: i64[3]) -> (f32[4, 3, 2], f32[2, 3, 2], f32[2, 6, 4], f32[2, 3, 4], f32[2, 3, 3], f32[2, 5, 6], f32[2, 3, 4], f32[12, 2]) {
+  %t = transpose(%x) : f32[4, 3, 2]
+  %s = slice(%x) {starts = [3], ends = [0], steps = [-2], axes = [2]} : f32[2, 3, 2]
+  %c = concat(%x, %x) {axis = 1} : f32[2, 6, 4]
+  %sp0, %sp1 = split(%x) {axis = 2, sizes = [1, 3]} : f32[2, 3, 1], f32[2, 3, 3]
+  %g = gather(%x, %i) {axis = 1} : f32[2, 3, 4]
+  %p = pad(%x) {pads = [0, 1, 1, 0, 1, 1], mode = "edge"} : f32[2, 5, 6]
+  %e = expand(%sp0) {shape = [2, 3, 4]} : f32[2, 3, 4]
+  %r = reshape(%t) {shape = [12, 2]} : f32[12, 2]
+  return %t, %s, %c, %e, %sp1, %p, %g, %r })"},
+    {"batch-norm", R"(graph @g(%x: f32[2, 3, 4], %s: f32[3], %b: f32[3], %m: f32[3], %v: f32[3]) -> (f32[2, 3, 4]) {
+  %av = abs(%v) : f32[3]
+  %y = batch_norm(%x, %s, %b, %m, %av) : f32[2, 3, 4]
+  return %y })"},
+};
+
+/// PyTorch assert_close defaults per dtype.
+void tolerances(DType t, double& rtol, double& atol) {
+  rtol = 0, atol = 0;
+  if (t == DType::kF32) rtol = 1.3e-6, atol = 1e-5;
+  if (t == DType::kF64) rtol = 1e-7, atol = 1e-7;
+  if (t == DType::kF16) rtol = 1e-3, atol = 1e-5;
+  if (t == DType::kBF16) rtol = 1.6e-2, atol = 1e-5;
+}
+
+std::string compare(const Tensor& want, const Tensor& got) {
+  if (want.type() != got.type()) return "type " + got.type().str() + ", expected " + want.type().str();
+  double rtol, atol;
+  tolerances(want.dtype(), rtol, atol);
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double w = want.get_f64(i), g = got.get_f64(i);
+    if (std::isnan(w) && std::isnan(g)) continue;
+    if (std::fabs(w - g) > atol + rtol * std::fabs(w))
+      return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(w);
+  }
+  return "";
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
+    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+    return 77;
+  }
+  Registry& reg = Registry::global();
+  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
+    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
+    return 1;
+  }
+  int failures = 0;
+  for (const Case& c : kCases) {
+    auto g = parse_graph(c.text, c.name);
+    std::string why;
+    if (!g.ok()) {
+      why = g.status().message();
+    } else {
+      InputBindings b;
+      b.random = true;
+      b.seed = 7;
+      auto inputs = bind_inputs(**g, b);
+      auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
+      auto got = inputs.ok() ? compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
+      if (!want.ok()) why = "reference: " + want.status().message();
+      else if (!got.ok()) why = got.status().message();
+      for (size_t i = 0; why.empty() && i < want->size(); ++i) {
+        why = compare((*want)[i], (*got)[i]);
+        if (!why.empty()) why = "output " + std::to_string(i) + ": " + why;
+      }
+    }
+    std::printf("%s %s%s%s\n", why.empty() ? "PASS" : "FAIL", c.name, why.empty() ? "" : ": ", why.c_str());
+    failures += !why.empty();
+  }
+  std::printf("%d of %zu cases failed\n", failures, sizeof(kCases) / sizeof(kCases[0]));
+  return failures == 0 ? 0 : 1;
+}

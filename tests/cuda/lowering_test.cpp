@@ -1,0 +1,237 @@
+// Tests of the CUDA lowering: plan text, memory plan, GEMM steps, fusion and diagnostics.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "kiln/cuda/lowering.h"
+#include "kiln/ir/text.h"
+
+namespace kiln::cuda {
+namespace {
+
+LoweredGraph lower_text(const std::string& text, LoweringOptions opts = {}) {
+  auto g = parse_graph(text);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto l = lower_graph(**g, opts);
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  return *l;
+}
+
+Status lower_error(const std::string& text) {
+  auto g = parse_graph(text);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto l = lower_graph(**g);
+  REQUIRE(!l.ok());
+  return l.status();
+}
+
+std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(line);
+  return out;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("linear + relu: buffers, inputs, outputs, gemm step and one kernel") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[4, 8], %w: f32[16, 8], %b: f32[16]) -> (f32[4, 16]) {
+  %h = linear(%x, %w, %b) : f32[4, 16]
+  %y = relu(%h) : f32[4, 16]
+  return %y
+})");
+  const std::string expected =
+      "kiln-plan 1\n"
+      "arena bytes=1280\n"
+      "workspace bytes=33554432\n"
+      "buffer 0 kind=input dtype=f32 shape=4x8 bytes=128 offset=0 name=x\n"
+      "buffer 1 kind=input dtype=f32 shape=16x8 bytes=512 offset=256 name=w\n"
+      "buffer 2 kind=input dtype=f32 shape=16 bytes=64 offset=768 name=b\n"
+      // h is written at step 0 while the inputs are live; y reuses x's space after them.
+      "buffer 3 kind=activation dtype=f32 shape=4x16 bytes=256 offset=1024 name=h\n"
+      "buffer 4 kind=output dtype=f32 shape=4x16 bytes=256 offset=0 name=y\n"
+      "input x buffer=0\ninput w buffer=1\ninput b buffer=2\noutput y buffer=4\n"
+      "kernel k0_relu\n"
+      "step gemm a=b0 b=b1 d=b3 bias=b2 m=4 n=16 k=8 batch=1 trans_a=0 trans_b=1 lda=8 ldb=8 ldd=16 "
+      "stride_a=32 stride_b=0 stride_d=64 dtype=f32 compute=f32 alpha=1 beta=0 epilogue=bias\n"
+      "step launch kernel=k0_relu grid=1,1,1 block=256,1,1 smem=0 args=b3,b4\n";
+  CHECK(l.plan == expected);
+  CHECK(count(l.source, "__global__") == 1);
+  CHECK(l.kernels == std::vector<std::string>{"k0_relu"});
+}
+
+TEST_CASE("allow-tf32 switches f32 gemms to tf32 compute") {
+  LoweringOptions o;
+  o.allow_tf32 = true;
+  const LoweredGraph l = lower_text(R"(
+graph @g(%a: f32[2, 3], %b: f32[3, 5]) -> (f32[2, 5]) {
+  %y = matmul(%a, %b) : f32[2, 5]
+  return %y
+})", o);
+  CHECK(l.plan.find("compute=tf32") != std::string::npos);
+}
+
+TEST_CASE("matmul: batch broadcast by stride 0, and materialized partial broadcast") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%a: f16[2, 3, 4, 5], %b: f16[5, 6]) -> (f16[2, 3, 4, 6]) {
+  %y = matmul(%a, %b) : f16[2, 3, 4, 6]
+  return %y
+})");
+  const auto steps = lines_starting(l.plan, "step gemm");
+  REQUIRE(steps.size() == 1);
+  CHECK(steps[0] ==
+        "step gemm a=b0 b=b1 d=b2 m=4 n=6 k=5 batch=6 trans_a=0 trans_b=0 lda=5 ldb=6 ldd=6 stride_a=20 "
+        "stride_b=0 stride_d=24 dtype=f16 compute=f32 alpha=1 beta=0 epilogue=none");
+
+  // [2, 1] batch against [1, 3]: cuBLASLt has one stride per operand, so both are expanded.
+  const LoweredGraph p = lower_text(R"(
+graph @g(%a: bf16[2, 1, 4, 5], %b: bf16[1, 3, 5, 6]) -> (bf16[2, 3, 4, 6]) {
+  %y = matmul(%a, %b) : bf16[2, 3, 4, 6]
+  return %y
+})");
+  CHECK(lines_starting(p.plan, "step launch").size() == 2);
+  const auto g = lines_starting(p.plan, "step gemm");
+  REQUIRE(g.size() == 1);
+  CHECK(g[0].find("batch=6") != std::string::npos);
+  CHECK(g[0].find("stride_a=20 stride_b=30") != std::string::npos);
+  CHECK(g[0].find("dtype=bf16") != std::string::npos);
+}
+
+TEST_CASE("memory plan: a chain of four ops fits in two arena slots") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[1024]) -> (f32[1024]) {
+  %a = exp(%x) : f32[1024]
+  %b = neg(%a) : f32[1024]
+  %c = tanh(%b) : f32[1024]
+  %d = abs(%c) : f32[1024]
+  return %d
+})");
+  CHECK(lines_starting(l.plan, "arena")[0] == "arena bytes=8192");
+  CHECK(lines_starting(l.plan, "buffer 4")[0] ==
+        "buffer 4 kind=output dtype=f32 shape=1024 bytes=4096 offset=0 name=d");
+  CHECK(lines_starting(l.plan, "step launch").size() == 4);
+}
+
+TEST_CASE("views alias their base; an output that is a view or an input is copied") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[2, 3]) -> (f32[6], f32[2, 3]) {
+  %e = exp(%x) : f32[2, 3]
+  %f = reshape(%e) {shape = [6]} : f32[6]
+  return %f, %x
+})");
+  CHECK(lines_starting(l.plan, "buffer 2")[0] ==
+        "buffer 2 kind=alias dtype=f32 shape=6 bytes=24 offset=0 base=1 name=f");
+  const auto copies = lines_starting(l.plan, "step copy");
+  REQUIRE(copies.size() == 2);
+  CHECK(copies[0] == "step copy src=b2 dst=b3 bytes=24");
+  CHECK(copies[1] == "step copy src=b0 dst=b4 bytes=24");
+  CHECK(lines_starting(l.plan, "output")[1] == "output x buffer=4");
+}
+
+TEST_CASE("constants go to the weights section, 256-byte aligned; all-constant ops fold") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[3]) -> (f32[3]) {
+  %c = constant() {value = dense<f32[3]>[1, 2, 3]} : f32[3]
+  %d = constant() {value = dense<f32[]>[4]} : f32[]
+  %r = rsqrt(%d) : f32[]
+  %s = add(%x, %c) : f32[3]
+  %y = mul(%s, %r) : f32[3]
+  return %y
+})");
+  CHECK(lines_starting(l.plan, "buffer 1")[0] == "buffer 1 kind=weight dtype=f32 shape=3 bytes=12 offset=0 name=c");
+  CHECK(lines_starting(l.plan, "buffer 2")[0] == "buffer 2 kind=weight dtype=f32 shape=scalar bytes=4 offset=256 name=d");
+  CHECK(lines_starting(l.plan, "buffer 3")[0] == "buffer 3 kind=weight dtype=f32 shape=scalar bytes=4 offset=512 name=r");
+  REQUIRE(l.weights.size() == 516);
+  float r = 0;
+  std::memcpy(&r, l.weights.data() + 512, 4);
+  CHECK(r == doctest::Approx(0.5));
+  CHECK(lines_starting(l.plan, "step launch").size() == 2);
+}
+
+TEST_CASE("a fused elementwise group becomes exactly one kernel") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[8, 16], %b: f32[16]) -> (f32[8, 16]) {
+  %y = fused(%x, %b) : f32[8, 16] {
+    graph @body(%a: f32[8, 16], %c: f32[16]) -> (f32[8, 16]) {
+      %two = constant() {value = dense<f32[]>[2]} : f32[]
+      %s = add(%a, %c) : f32[8, 16]
+      %m = mul(%s, %two) : f32[8, 16]
+      %t = tanh(%m) : f32[8, 16]
+      %g = gelu(%t) {approximate = "tanh"} : f32[8, 16]
+      return %g
+    }
+  }
+  return %y
+})");
+  CHECK(lines_starting(l.plan, "step launch").size() == 1);
+  CHECK(lines_starting(l.plan, "kernel").size() == 1);
+  CHECK(count(l.source, "__global__") == 1);
+  CHECK(l.kernels[0] == "k0_fused");
+  // The bias is read through broadcast index math (stride 0 on dim 0).
+  CHECK(l.source.find("o1 += c_ * 1LL") != std::string::npos);
+}
+
+TEST_CASE("a fused group holding a reduction is lowered node by node") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[4, 8]) -> (f32[4, 8]) {
+  %y = fused(%x) : f32[4, 8] {
+    graph @body(%a: f32[4, 8]) -> (f32[4, 8]) {
+      %e = exp(%a) : f32[4, 8]
+      %s = softmax(%e) {axis = -1} : f32[4, 8]
+      return %s
+    }
+  }
+  return %y
+})");
+  CHECK(l.kernels == std::vector<std::string>{"k0_exp", "k1_softmax"});
+}
+
+TEST_CASE("errors: symbolic dims, unsupported dtypes and ops name what is at fault") {
+  Status s = lower_error(R"(
+graph @g(%x: f32[B, 4]) -> (f32[B, 4]) {
+  %y = exp(%x) : f32[B, 4]
+  return %y
+})");
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message() ==
+        "cuda: value %x has symbolic dim 0 ('B'); artifacts need static shapes (bind it with --sym B=N)");
+
+  s = lower_error(R"(
+graph @g(%a: i64[2, 3], %b: i64[3, 2]) -> (i64[2, 2]) {
+  %y = matmul(%a, %b) : i64[2, 2]
+  return %y
+})");
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK(s.message().find("cuda: matmul: dtype i64 is not supported") != std::string::npos);
+
+  s = lower_error(R"(
+graph @g(%a: f8e4m3fn[4], %b: f8e4m3fn[4]) -> (f8e4m3fn[4]) {
+  %y = add(%a, %b) : f8e4m3fn[4]
+  return %y
+})");
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK(s.message().find("cuda: add: dtype f8e4m3fn is not supported") != std::string::npos);
+}
+
+TEST_CASE("bind_symbols fixes symbolic input dims and re-infers; a missing symbol is named") {
+  auto g = parse_graph(R"(
+graph @g(%x: f32[B, 4]) -> (f32[B, 4]) {
+  %y = exp(%x) : f32[B, 4]
+  return %y
+})");
+  REQUIRE(g.ok());
+  Status s = bind_symbols(**g, {});
+  CHECK(s.message() == "symbol 'B' of input %x has no size; bind it with --sym B=N");
+  REQUIRE(bind_symbols(**g, {{"B", 3}}).ok());
+  CHECK((*g)->output(0)->type().str() == "f32[3, 4]");
+}
+
+}  // namespace
+}  // namespace kiln::cuda

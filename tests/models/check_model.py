@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Runs one exported model through `kiln run` and compares with onnxruntime's saved outputs.
+
+    check_model.py KILN MODEL_DIR [--backend NAME] [--rtol R] [--atol A]
+
+MODEL_DIR holds model.onnx, input_<name>.npy and output_<name>.npy (written by
+bench/models/export.py on a machine with PyTorch and onnxruntime).
+"""
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kiln")
+    ap.add_argument("model_dir")
+    ap.add_argument("--backend", default="reference")
+    ap.add_argument("--rtol", type=float, default=1e-3)
+    ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--passes", default="canonicalize,cse,dce")
+    a = ap.parse_args()
+
+    cmd = [a.kiln, "run", os.path.join(a.model_dir, "model.onnx"), "--backend", a.backend,
+           "--passes", a.passes]
+    for path in sorted(glob.glob(os.path.join(a.model_dir, "input_*.npy"))):
+        name = os.path.basename(path)[len("input_"):-len(".npy")]
+        cmd += ["--input", f"{name}=@{path}"]
+    expected = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in sorted(glob.glob(os.path.join(a.model_dir, "output_*.npy"))):
+            name = os.path.basename(path)[len("output_"):-len(".npy")]
+            expected[name] = (np.load(path), os.path.join(tmp, name + ".npy"))
+            cmd += ["--output", f"{name}=@{expected[name][1]}"]
+        print(" ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stderr.write(proc.stderr)
+        if proc.returncode != 0:
+            print(f"FAIL: kiln exited with {proc.returncode}")
+            return 1
+        ok = True
+        for name, (want, got_path) in expected.items():
+            got = np.load(got_path)
+            if got.shape != want.shape:
+                print(f"FAIL {name}: shape {got.shape}, expected {want.shape}")
+                ok = False
+                continue
+            err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+            bound = a.atol + a.rtol * np.abs(want.astype(np.float64))
+            worst = float(np.max(err - bound)) if err.size else 0.0
+            print(f"{name}: {want.dtype}{list(want.shape)} max abs err {float(err.max()):.3g}, "
+                  f"within rtol={a.rtol} atol={a.atol}: {worst <= 0}")
+            ok &= worst <= 0
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

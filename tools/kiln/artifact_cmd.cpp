@@ -1,0 +1,381 @@
+// `kiln compile`, `kiln inspect` and `kiln cache`: build .kiln artifacts, print them, manage the
+// kernel cache.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <set>
+
+#include "cli.h"
+#include "kiln/artifact_reader.h"
+#include "kiln/core/artifact.h"
+#include "kiln/core/driver.h"
+#include "kiln/core/kernel_cache.h"
+#include "kiln/ir/op.h"
+#include "kiln/ir/verifier.h"
+#include "kiln/plugin.h"
+
+namespace kiln::cli {
+
+namespace {
+
+constexpr std::string_view kCompile = R"(usage: kiln compile IN --target LIST [-o OUT.kiln] [--sym NAME=VALUE]... [options]
+
+Read the model IN, run the pipeline's passes, bind its symbolic dimensions, and build one
+.kiln artifact holding a kernel image for every target. Each target is built by the backend
+plugin that lists it (`kiln plugins`). Artifacts have static shapes: every symbolic
+dimension needs a --sym. Works without a GPU.
+
+  --target LIST             comma-separated targets, e.g. sm_80,sm_90a,sm_100a
+                            (default: the pipeline's [backend] targets)
+  -o, --output OUT.kiln     where to write the artifact (default: IN with the extension .kiln)
+  --sym NAME=VALUE          size of symbolic dimension NAME; repeatable
+  --backend LIST            only these backends may build the targets (default: any that
+                            lists a target; the pipeline's backend when several do)
+)";
+
+constexpr std::string_view kInspect = R"(usage: kiln inspect FILE.kiln [--json]
+
+Check a .kiln artifact (header, checksums, plan) and print what it holds: Kiln version,
+targets, pipeline, plugins, images, inputs, outputs, plan and memory sizes. Needs no GPU.
+
+  --json              print JSON instead of text
+)";
+
+constexpr std::string_view kCache = R"(usage: kiln cache info|clear [--dir DIR]
+
+  info                print the kernel cache's folder, entry count and size
+  clear               remove every kernel cache entry
+
+  --dir DIR           the cache folder (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
+                      else ~/.cache/kiln)
+)";
+
+struct CompileFlags {
+  std::string model, output, pipeline_file, frontend;
+  std::optional<std::string> passes;
+  std::vector<std::string> plugin_paths, targets, backends;
+  std::map<std::string, int64_t> symbols;
+  PassManagerOptions pm;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t start = 0; start <= s.size();) {
+    const size_t end = std::min(s.find(',', start), s.size());
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+CompileFlags parse_compile(Args& args) {
+  CompileFlags f;
+  while (!args.done()) {
+    if (!args.at_option()) {
+      if (!f.model.empty()) throw UsageError{"compile: more than one input model ('" + f.model + "', '" + args.positional() + "')"};
+      f.model = args.positional();
+      continue;
+    }
+    const std::string flag = args.option();
+    if (flag == "--target") {
+      for (const auto& t : split_list(args.value(flag))) f.targets.push_back(t);
+    } else if (flag == "--backend") {
+      for (const auto& b : split_list(args.value(flag))) f.backends.push_back(b);
+    } else if (flag == "-o" || flag == "--output") {
+      f.output = args.value(flag);
+    } else if (flag == "--sym") {
+      const std::string v = args.value(flag);
+      const size_t eq = v.find('=');
+      int64_t n = 0;
+      const char* end = v.data() + v.size();
+      if (eq == 0 || eq == std::string::npos || std::from_chars(v.data() + eq + 1, end, n).ptr != end || eq + 1 == v.size() || n < 0)
+        throw UsageError{"--sym expects NAME=VALUE with VALUE >= 0, got '" + v + "'"};
+      if (!f.symbols.emplace(v.substr(0, eq), n).second) throw UsageError{"--sym " + v.substr(0, eq) + " given twice"};
+    } else if (flag == "--pipeline") { f.pipeline_file = args.value(flag);
+    } else if (flag == "--passes") { f.passes = args.value(flag);
+    } else if (flag == "--frontend") { f.frontend = args.value(flag);
+    } else if (flag == "--plugin-path") { f.plugin_paths.push_back(args.value(flag));
+    } else if (flag == "--reproducer-dir") { f.pm.reproducer_dir = args.value(flag);
+    } else if (flag == "--timing") { args.no_value(flag); f.pm.timing = true;
+    } else if (flag == "--print-ir-after-all") { args.no_value(flag); f.pm.print_ir_after_all = true;
+    } else if (flag == "--print-ir-after-change") { args.no_value(flag); f.pm.print_ir_after_change = true;
+    } else if (flag == "--no-verify-each") { args.no_value(flag); f.pm.verify_each = false;
+    } else {
+      args.unknown(flag);
+    }
+  }
+  if (f.model.empty()) throw UsageError{"compile: no input model given"};
+  if (!f.pipeline_file.empty() && f.passes) throw UsageError{"compile: give --pipeline or --passes, not both"};
+  std::set<std::string> seen;
+  for (const auto& t : f.targets)
+    if (!seen.insert(t).second) throw UsageError{"compile: target '" + t + "' given twice"};
+  return f;
+}
+
+/// Replaces bound symbols in every value's type, `g`'s regions included.
+void substitute(Graph& g, const std::map<std::string, int64_t>& symbols, std::set<std::string>& seen) {
+  auto fix = [&](Value* v) {
+    TensorType t = v->type();
+    for (Dim& d : t.shape) {
+      if (d.is_static() || d.is_unknown()) continue;
+      seen.insert(d.symbol_name());
+      if (auto it = symbols.find(d.symbol_name()); it != symbols.end()) d = Dim(it->second);
+    }
+    v->set_type(std::move(t));
+  };
+  for (Value* v : g.inputs()) fix(v);
+  for (const auto& n : g.nodes()) {
+    for (int r = 0; r < n->num_regions(); ++r) substitute(n->region(r), symbols, seen);
+    for (Value* v : n->results()) fix(v);
+  }
+}
+
+/// The first value whose shape is not static, or null.
+const Value* first_dynamic(const Graph& g) {
+  for (Value* v : g.inputs())
+    if (!is_static(v->shape())) return v;
+  for (const auto& n : g.nodes()) {
+    for (int r = 0; r < n->num_regions(); ++r)
+      if (const Value* v = first_dynamic(n->region(r))) return v;
+    for (Value* v : n->results())
+      if (!is_static(v->shape())) return v;
+  }
+  return nullptr;
+}
+
+/// Makes every shape static: artifacts are compiled for fixed sizes.
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& symbols) {
+  std::set<std::string> seen;
+  substitute(g, symbols, seen);
+  for (const auto& [name, size] : symbols)
+    if (!seen.count(name))
+      return invalid_argument("--sym " + name + ": the model has no symbolic dimension '" + name + "'" +
+                              (seen.empty() ? "" : "; its symbols: " + join({seen.begin(), seen.end()})));
+  KILN_RETURN_IF_ERROR(infer_types(g));
+  KILN_RETURN_IF_ERROR(verify(g));
+  const Value* v = first_dynamic(g);
+  if (!v) return ok_status();
+  std::string sym;
+  for (const Dim& d : v->shape())
+    if (!d.is_static() && !d.is_unknown()) sym = d.symbol_name();
+  const std::string what = v->is_graph_input() ? "input '" + graph_input_name(*v->graph(), v->index()) + "'"
+                           : "value '%" + v->name() + "' (result of '" + v->producer()->op_name() + "')";
+  if (!sym.empty())
+    return invalid_argument(what + " has symbolic dimension '" + sym + "' (" + v->type().str() +
+                            "); artifacts need static shapes: give --sym " + sym + "=N");
+  return invalid_argument(what + " has a dimension unknown at compile time (" + v->type().str() +
+                          "); artifacts need static shapes");
+}
+
+/// Whether `im` serves `target`: built for it, or the PTX of its compute_ twin.
+bool serves(const ArtifactImage& im, const std::string& target) {
+  return im.target == target || (target.starts_with("sm_") && im.target == "compute_" + target.substr(3));
+}
+
+std::string plugin_id(const Registry& reg, PluginKind kind, const std::string& name) {
+  auto e = reg.find(kind, name);
+  return name + "@" + (e.ok() ? (*e)->version : std::string("?"));
+}
+
+/// Everything after loading the pipeline; returns the artifact's size, and in `summary` a
+/// line per target listing its images.
+StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry& reg, std::string* summary) {
+  // Each target goes to the backend listing it (the pipeline's backend when several do);
+  // backends are asked in the order their first target was given. Settled before the import,
+  // so a misspelt target fails at once.
+  std::vector<std::pair<const BackendInfo*, std::vector<std::string>>> groups;
+  for (const auto& name : f.backends) KILN_RETURN_IF_ERROR(reg.backend(name).status());
+  for (const auto& t : p.targets) {
+    std::vector<const BackendInfo*> builders;
+    std::vector<std::string> known;
+    for (const RegistryRow& row : reg.rows()) {
+      if (row.kind != PluginKind::kBackend) continue;
+      if (!f.backends.empty() && std::find(f.backends.begin(), f.backends.end(), row.entry->name) == f.backends.end())
+        continue;
+      KILN_ASSIGN_OR_RETURN(const BackendInfo* be, reg.backend(row.entry->name));
+      for (const auto& bt : be->targets) {
+        known.push_back(bt + " (" + be->name + ")");
+        if (bt == t) builders.push_back(be);
+      }
+    }
+    const BackendInfo* chosen = builders.size() == 1 ? builders[0] : nullptr;
+    for (const BackendInfo* be : builders)
+      if (be->name == p.backend.name) chosen = be;
+    if (builders.empty())
+      return not_found("no backend builds target '" + t + "'; known targets: " + (known.empty() ? "(none)" : join(known)));
+    if (!chosen) {
+      std::vector<std::string> names;
+      for (const BackendInfo* be : builders) names.push_back(be->name);
+      return invalid_argument("target '" + t + "' is built by several backends (" + join(names) +
+                              "); choose with --backend");
+    }
+    auto group = std::find_if(groups.begin(), groups.end(), [&](const auto& gr) { return gr.first == chosen; });
+    if (group == groups.end()) groups.push_back({chosen, {t}});
+    else group->second.push_back(t);
+  }
+
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(f.model, p.frontend, reg));
+  KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, f.pm));
+  KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols));
+
+  ArtifactContents contents;
+  std::vector<std::string> plugins = {plugin_id(reg, PluginKind::kFrontend, p.frontend.name)};
+  for (const auto& pass : p.passes)
+    if (std::find(plugins.begin() + 1, plugins.end(), plugin_id(reg, PluginKind::kPass, pass.name)) == plugins.end())
+      plugins.push_back(plugin_id(reg, PluginKind::kPass, pass.name));
+  for (const auto& [info, targets] : groups) {
+    const std::string who = "backend '" + info->name + "'";
+    Options opts;
+    if (info->name == p.backend.name) {
+      opts = p.backend.options;
+    } else {
+      KILN_ASSIGN_OR_RETURN(opts, resolve_options(info->options, {}, who));
+    }
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, info->create(opts));
+    if (!be) return internal_error(who + " created nothing");
+    Status s = be->build_artifact(*g, targets, contents);
+    if (!s.ok()) return s.with_context(who);
+    for (const auto& t : targets)
+      if (std::none_of(contents.images.begin(), contents.images.end(), [&](const auto& im) { return serves(im, t); })) return internal_error(who + " produced no image for target '" + t + "'");
+    plugins.push_back(plugin_id(reg, PluginKind::kBackend, info->name));
+  }
+
+  // The recorded pipeline names the first backend used; `plugins` lists all of them.
+  if (const BackendInfo* first = groups.front().first; first->name != p.backend.name) {
+    KILN_ASSIGN_OR_RETURN(Options opts, resolve_options(first->options, {}, "backend '" + first->name + "'"));
+    p.backend = {first->name, std::move(opts), {}};
+  }
+  contents.meta["kiln_version"] = KILN_VERSION_STRING;
+  contents.meta["targets"] = join(p.targets, ",");
+  contents.meta["plugins"] = join(plugins, ",");
+  contents.meta["pipeline"] = p.canonical(reg);
+  contents.meta["model"] = std::filesystem::path(f.model).filename().string();
+  contents.meta["created_by"] = "kiln compile";
+
+  // The runtime's own reader checks the result, so a backend bug is caught here rather than
+  // when the artifact is first loaded on a GPU machine.
+  const std::string bytes = serialize_artifact(contents);
+  std::string error;
+  if (!artifact::read_artifact(bytes, "<compiled artifact>", &error))
+    return internal_error("the backends produced an invalid artifact: " + error);
+  KILN_RETURN_IF_ERROR(write_artifact(f.output, contents));
+  for (const auto& t : p.targets) {
+    std::vector<std::string> sizes;
+    for (const auto& im : contents.images)
+      if (serves(im, t)) sizes.push_back(im.target + "." + im.form + " " + std::to_string(im.bytes.size()) + " bytes");
+    *summary += "  " + t + ": " + join(sizes) + "\n";
+  }
+  return bytes.size();
+}
+
+}  // namespace
+
+std::string artifact_usage_text(std::string_view command) {
+  if (command == "compile") return std::string(kCompile);
+  if (command == "inspect") return std::string(kInspect);
+  if (command == "cache") return std::string(kCache);
+  return "";
+}
+
+int cmd_compile(Args& args) {
+  CompileFlags f = parse_compile(args);
+  if (f.output.empty()) f.output = std::filesystem::path(f.model).replace_extension(".kiln").string();
+  const auto start = std::chrono::steady_clock::now();
+
+  Registry& reg = Registry::global();
+  Pipeline p;
+  if (Status s = load_plugins_from(f.plugin_paths, reg); !s.ok()) return report(s);
+  if (!f.pipeline_file.empty()) {
+    auto loaded = load_pipeline_with_plugins(f.pipeline_file, reg);
+    if (!loaded.ok()) return report(loaded.status());
+    p = std::move(*loaded);
+  } else if (f.passes) {
+    auto passes = parse_pass_list(*f.passes, reg);
+    if (!passes.ok()) return report(passes.status().with_context("--passes"));
+    p.passes = std::move(*passes);
+  }
+  if (!f.frontend.empty()) {
+    auto fe = reg.frontend(f.frontend);
+    if (!fe.ok()) return report(fe.status());
+    auto opts = resolve_options((*fe)->options, {}, "frontend '" + f.frontend + "'");
+    if (!opts.ok()) return report(opts.status());
+    p.frontend = {f.frontend, std::move(*opts), {}};
+  }
+  if (Status s = resolve_pipeline_defaults(p, reg, f.model, /*need_backend=*/false); !s.ok()) return report(s);
+  if (!f.targets.empty()) p.targets = f.targets;
+  if (p.targets.empty())
+    return report(invalid_argument("compile: no targets; give --target (e.g. --target sm_90a) or [backend] targets in the pipeline"));
+
+  std::string summary;
+  auto size = compile_artifact(f, p, reg, &summary);
+  if (!size.ok()) return report(size.status());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char line[64];
+  std::snprintf(line, sizeof line, "%.3f", secs);
+  std::cout << "compiled " << f.model << " for " << join(p.targets) << " in " << line << " s: " << f.output << " ("
+            << *size << " bytes)\n" << summary;
+  std::cout.flush();
+  return std::cout ? kExitOk : report(io_error("cannot write to stdout"));
+}
+
+int cmd_inspect(Args& args) {
+  std::string file;
+  bool json = false;
+  while (!args.done()) {
+    if (!args.at_option()) {
+      if (!file.empty()) throw UsageError{"inspect: more than one file ('" + file + "', '" + args.positional() + "')"};
+      file = args.positional();
+      continue;
+    }
+    const std::string flag = args.option();
+    if (flag != "--json") args.unknown(flag);
+    args.no_value(flag);
+    json = true;
+  }
+  if (file.empty()) throw UsageError{"inspect: no artifact given"};
+  std::string error;
+  auto a = artifact::read_artifact_file(file, &error);
+  if (!a) return report(invalid_argument(error));
+  if (!json) std::cout << "file: " << file << " (" << a->storage->size() << " bytes)\n";
+  std::cout << artifact::describe(*a, json);
+  std::cout.flush();
+  return std::cout ? kExitOk : report(io_error("cannot write to stdout"));
+}
+
+int cmd_cache(Args& args) {
+  std::string action, dir;
+  while (!args.done()) {
+    if (!args.at_option()) {
+      if (!action.empty()) throw UsageError{"cache: more than one action ('" + action + "', '" + args.positional() + "')"};
+      action = args.positional();
+      continue;
+    }
+    const std::string flag = args.option();
+    if (flag != "--dir") args.unknown(flag);
+    dir = args.value(flag);
+  }
+  if (action != "info" && action != "clear")
+    throw UsageError{action.empty() ? "cache: expected 'info' or 'clear'" : "cache: unknown action '" + action + "' (expected info or clear)"};
+  const KernelCache cache(dir.empty() ? KernelCache::default_dir() : dir);
+  auto stats = cache.stats();
+  if (!stats.ok()) return report(stats.status());
+  if (action == "info") {
+    std::cout << "dir: " << stats->dir << "\nentries: " << stats->entries << "\nbytes: " << stats->bytes << "\n";
+  } else {
+    if (Status s = cache.clear(); !s.ok()) return report(s);
+    std::cout << "removed " << stats->entries << " entries (" << stats->bytes << " bytes) from " << stats->dir << "\n";
+  }
+  std::cout.flush();
+  return std::cout ? kExitOk : report(io_error("cannot write to stdout"));
+}
+
+}  // namespace kiln::cli
