@@ -34,11 +34,13 @@ step cuda_gpu_tests "$build/bin/cuda_gpu_tests"
 
 # One artifact for three generations, inspected, then run here against the reference.
 for m in mlp attention convnet; do
+  syms=(--sym B=2)
+  [ "$m" = attention ] && syms+=(--sym S=8)
   step "compile-$m" "$kiln" compile "$root/examples/kir/$m.kir" --target sm_80,sm_90a,sm_100a \
-    --sym B=2 --sym S=8 -o "$out/$m.kiln"
+    "${syms[@]}" -o "$out/$m.kiln"
   step "inspect-$m" "$kiln" inspect "$out/$m.kiln" --json
-  step "run-ref-$m" "$kiln" run "$root/examples/kir/$m.kir" --random-inputs --seed 3 --sym B=2 --sym S=8 --backend reference
-  step "run-gpu-$m" "$kiln" run "$root/examples/kir/$m.kir" --random-inputs --seed 3 --sym B=2 --sym S=8 --backend cuda-sm90
+  step "run-ref-$m" "$kiln" run "$root/examples/kir/$m.kir" --random-inputs --seed 3 "${syms[@]}" --backend reference
+  step "run-gpu-$m" "$kiln" run "$root/examples/kir/$m.kir" --random-inputs --seed 3 "${syms[@]}" --backend cuda-sm90
 done
 
 # The real models (small versions) against onnxruntime's outputs.

@@ -49,6 +49,7 @@ void kiln_runtime_options_initialize(kiln_runtime_options* options) {
   options->device_ordinal = 0;
   options->use_cuda_graphs = 1;
   options->device_memory_limit = 0;
+  options->enable_timing = 0;
 }
 
 kiln_status* kiln_runtime_create(const kiln_runtime_options* options, kiln_runtime** out_runtime) {
@@ -146,7 +147,31 @@ kiln_status* kiln_model_run(kiln_model* model, const kiln_host_tensor* inputs, s
                             kiln_host_tensor* outputs, size_t num_outputs) {
   return guarded("kiln_model_run", [&]() -> kiln_status* {
     if (!model) return null_argument("kiln_model_run", "model");
-    return kiln::rt::run_model(model, inputs, num_inputs, outputs, num_outputs);
+    KILN_RT_TRY(kiln::rt::enqueue_model(model, inputs, num_inputs, outputs, num_outputs, "kiln_model_run"));
+    return kiln::rt::synchronize_model(model, "kiln_model_run");
+  });
+}
+
+kiln_status* kiln_model_enqueue(kiln_model* model, const kiln_host_tensor* inputs, size_t num_inputs,
+                                kiln_host_tensor* outputs, size_t num_outputs) {
+  return guarded("kiln_model_enqueue", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_enqueue", "model");
+    return kiln::rt::enqueue_model(model, inputs, num_inputs, outputs, num_outputs, "kiln_model_enqueue");
+  });
+}
+
+kiln_status* kiln_model_synchronize(kiln_model* model) {
+  return guarded("kiln_model_synchronize", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_synchronize", "model");
+    return kiln::rt::synchronize_model(model, "kiln_model_synchronize");
+  });
+}
+
+kiln_status* kiln_model_device_time(const kiln_model* model, double* out_ms) {
+  return guarded("kiln_model_device_time", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_device_time", "model");
+    if (!out_ms) return null_argument("kiln_model_device_time", "out_ms");
+    return kiln::rt::model_device_time(model, out_ms);
   });
 }
 
@@ -191,7 +216,11 @@ const kiln_api* kiln_get_api(uint32_t version) {
       kiln_model_output_info,
       kiln_model_run,
       kiln_model_memory_report,
+      kiln_model_enqueue,
+      kiln_model_synchronize,
+      kiln_model_device_time,
   };
+  // One table serves every version: older hosts read only the prefix they know.
   return version >= 1 && version <= KILN_RUNTIME_API_VERSION ? &api : nullptr;
 }
 

@@ -127,7 +127,13 @@ kiln_status* prepare_steps(kiln_model* m) {
     if (err != cudaSuccess) {
       kiln_status* st = cuda_status(err, "cudaLibraryGetKernel");
       st->code = KILN_STATUS_INVALID_ARGUMENT;
-      st->message = "image '" + m->image_name + "' has no kernel '" + name + "': " + st->message;
+      // With lazy module loading (the CUDA default) a broken image loads "successfully" and
+      // only fails here; say so rather than blaming a missing kernel.
+      if (err == cudaErrorInvalidKernelImage || err == cudaErrorInvalidPtx ||
+          err == cudaErrorNoKernelImageForDevice)
+        st->message = "loading image '" + m->image_name + "': the driver refused it: " + st->message;
+      else
+        st->message = "image '" + m->image_name + "' has no kernel '" + name + "': " + st->message;
       return st;
     }
     kernels[name] = k;
@@ -191,12 +197,15 @@ kiln_status* prepare_steps(kiln_model* m) {
   return nullptr;
 }
 
-/// Input copies, the plan's steps and output copies, on the model's stream.
-kiln_status* enqueue(kiln_model* m) {
+kiln_status* enqueue_input_copies(kiln_model* m) {
   for (const kiln_model::Binding& in : m->inputs)
     if (in.info.bytes)
       KILN_CUDA_TRY(cudaMemcpyAsync(in.device, m->staging + in.staging_offset, in.info.bytes,
                                     cudaMemcpyHostToDevice, m->stream));
+  return nullptr;
+}
+
+kiln_status* enqueue_steps(kiln_model* m) {
   for (kiln_model::Step& s : m->steps) {
     switch (s.kind) {
       case PlanStep::Kind::kLaunch:
@@ -214,11 +223,37 @@ kiln_status* enqueue(kiln_model* m) {
         break;
     }
   }
+  return nullptr;
+}
+
+kiln_status* enqueue_output_copies(kiln_model* m) {
   for (const kiln_model::Binding& out : m->outputs)
     if (out.info.bytes)
       KILN_CUDA_TRY(cudaMemcpyAsync(m->staging + out.staging_offset, out.device, out.info.bytes,
                                     cudaMemcpyDeviceToHost, m->stream));
   return nullptr;
+}
+
+/// Input copies, the plan's steps and output copies, on the model's stream.
+kiln_status* enqueue(kiln_model* m) {
+  KILN_RT_TRY(enqueue_input_copies(m));
+  KILN_RT_TRY(enqueue_steps(m));
+  return enqueue_output_copies(m);
+}
+
+/// One run's device work: the captured graph or the eager steps, with the copies inside the
+/// graph unless timing, whose events must bracket the steps alone.
+kiln_status* launch(kiln_model* m) {
+  if (!m->steps_begin) {
+    if (m->graph) return cuda_status(cudaGraphLaunch(m->graph, m->stream), "cudaGraphLaunch");
+    return enqueue(m);
+  }
+  KILN_RT_TRY(enqueue_input_copies(m));
+  KILN_CUDA_TRY(cudaEventRecord(m->steps_begin, m->stream));
+  if (m->graph) KILN_CUDA_TRY(cudaGraphLaunch(m->graph, m->stream));
+  else KILN_RT_TRY(enqueue_steps(m));
+  KILN_CUDA_TRY(cudaEventRecord(m->steps_end, m->stream));
+  return enqueue_output_copies(m);
 }
 
 /// Prefixes a status's message with what was being done.
@@ -227,11 +262,12 @@ kiln_status* context(kiln_status* st, const std::string& what) {
   return st;
 }
 
-/// Captures input copies, steps and output copies as one CUDA graph. The staging and arena
-/// addresses never change, so the graph stays valid for every later run.
+/// Captures input copies, steps and output copies (the steps alone when timing) as one CUDA
+/// graph. The staging and arena addresses never change, so the graph stays valid for every
+/// later run.
 kiln_status* capture_graph(kiln_model* m) {
   KILN_CUDA_TRY(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
-  kiln_status* st = enqueue(m);
+  kiln_status* st = m->steps_begin ? enqueue_steps(m) : enqueue(m);
   cudaGraph_t graph = nullptr;
   cudaError_t end = cudaStreamEndCapture(m->stream, &graph);
   if (!st) st = cuda_status(end, "cudaStreamEndCapture");
@@ -288,9 +324,14 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
     std::memset(m->staging, 0, m->staging_bytes);
   }
   KILN_CUDA_TRY(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+  if (runtime->options.enable_timing) {
+    KILN_CUDA_TRY(cudaEventCreate(&m->steps_begin));
+    KILN_CUDA_TRY(cudaEventCreate(&m->steps_end));
+  }
   KILN_RT_TRY(prepare_steps(m.get()));
 
-  if (runtime->options.use_cuda_graphs && (!m->steps.empty() || m->staging_bytes)) {
+  const bool graph_work = m->steps_begin ? !m->steps.empty() : !m->steps.empty() || m->staging_bytes;
+  if (runtime->options.use_cuda_graphs && graph_work) {
     // One eager run first, on zeroed memory (so index inputs stay in range): libraries
     // finish their lazy initialization outside the capture, and a plan that faults fails
     // here with its own error rather than inside a graph.
@@ -303,38 +344,66 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   return nullptr;
 }
 
-kiln_status* run_model(kiln_model* m, const kiln_host_tensor* inputs, size_t num_inputs,
-                       kiln_host_tensor* outputs, size_t num_outputs) {
-  auto check = [](const char* what, const std::vector<kiln_model::Binding>& binds,
-                  const kiln_host_tensor* given, size_t count) -> kiln_status* {
+kiln_status* enqueue_model(kiln_model* m, const kiln_host_tensor* inputs, size_t num_inputs,
+                           kiln_host_tensor* outputs, size_t num_outputs, const char* function) {
+  const std::string fn = function;
+  auto check = [&fn](const char* what, const std::vector<kiln_model::Binding>& binds,
+                     const kiln_host_tensor* given, size_t count) -> kiln_status* {
     if (count != binds.size())
-      return invalid(std::string("kiln_model_run: ") + std::to_string(count) + " " + what +
-                     (count == 1 ? "" : "s") + " given, the model has " + std::to_string(binds.size()));
-    if (count && !given) return invalid(std::string("kiln_model_run: ") + what + "s is NULL");
+      return invalid(fn + ": " + std::to_string(count) + " " + what + (count == 1 ? "" : "s") +
+                     " given, the model has " + std::to_string(binds.size()));
+    if (count && !given) return invalid(fn + ": " + what + "s is NULL");
     for (size_t i = 0; i < count; ++i) {
       const kiln_tensor_info& info = binds[i].info;
       if (given[i].bytes != info.bytes)
-        return invalid(std::string("kiln_model_run: ") + what + " '" + info.name + "' has " +
-                       std::to_string(given[i].bytes) + " bytes, the model expects " +
-                       std::to_string(info.bytes));
-      if (info.bytes && !given[i].data)
-        return invalid(std::string("kiln_model_run: ") + what + " '" + info.name + "' has no data");
+        return invalid(fn + ": " + what + " '" + info.name + "' has " + std::to_string(given[i].bytes) +
+                       " bytes, the model expects " + std::to_string(info.bytes));
+      if (info.bytes && !given[i].data) return invalid(fn + ": " + what + " '" + info.name + "' has no data");
     }
     return nullptr;
   };
   KILN_RT_TRY(check("input", m->inputs, inputs, num_inputs));
   KILN_RT_TRY(check("output", m->outputs, outputs, num_outputs));
+  // Staging holds one run's inputs and outputs: the previous run must be done with it.
+  KILN_RT_TRY(synchronize_model(m, function));
   KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
   for (size_t i = 0; i < num_inputs; ++i)
     if (inputs[i].bytes) std::memcpy(m->staging + m->inputs[i].staging_offset, inputs[i].data, inputs[i].bytes);
-  if (m->graph)
-    KILN_RT_TRY(context(cuda_status(cudaGraphLaunch(m->graph, m->stream), "cudaGraphLaunch"), "kiln_model_run"));
-  else
-    KILN_RT_TRY(context(enqueue(m), "kiln_model_run"));
+  if (kiln_status* st = launch(m)) {
+    // Drain what was launched, so the next call starts from an idle stream.
+    (void)cudaStreamSynchronize(m->stream);
+    (void)cudaGetLastError();
+    return context(st, fn);
+  }
+  m->pending_outputs.assign(outputs, outputs + num_outputs);
+  m->pending = true;
+  return nullptr;
+}
+
+kiln_status* synchronize_model(kiln_model* m, const char* function) {
+  if (!m->pending) return nullptr;
+  m->pending = false;
+  KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
   // Faults inside kernels surface here.
-  KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), "kiln_model_run"));
-  for (size_t i = 0; i < num_outputs; ++i)
-    if (outputs[i].bytes) std::memcpy(outputs[i].data, m->staging + m->outputs[i].staging_offset, outputs[i].bytes);
+  KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), function));
+  for (size_t i = 0; i < m->pending_outputs.size(); ++i) {
+    const kiln_host_tensor& out = m->pending_outputs[i];
+    if (out.bytes) std::memcpy(out.data, m->staging + m->outputs[i].staging_offset, out.bytes);
+  }
+  m->pending_outputs.clear();
+  m->timed = m->steps_begin != nullptr;
+  return nullptr;
+}
+
+kiln_status* model_device_time(const kiln_model* m, double* out_ms) {
+  if (!m->steps_begin)
+    return make_status(KILN_STATUS_UNSUPPORTED,
+                       "kiln_model_device_time: the runtime was created without enable_timing");
+  if (!m->timed) return invalid("kiln_model_device_time: no timed run has completed yet");
+  float ms = 0;
+  KILN_RT_TRY(context(cuda_status(cudaEventElapsedTime(&ms, m->steps_begin, m->steps_end), "cudaEventElapsedTime"),
+                      "kiln_model_device_time"));
+  *out_ms = ms;
   return nullptr;
 }
 
@@ -344,6 +413,8 @@ kiln_model::~kiln_model() {
   if (runtime) (void)cudaSetDevice(runtime->device.ordinal);
   if (stream) (void)cudaStreamSynchronize(stream);
   if (graph) (void)cudaGraphExecDestroy(graph);
+  if (steps_begin) (void)cudaEventDestroy(steps_begin);
+  if (steps_end) (void)cudaEventDestroy(steps_end);
   steps.clear();  // gemm descriptors before their handle
   if (cublas) (void)cublasLtDestroy(cublas);
   if (stream) (void)cudaStreamDestroy(stream);

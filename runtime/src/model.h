@@ -70,7 +70,12 @@ struct kiln_model {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t cublas = nullptr;
   std::vector<Step> steps;
-  cudaGraphExec_t graph = nullptr;
+  cudaGraphExec_t graph = nullptr;  ///< with enable_timing: the steps only, copies apart
+  cudaEvent_t steps_begin = nullptr, steps_end = nullptr;  ///< with enable_timing
+  bool timed = false;  ///< a run bracketed by the events has completed
+  /// The caller's output buffers of the run enqueued and not yet synchronized.
+  std::vector<kiln_host_tensor> pending_outputs;
+  bool pending = false;
 
   ~kiln_model();
 };
@@ -97,9 +102,13 @@ class DeviceGuard {
 /// Loads a validated artifact onto the runtime's device (see kiln_model_load_file).
 kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifact> artifact,
                         kiln_model** out);
-/// Runs a model (see kiln_model_run).
-kiln_status* run_model(kiln_model* model, const kiln_host_tensor* inputs, size_t num_inputs,
-                       kiln_host_tensor* outputs, size_t num_outputs);
+/// Starts a run (see kiln_model_enqueue).
+kiln_status* enqueue_model(kiln_model* model, const kiln_host_tensor* inputs, size_t num_inputs,
+                           kiln_host_tensor* outputs, size_t num_outputs, const char* function);
+/// Completes the pending run, if any (see kiln_model_synchronize).
+kiln_status* synchronize_model(kiln_model* model, const char* function);
+/// The device time of the last timed run (see kiln_model_device_time).
+kiln_status* model_device_time(const kiln_model* model, double* out_ms);
 /// Maps a Kiln dtype name ("f32") to kiln_dtype; false when unknown.
 bool dtype_from_name(const std::string& name, kiln_dtype* out);
 

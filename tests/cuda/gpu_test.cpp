@@ -73,7 +73,9 @@ const Case kCases[] = {
   %s = avg_pool(%r) {kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 1, 1], count_include_pad = 1} : f32[2, 4, 3, 3]
   %t = slice(%s) {starts = [0, 0], ends = [2, 2], axes = [2, 3]} : f32[2, 4, 2, 2]
   return %p, %q, %t })"},
-    {"data-movement", R"(graph @g(%x: f32[2, 3, 4], %i: i64[3]) -> (f32[4, 3, 2], f32[2, 3, 2], f32[2, 6, 4], f32[2, 3, 4], f32[2, 3, 3], f32[2, 5, 6], f32[2, 3, 4], f32[12, 2]) {
+    {"data-movement", R"(graph @g(%x: f32[2, 3, 4]) -> (f32[4, 3, 2], f32[2, 3, 2], f32[2, 6, 4], f32[2, 3, 4], f32[2, 3, 3], f32[2, 5, 6], f32[2, 3, 4], f32[12, 2]) {
+  // Constant indices: random ones would fall outside the axis, which is an error.
+  %i = constant() {value = dense<i64[3]>[2, -1, 0]} : i64[3]
   %t = transpose(%x) : f32[4, 3, 2]
   %s = slice(%x) {starts = [3], ends = [0], steps = [-2], axes = [2]} : f32[2, 3, 2]
   %c = concat(%x, %x) {axis = 1} : f32[2, 6, 4]

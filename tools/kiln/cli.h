@@ -54,6 +54,9 @@ int cmd_run(Args& args);
 int cmd_compile(Args& args);
 int cmd_inspect(Args& args);
 int cmd_cache(Args& args);
+/// `kiln bench` (bench_cmd.cpp) and its help.
+int cmd_bench(Args& args);
+std::string bench_usage_text();
 /// Help of compile, inspect and cache ("" for other commands).
 std::string artifact_usage_text(std::string_view command);
 

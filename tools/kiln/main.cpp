@@ -19,6 +19,7 @@ commands:
   compile   build a .kiln artifact with kernel images for GPU targets (no GPU needed)
   inspect   check a .kiln artifact and print what it holds
   cache     show or clear the kernel cache
+  bench     time a .kiln artifact on the GPU (latency, device time, throughput, graphs on/off)
 
   kiln --version        print the version, plugin ABI and build fingerprint
   kiln --help           this text; `kiln <command> --help` for one command
@@ -85,6 +86,7 @@ std::string usage_text(std::string_view command) {
   if (command == "opt") return std::string(kOpt) + std::string(kCommon);
   if (command == "run") return std::string(kRun) + std::string(kCommon);
   if (command == "compile") return artifact_usage_text(command) + std::string(kCommon);
+  if (command == "bench") return bench_usage_text();
   if (!artifact_usage_text(command).empty()) return artifact_usage_text(command);
   return std::string(kOverview);
 }
@@ -164,6 +166,7 @@ int dispatch(std::vector<std::string> argv) {
   if (command == "compile") return cmd_compile(args);
   if (command == "inspect") return cmd_inspect(args);
   if (command == "cache") return cmd_cache(args);
+  if (command == "bench") return cmd_bench(args);
   throw UsageError{"unknown command '" + command + "'"};
 }
 

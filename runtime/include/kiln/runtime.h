@@ -30,7 +30,7 @@ extern "C" {
 #define KILN_RUNTIME_EXPORT
 #endif
 
-#define KILN_RUNTIME_API_VERSION 1
+#define KILN_RUNTIME_API_VERSION 2
 
 /* ---- status ------------------------------------------------------------------------------ */
 
@@ -87,6 +87,10 @@ typedef struct kiln_runtime_options {
   int32_t device_ordinal;       /* default 0 */
   int32_t use_cuda_graphs;      /* default 1: capture the whole plan once, replay it */
   uint64_t device_memory_limit; /* bytes Kiln may hold on the device; 0 = no limit */
+  /* Since API version 2. Default 0. When 1, each run brackets the plan's steps with CUDA
+   * events (input and output copies stay outside them, and with CUDA graphs on are issued
+   * apart from the graph), so kiln_model_device_time reports the device time of the plan. */
+  int32_t enable_timing;
 } kiln_runtime_options;
 
 KILN_RUNTIME_EXPORT void kiln_runtime_options_initialize(kiln_runtime_options* options);
@@ -124,6 +128,25 @@ KILN_RUNTIME_EXPORT kiln_status* kiln_model_run(kiln_model* model, const kiln_ho
                                                 size_t num_inputs, kiln_host_tensor* outputs,
                                                 size_t num_outputs);
 
+/* Since API version 2: kiln_model_run split in two, so a host can overlap its own work with
+ * the device's and measure what launching costs. kiln_model_enqueue checks the arguments as
+ * kiln_model_run does, copies the inputs into pinned staging (the caller may reuse them when it
+ * returns), and launches the input copies, the plan and the output copies without waiting.
+ * The outputs are written by kiln_model_synchronize, so their buffers must stay valid until
+ * then. Staging is shared by the calls, so an enqueue while a run is pending first completes
+ * that run (as kiln_model_synchronize; its failure is returned). kiln_model_synchronize waits
+ * for the pending run, copies its outputs and reports faults raised on the device; without a
+ * pending run it does nothing. kiln_model_run is enqueue followed by synchronize. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_enqueue(kiln_model* model, const kiln_host_tensor* inputs,
+                                                    size_t num_inputs, kiln_host_tensor* outputs,
+                                                    size_t num_outputs);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_synchronize(kiln_model* model);
+
+/* Since API version 2: the device time, in milliseconds, of the plan's steps in the last
+ * completed run, input and output copies excluded. UNSUPPORTED unless the runtime was created
+ * with enable_timing; INVALID_ARGUMENT before the first completed run. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_device_time(const kiln_model* model, double* out_ms);
+
 /* Device memory held by Kiln, by category. */
 typedef struct kiln_memory_report {
   uint32_t struct_size;
@@ -158,6 +181,10 @@ typedef struct kiln_api {
   kiln_status* (*model_output_info)(const kiln_model*, size_t, kiln_tensor_info*);
   kiln_status* (*model_run)(kiln_model*, const kiln_host_tensor*, size_t, kiln_host_tensor*, size_t);
   kiln_status* (*model_memory_report)(const kiln_model*, kiln_memory_report*);
+  /* version 2 */
+  kiln_status* (*model_enqueue)(kiln_model*, const kiln_host_tensor*, size_t, kiln_host_tensor*, size_t);
+  kiln_status* (*model_synchronize)(kiln_model*);
+  kiln_status* (*model_device_time)(const kiln_model*, double*);
   /* New entries go here, at the end, with a bump of KILN_RUNTIME_API_VERSION. */
 } kiln_api;
 

@@ -352,7 +352,11 @@ TEST_CASE("corrupt, truncated, foreign and missing files are refused") {
   std::string garbage = artifact_a(sm + ".cubin", std::string(256, 'x'));
   std::tie(code, msg) = outcome(kiln_model_load_memory(rt, garbage.data(), garbage.size(), &m));
   CHECK(code == KILN_STATUS_INVALID_ARGUMENT);
-  CHECK(msg.rfind("loading image '" + sm + ".cubin' on " + sm + ": cudaLibraryLoadData failed: ", 0) == 0);
+  INFO("message: ", msg);
+  // Depending on lazy loading, the driver refuses it at load or at the first kernel lookup.
+  CHECK(msg.find("loading image '" + sm + ".cubin'") != std::string::npos);
+  CHECK((msg.find("cudaLibraryLoadData failed") != std::string::npos ||
+         msg.find("the driver refused it") != std::string::npos));
   CHECK(m == nullptr);
 
   // A kernel the plan declares but the image lacks.

@@ -1,0 +1,438 @@
+// `kiln bench`: load a .kiln artifact through the runtime C API and time it on the GPU.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "cli.h"
+#include "kiln/artifact_reader.h"
+#include "kiln/runtime.h"
+
+namespace kiln::cli {
+
+namespace {
+
+constexpr std::string_view kBench = R"(usage: kiln bench MODEL.kiln [--iterations N] [--warmup N] [--graphs on|off|both]
+                  [--report-json FILE] [--device N] [options]
+       kiln bench MODEL.onnx|MODEL.kir --target LIST [--sym NAME=VALUE]... [-o OUT.kiln] ...
+
+Load an artifact with the runtime, fill its inputs with seeded random data, warm up, then
+time N runs. Reported per mode (CUDA graphs on, off): latency of a whole run (input upload,
+plan, output download, as kiln_model_run) as min, median, mean, p90, p99 and max; the device
+time of the plan alone (CUDA events); the host time to enqueue a run; throughput in runs/s
+and, given a batch, samples/s. A model that is not a .kiln is compiled first, as `kiln
+compile` does, into OUT.kiln (default: MODEL with the extension .kiln).
+
+  --iterations N        timed runs per mode (default 100)
+  --warmup N            untimed runs first (default 10)
+  --graphs on|off|both  CUDA graph replay (default on)
+  --no-cuda-graphs      same as --graphs off
+  --report-json FILE    also write the results as JSON
+  --device N            CUDA device ordinal (default 0)
+  --seed N              seed of the random inputs (default 0)
+  --int-max N           integer inputs are drawn from [0, N) (default 2: valid indices for any
+                        dimension of size 2 or more)
+  --batch N             samples per run for samples/s (default: the first input's leading
+                        dimension when its rank is 2 or more; 0: do not report samples/s)
+
+compile first (MODEL not a .kiln): --target, --sym, -o/--output, --backend, --pipeline,
+  --passes, --frontend, --plugin-path, as for `kiln compile`
+)";
+
+struct BenchFlags {
+  std::string model, report_json;
+  int iterations = 100, warmup = 10, device = 0;
+  int64_t batch = -1;  // -1: from the first input
+  uint64_t seed = 0;
+  int64_t int_max = 2;
+  std::vector<bool> graph_modes = {true};
+  std::vector<std::string> compile_args;  // forwarded to `kiln compile`
+};
+
+template <typename T>
+T number(const std::string& text, const std::string& flag, T min) {
+  T v{};
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v < min)
+    throw UsageError{"bench: " + flag + " expects an integer >= " + std::to_string(min) + ", got '" + text + "'"};
+  return v;
+}
+
+BenchFlags parse_bench(Args& args) {
+  BenchFlags f;
+  std::string output;
+  while (!args.done()) {
+    if (!args.at_option()) {
+      if (!f.model.empty()) throw UsageError{"bench: more than one model ('" + f.model + "', '" + args.positional() + "')"};
+      f.model = args.positional();
+      continue;
+    }
+    const std::string flag = args.option();
+    if (flag == "--iterations") f.iterations = number<int>(args.value(flag), flag, 1);
+    else if (flag == "--warmup") f.warmup = number<int>(args.value(flag), flag, 0);
+    else if (flag == "--device") f.device = number<int>(args.value(flag), flag, 0);
+    else if (flag == "--seed") f.seed = number<uint64_t>(args.value(flag), flag, 0);
+    else if (flag == "--int-max") f.int_max = number<int64_t>(args.value(flag), flag, 1);
+    else if (flag == "--batch") f.batch = number<int64_t>(args.value(flag), flag, 0);
+    else if (flag == "--report-json") f.report_json = args.value(flag);
+    else if (flag == "--no-cuda-graphs") { args.no_value(flag); f.graph_modes = {false}; }
+    else if (flag == "--graphs") {
+      const std::string v = args.value(flag);
+      if (v == "on") f.graph_modes = {true};
+      else if (v == "off") f.graph_modes = {false};
+      else if (v == "both") f.graph_modes = {true, false};
+      else throw UsageError{"bench: --graphs expects on, off or both, got '" + v + "'"};
+    } else if (flag == "-o" || flag == "--output") {
+      output = args.value(flag);
+    } else if (flag == "--target" || flag == "--sym" || flag == "--backend" || flag == "--pipeline" ||
+               flag == "--passes" || flag == "--frontend" || flag == "--plugin-path") {
+      f.compile_args.push_back(flag);
+      f.compile_args.push_back(args.value(flag));
+    } else {
+      args.unknown(flag);
+    }
+  }
+  if (f.model.empty()) throw UsageError{"bench: no model given"};
+  const bool is_artifact = f.model.size() > 5 && f.model.ends_with(".kiln");
+  if (is_artifact && (!f.compile_args.empty() || !output.empty()))
+    throw UsageError{"bench: '" + f.model + "' is already an artifact; compile options apply to other models only"};
+  if (!is_artifact && !output.empty()) f.compile_args.insert(f.compile_args.end(), {"-o", output});
+  return f;
+}
+
+// ---- inputs ---------------------------------------------------------------------------------
+
+/// Fills one input's bytes with seeded values of its dtype: floats in about [-1, 1) (finite for
+/// every float format), integers in [0, int_max), bools 0 or 1.
+void fill_random(const kiln_tensor_info& info, std::mt19937_64& rng, int64_t int_max, std::vector<unsigned char>& out) {
+  out.assign(info.bytes, 0);
+  uint64_t count = 1;
+  for (int i = 0; i < info.rank; ++i) count *= static_cast<uint64_t>(info.dims[i]);
+  std::uniform_real_distribution<double> real(-1.0, 1.0);
+  std::uniform_int_distribution<int64_t> integer(0, int_max - 1);
+  auto put = [&out](uint64_t i, const auto& v) {
+    if ((i + 1) * sizeof v <= out.size()) std::memcpy(out.data() + i * sizeof v, &v, sizeof v);
+  };
+  for (uint64_t i = 0; i < count; ++i) {
+    switch (info.dtype) {
+      case KILN_DTYPE_F64: put(i, real(rng)); break;
+      case KILN_DTYPE_F32: put(i, static_cast<float>(real(rng))); break;
+      case KILN_DTYPE_BF16: {
+        const float v = static_cast<float>(real(rng));
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        put(i, static_cast<uint16_t>(bits >> 16));
+        break;
+      }
+      case KILN_DTYPE_F16: {
+        // Sign, an exponent for [2^-5, 1), a random mantissa: always finite and normal.
+        const uint64_t r = rng();
+        put(i, static_cast<uint16_t>(((r & 1) << 15) | ((10 + (r >> 1) % 5) << 10) | ((r >> 8) & 0x3ff)));
+        break;
+      }
+      case KILN_DTYPE_F8E4M3FN:
+      case KILN_DTYPE_F8E5M2: {
+        // Bytes below 0x78 (either sign) are finite in both formats.
+        const uint64_t r = rng();
+        put(i, static_cast<uint8_t>(((r & 1) << 7) | ((r >> 1) % 0x78)));
+        break;
+      }
+      case KILN_DTYPE_I64: put(i, static_cast<int64_t>(integer(rng))); break;
+      case KILN_DTYPE_I32: put(i, static_cast<int32_t>(integer(rng))); break;
+      case KILN_DTYPE_I16: put(i, static_cast<int16_t>(integer(rng))); break;
+      case KILN_DTYPE_I8: put(i, static_cast<int8_t>(integer(rng))); break;
+      case KILN_DTYPE_U8: put(i, static_cast<uint8_t>(integer(rng))); break;
+      case KILN_DTYPE_BOOL: put(i, static_cast<uint8_t>(rng() & 1)); break;
+      case KILN_DTYPE_I4: i = count; break;  // packed two per byte: filled below
+    }
+  }
+  if (info.dtype == KILN_DTYPE_I4)
+    for (auto& b : out) b = static_cast<unsigned char>(rng() & 0x77);  // two values in [0, 8)
+}
+
+const char* dtype_name(kiln_dtype d) {
+  static const char* const kNames[] = {"f64", "f32", "f16", "bf16", "f8e4m3fn", "f8e5m2", "i64",
+                                       "i32", "i16", "i8",  "u8",  "i4",   "bool"};
+  return static_cast<size_t>(d) < std::size(kNames) ? kNames[d] : "?";
+}
+
+std::string type_str(const kiln_tensor_info& info) {
+  std::string s = std::string(dtype_name(info.dtype)) + "[";
+  for (int i = 0; i < info.rank; ++i) s += (i ? ", " : "") + std::to_string(info.dims[i]);
+  return s + "]";
+}
+
+// ---- statistics and reporting ----------------------------------------------------------------
+
+struct Summary {
+  double min = 0, median = 0, mean = 0, p90 = 0, p99 = 0, max = 0;
+};
+
+/// Nearest-rank percentiles of `v` (not empty).
+Summary summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto pct = [&v](double p) {
+    const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+    return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+  };
+  Summary s;
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  for (double x : v) s.mean += x;
+  s.mean /= static_cast<double>(v.size());
+  s.p90 = pct(90);
+  s.p99 = pct(99);
+  return s;
+}
+
+std::string fixed(double v, int digits = 4) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
+    else if (c == '\n') out += "\\n";
+    else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else out += static_cast<char>(c);
+  }
+  return out + "\"";
+}
+
+std::string json_summary(const Summary& s) {
+  return "{\"min\": " + fixed(s.min, 6) + ", \"median\": " + fixed(s.median, 6) + ", \"mean\": " + fixed(s.mean, 6) +
+         ", \"p90\": " + fixed(s.p90, 6) + ", \"p99\": " + fixed(s.p99, 6) + ", \"max\": " + fixed(s.max, 6) + "}";
+}
+
+/// One mode's measurements, or the error that stopped it.
+struct ModeResult {
+  std::string error, note;
+  Summary latency, enqueue, device;
+  bool has_device = false;
+  double runs_per_s = 0;
+};
+
+/// The message of a failed status, which it releases ("" for success).
+std::string take(kiln_status* st) {
+  std::string m = st ? kiln_status_get_message(st) : "";
+  kiln_status_release(st);
+  return m;
+}
+
+/// Loads the model on a fresh runtime, warms up and times the runs in one graph mode.
+ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, std::vector<kiln_tensor_info>* inputs_out,
+                   std::vector<kiln_tensor_info>* outputs_out) {
+  ModeResult r;
+  const char* mode = graphs ? "graphs on" : "graphs off";
+  kiln_runtime* rt = nullptr;
+  kiln_model* m = nullptr;
+  std::string err;
+  // Device timing keeps the copies outside the graph; should that fail to load, time without it.
+  for (int timing : {1, 0}) {
+    kiln_runtime_options o;
+    kiln_runtime_options_initialize(&o);
+    o.device_ordinal = f.device;
+    o.use_cuda_graphs = graphs ? 1 : 0;
+    o.enable_timing = timing;
+    kiln_status* st = kiln_runtime_create(&o, &rt);
+    if (st) {
+      r.error = take(st);  // NO_DEVICE and friends: the runtime's own message
+      return r;
+    }
+    *device_name = kiln_runtime_device_name(rt);
+    std::cerr << "bench: " << mode << ": loading " << f.model << " on " << *device_name << "\n";
+    err = take(kiln_model_load_file(rt, f.model.c_str(), &m));
+    if (err.empty()) {
+      if (!timing) r.note = "device timing unavailable: " + r.note;
+      break;
+    }
+    kiln_runtime_release(rt);
+    rt = nullptr;
+    if (!timing) {
+      r.error = err;
+      return r;
+    }
+    r.note = err;
+    std::cerr << "bench: " << mode << ": loading with device timing failed (" << err << "); retrying without\n";
+  }
+
+  std::vector<std::vector<unsigned char>> in_data(kiln_model_num_inputs(m)), out_data(kiln_model_num_outputs(m));
+  std::vector<kiln_host_tensor> ins, outs;
+  std::mt19937_64 rng(f.seed);
+  inputs_out->clear();
+  outputs_out->clear();
+  for (size_t i = 0; i < in_data.size() && r.error.empty(); ++i) {
+    kiln_tensor_info info{};
+    r.error = take(kiln_model_input_info(m, i, &info));
+    fill_random(info, rng, f.int_max, in_data[i]);
+    ins.push_back({in_data[i].data(), info.bytes});
+    inputs_out->push_back(info);
+  }
+  for (size_t i = 0; i < out_data.size() && r.error.empty(); ++i) {
+    kiln_tensor_info info{};
+    r.error = take(kiln_model_output_info(m, i, &info));
+    out_data[i].assign(info.bytes, 0);
+    outs.push_back({out_data[i].data(), info.bytes});
+    outputs_out->push_back(info);
+  }
+
+  using clock = std::chrono::steady_clock;
+  auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  std::vector<double> latency, enqueue, device;
+  for (int i = 0; i < f.warmup && r.error.empty(); ++i)
+    r.error = take(kiln_model_run(m, ins.data(), ins.size(), outs.data(), outs.size()));
+  bool timed = r.error.empty();
+  for (int i = 0; i < f.iterations && r.error.empty(); ++i) {
+    const auto t0 = clock::now();
+    r.error = take(kiln_model_enqueue(m, ins.data(), ins.size(), outs.data(), outs.size()));
+    const auto t1 = clock::now();
+    if (r.error.empty()) r.error = take(kiln_model_synchronize(m));
+    const auto t2 = clock::now();
+    if (!r.error.empty()) break;
+    latency.push_back(ms(t2 - t0));
+    enqueue.push_back(ms(t1 - t0));
+    double dev = 0;
+    if (timed) {
+      if (std::string e = take(kiln_model_device_time(m, &dev)); e.empty()) device.push_back(dev);
+      else timed = false, r.note += (r.note.empty() ? "" : "; ") + std::string("device timing unavailable: ") + e;
+    }
+  }
+  kiln_model_release(m);
+  kiln_runtime_release(rt);
+  if (!r.error.empty()) return r;
+  r.latency = summarize(latency);
+  r.enqueue = summarize(enqueue);
+  if (timed && device.size() == latency.size()) {
+    r.device = summarize(device);
+    r.has_device = true;
+  }
+  r.runs_per_s = 1000.0 / r.latency.mean;
+  return r;
+}
+
+}  // namespace
+
+std::string bench_usage_text() { return std::string(kBench); }
+
+int cmd_bench(Args& args) {
+  BenchFlags f = parse_bench(args);
+  const bool is_artifact = f.model.ends_with(".kiln");
+  if (!is_artifact) {
+    // Compile first, exactly as `kiln compile` would; it names the artifact it writes.
+    std::string artifact;
+    std::vector<std::string> cargs = {f.model};
+    cargs.insert(cargs.end(), f.compile_args.begin(), f.compile_args.end());
+    for (size_t i = 0; i + 1 < f.compile_args.size(); i += 2)
+      if (f.compile_args[i] == "-o") artifact = f.compile_args[i + 1];
+    if (artifact.empty()) {
+      const size_t dot = f.model.find_last_of('.'), slash = f.model.find_last_of('/');
+      artifact = (dot != std::string::npos && (slash == std::string::npos || dot > slash) ? f.model.substr(0, dot) : f.model) + ".kiln";
+      cargs.insert(cargs.end(), {"-o", artifact});
+    }
+    Args compile_args(std::move(cargs), "compile");
+    if (int rc = cmd_compile(compile_args); rc != kExitOk) return rc;
+    f.model = artifact;
+  }
+
+  // Checked without a GPU first, so a damaged file is reported as such on any machine.
+  std::string error;
+  if (!artifact::read_artifact_file(f.model, &error)) return report(invalid_argument(error));
+
+  std::string device = "?";
+  std::vector<kiln_tensor_info> inputs, outputs;
+  std::vector<std::pair<bool, ModeResult>> results;
+  for (bool graphs : f.graph_modes) {
+    results.emplace_back(graphs, measure(f, graphs, &device, &inputs, &outputs));
+    // Without a device no mode can run: one message is enough.
+    if (!results.back().second.error.empty() && results.back().second.error.starts_with("no CUDA device")) break;
+  }
+
+  int64_t batch = f.batch;
+  if (batch < 0) batch = !inputs.empty() && inputs[0].rank >= 2 ? inputs[0].dims[0] : 0;
+
+  std::ostringstream text, json;
+  text << "model: " << f.model << "\ndevice: " << device << " (ordinal " << f.device << ")\n";
+  for (const auto& i : inputs) text << "input " << i.name << ": " << type_str(i) << "\n";
+  for (const auto& o : outputs) text << "output " << o.name << ": " << type_str(o) << "\n";
+  text << "iterations: " << f.iterations << ", warmup: " << f.warmup << "\n";
+  json << "{\"model\": " << json_string(f.model) << ", \"device\": " << json_string(device)
+       << ", \"device_ordinal\": " << f.device << ", \"iterations\": " << f.iterations << ", \"warmup\": " << f.warmup
+       << ", \"seed\": " << f.seed << ", \"batch\": " << batch << ",\n \"inputs\": [";
+  auto json_infos = [&json](const std::vector<kiln_tensor_info>& v) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      json << (i ? ", " : "") << "{\"name\": " << json_string(v[i].name) << ", \"dtype\": \"" << dtype_name(v[i].dtype)
+           << "\", \"shape\": [";
+      for (int d = 0; d < v[i].rank; ++d) json << (d ? ", " : "") << v[i].dims[d];
+      json << "], \"bytes\": " << v[i].bytes << "}";
+    }
+  };
+  json_infos(inputs);
+  json << "], \"outputs\": [";
+  json_infos(outputs);
+  json << "],\n \"graphs\": {";
+  bool failed = false;
+  for (size_t k = 0; k < results.size(); ++k) {
+    const auto& [graphs, r] = results[k];
+    const std::string key = graphs ? "on" : "off";
+    json << (k ? ",\n  " : "\n  ") << "\"" << key << "\": {";
+    if (!r.note.empty()) json << "\"note\": " << json_string(r.note) << ", ";
+    if (!r.error.empty()) {
+      failed = true;
+      json << "\"error\": " << json_string(r.error) << "}";
+      continue;
+    }
+    json << "\"latency_ms\": " << json_summary(r.latency) << ",\n   \"enqueue_ms\": " << json_summary(r.enqueue)
+         << ",\n   \"device_ms\": " << (r.has_device ? json_summary(r.device) : "null")
+         << ",\n   \"runs_per_s\": " << fixed(r.runs_per_s, 3)
+         << ", \"samples_per_s\": " << (batch > 0 ? fixed(r.runs_per_s * static_cast<double>(batch), 3) : "null") << "}";
+    text << "graphs " << key << ":\n  latency ms: min " << fixed(r.latency.min) << "  median " << fixed(r.latency.median)
+         << "  mean " << fixed(r.latency.mean) << "  p90 " << fixed(r.latency.p90) << "  p99 " << fixed(r.latency.p99)
+         << "  max " << fixed(r.latency.max) << "\n";
+    if (r.has_device)
+      text << "  device ms (plan only): min " << fixed(r.device.min) << "  median " << fixed(r.device.median) << "  p99 "
+           << fixed(r.device.p99) << "\n";
+    text << "  host enqueue ms: median " << fixed(r.enqueue.median) << "  p99 " << fixed(r.enqueue.p99) << "\n"
+         << "  throughput: " << fixed(r.runs_per_s, 1) << " runs/s";
+    if (batch > 0) text << ", " << fixed(r.runs_per_s * static_cast<double>(batch), 1) << " samples/s (batch " << batch << ")";
+    text << "\n";
+    if (!r.note.empty()) text << "  note: " << r.note << "\n";
+  }
+  json << "\n }}\n";
+
+  std::cout << text.str();
+  std::cout.flush();
+  if (!f.report_json.empty()) {
+    std::ofstream out(f.report_json, std::ios::binary);
+    out << json.str();
+    out.close();
+    if (!out) return report(io_error("cannot write '" + f.report_json + "'"));
+  }
+  if (failed) {
+    std::vector<std::string> seen;
+    for (const auto& [graphs, r] : results) {
+      if (r.error.empty()) continue;
+      // The same error for both modes (a missing device, a refused image) is reported once.
+      if (std::find(seen.begin(), seen.end(), r.error) == seen.end())
+        report(failed_precondition((results.size() > 1 ? std::string(graphs ? "graphs on: " : "graphs off: ") : "") + r.error));
+      seen.push_back(r.error);
+    }
+    return kExitError;
+  }
+  return std::cout ? kExitOk : report(io_error("cannot write to stdout"));
+}
+
+}  // namespace kiln::cli
