@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs Kiln's GPU checks on a machine with an NVIDIA GPU, from a build made elsewhere and
-# copied here with the shared libraries it needs in BUILD/lib (see docs/gpu-testing.md).
+# copied here with the shared libraries it needs in BUILD/lib (see "GPU testing" in README.md).
 # Writes logs and a summary to OUT (default ./gpu-check-out).
 #
 #   scripts/gpu-check.sh BUILD_DIR [OUT]

@@ -314,9 +314,13 @@ def header_info(argv):
                                   cwd=REPO, timeout=20).stdout.strip()
         except Exception:
             return ""
-    commit = sh(["git", "rev-parse", "HEAD"]) or "unknown (no git checkout)"
-    if sh(["git", "status", "--porcelain", "--untracked-files=no"]):
-        commit += " (with uncommitted changes)"
+    # KILN_COMMIT names the build when the tree was copied without its history (GPU machines).
+    commit = os.environ.get("KILN_COMMIT", "")
+    if not commit:
+        head = sh(["git", "rev-parse", "--verify", "-q", "HEAD"])
+        commit = head or "unknown (no git history; set KILN_COMMIT)"
+        if head and sh(["git", "status", "--porcelain", "--untracked-files=no"]):
+            commit += " (with uncommitted changes)"
     gpu = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     return {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"), "commit": commit,
             "device": gpu or "unknown (nvidia-smi failed)", "host": platform.node(),
