@@ -49,6 +49,25 @@ Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::st
   return ok_status();
 }
 
+void forward_symbols_to_frontend(StageSpec& frontend, const std::map<std::string, int64_t>& symbols,
+                                 const Registry& reg) {
+  if (symbols.empty()) return;
+  auto fe = reg.frontend(frontend.name);
+  if (!fe.ok()) return;
+  bool declares_dims = false;
+  for (const OptionSpec& o : (*fe)->options)
+    declares_dims |= o.name == "dims" && o.type == OptionType::kStringList;
+  if (!declares_dims) return;
+  std::vector<std::string> dims;
+  if (frontend.options.has("dims")) dims = frontend.options.get_strings("dims");
+  for (const auto& [name, size] : symbols) {
+    bool given = false;
+    for (const std::string& d : dims) given |= d.rfind(name + "=", 0) == 0;
+    if (!given) dims.push_back(name + "=" + std::to_string(size));
+  }
+  frontend.options.set("dims", dims);
+}
+
 StatusOr<std::unique_ptr<Graph>> import_model(const std::string& path, const StageSpec& frontend,
                                               const Registry& reg) {
   std::error_code ec;

@@ -28,6 +28,13 @@ def main():
 
     cmd = [a.kiln, "run", os.path.join(a.model_dir, "model.onnx"), "--backend", a.backend,
            "--passes", a.passes]
+    # dims.txt binds symbolic dims (NAME=SIZE per line) for models whose shape arithmetic
+    # needs them at import (the TorchScript exporter's dynamic axes).
+    dims_file = os.path.join(a.model_dir, "dims.txt")
+    if os.path.exists(dims_file):
+        for line in open(dims_file):
+            if line.strip():
+                cmd += ["--sym", line.strip()]
     for path in sorted(glob.glob(os.path.join(a.model_dir, "input_*.npy"))):
         name = os.path.basename(path)[len("input_"):-len(".npy")]
         cmd += ["--input", f"{name}=@{path}"]

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kiln/ir/interpreter.h"
+#include "kiln/ir/text.h"
 #include "kiln/ir/verifier.h"
 #include "onnx_tensor.h"
 #include "onnx_test_util.h"
@@ -246,4 +247,87 @@ TEST_CASE("tensor protos: typed fields, raw data and widened types") {
   u.add_uint64_data(uint64_t{1} << 63);
   CHECK(onnx_fe::tensor_from_proto(u, onnx_fe::TensorSource{}, "t").status().message() ==
         "t: uint64 value 9223372036854775808 does not fit kiln's i64");
+}
+
+TEST_CASE("kiln import writes .kir that parses back; kiln run reads .onnx by extension") {
+  TempDir dir;
+  ModelBuilder b;
+  b.input("x", kFloat, {int64_t{2}}).output("y", kFloat);
+  b.initializer("w", {2}, {10, 20});
+  b.node("Add", {"x", "w"}, {"y"});
+  const std::string model = dir.file("m.onnx"), kir = dir.file("m.kir");
+  b.write(model);
+  const std::string kiln = std::string(KILN_BINARY_DIR) + "/bin/kiln";
+  REQUIRE(std::system((kiln + " import '" + model + "' -o '" + kir + "'").c_str()) == 0);
+  auto g = parse_graph_file(kir);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto outs = Interpreter().run(**g, std::vector<Tensor>{f32({2}, {1, 2})});
+  REQUIRE(outs.ok());
+  CHECK((*outs)[0].to_f64() == std::vector<double>{11, 22});
+  const std::string out = dir.file("run.txt");
+  REQUIRE(std::system((kiln + " run '" + model + "' --random-inputs > '" + out + "' 2>&1").c_str()) == 0);
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("pipeline: onnx | | reference") != std::string::npos);
+  CHECK(text.find("y: f32[2]") != std::string::npos);
+}
+
+TEST_CASE("dims gives symbolic input dims static sizes, so Shape folds") {
+  ModelBuilder b;
+  b.input("x", kFloat, {std::string("batch"), int64_t{3}}).output("s", kInt64);
+  b.node("Shape", {"x"}, {"s"}, "shape1");
+  CHECK(import_error(b) == "onnx node 'shape1' (op Shape, domain ai.onnx, opset 17): shape of f32[batch, 3] has "
+                           "symbolic dim batch; kiln folds Shape at import and needs static dims (the front end "
+                           "option dims=batch=SIZE gives one)");
+  TempDir dir;
+  b.write(dir.file("m.onnx"));
+  auto g = import(dir.file("m.onnx"), {{"dims", std::vector<std::string>{"batch=2"}}});
+  REQUIRE(g.ok());
+  CHECK((*g)->input(0)->type().str() == "f32[2, 3]");
+  const Tensor* s = nullptr;
+  for (const auto& n : (*g)->nodes())
+    if (n->result(0) == (*g)->output(0)) s = &n->attr("value")->as_tensor();
+  REQUIRE(s != nullptr);
+  CHECK(s->to_i64() == std::vector<int64_t>{2, 3});
+  CHECK(import_error(b, {{"dims", std::vector<std::string>{"batch"}}}) ==
+        "onnx: dims entry 'batch' is not NAME=SIZE with a size >= 0");
+}
+
+TEST_CASE("opset 18-20 forms: ReduceMean axes input, Split num_outputs, LayerNormalization, Gelu") {
+  ModelBuilder r(18);
+  r.input("x", kFloat, {int64_t{2}, int64_t{2}}).output("y", kFloat);
+  r.int_initializer("axes", {1}, {1});
+  add_int_attr(r.node("ReduceMean", {"x", "axes"}, {"y"}), "keepdims", 0);
+  CHECK(run(r, {f32({2, 2}, {1, 3, 5, 9})}) == std::vector<double>{2, 7});
+
+  // 5 elements in 2 parts: ceil(5 / 2) = 3, then 2.
+  ModelBuilder s(18);
+  s.input("x", kFloat, {int64_t{5}}).output("a", kFloat).output("b", kFloat);
+  add_int_attr(s.node("Split", {"x"}, {"a", "b"}), "num_outputs", 2);
+  TempDir dir;
+  s.write(dir.file("s.onnx"));
+  auto g = import(dir.file("s.onnx"));
+  REQUIRE(g.ok());
+  CHECK((*g)->output(0)->type().str() == "f32[3]");
+  CHECK((*g)->output(1)->type().str() == "f32[2]");
+
+  // [1, 3] normalized: mean 2, variance 1 -> [-1, 1] (epsilon 0), then * 2 + 1.
+  ModelBuilder ln(17);
+  ln.input("x", kFloat, {int64_t{1}, int64_t{2}}).output("y", kFloat);
+  ln.initializer("scale", {2}, {2, 2});
+  ln.initializer("bias", {2}, {1, 1});
+  add_float_attr(ln.node("LayerNormalization", {"x", "scale", "bias"}, {"y"}), "epsilon", 0);
+  CHECK(run(ln, {f32({1, 2}, {1, 3})}) == std::vector<double>{-1, 3});
+
+  // gelu(0) = 0, gelu(x) -> x for large x.
+  ModelBuilder ge(20);
+  ge.input("x", kFloat, {int64_t{2}}).output("y", kFloat);
+  ge.node("Gelu", {"x"}, {"y"});
+  const std::vector<double> y = run(ge, {f32({2}, {0, 10})});
+  CHECK(y[0] == 0);
+  CHECK(y[1] == doctest::Approx(10));
+  ModelBuilder old(17);
+  old.input("x", kFloat, {int64_t{2}}).output("y", kFloat);
+  old.node("Gelu", {"x"}, {"y"}, "g");
+  CHECK(import_error(old) == "onnx node 'g' (op Gelu, domain ai.onnx, opset 17): op does not exist at this opset");
 }

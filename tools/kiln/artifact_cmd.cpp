@@ -223,6 +223,7 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
     else group->second.push_back(t);
   }
 
+  forward_symbols_to_frontend(p.frontend, f.symbols, reg);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(f.model, p.frontend, reg));
   KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, f.pm));
   KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols));

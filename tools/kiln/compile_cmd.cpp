@@ -91,6 +91,7 @@ StatusOr<std::unique_ptr<Graph>> optimize(const Flags& f, Pipeline& p, bool need
     p.targets.clear();
   }
   KILN_RETURN_IF_ERROR(resolve_pipeline_defaults(p, reg, f.model, need_backend));
+  forward_symbols_to_frontend(p.frontend, f.symbols, reg);
   std::cerr << "pipeline: " << p.canonical(reg) << "\n";
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(f.model, p.frontend, reg));
   KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, f.pm));

@@ -194,7 +194,15 @@ Status infer_max_pool_indices(InferContext& ctx) {
   const TensorType &x = ctx.operand(0), &y = ctx.operand(1);
   if (x.rank() < 3 || y.rank() != x.rank()) return ctx.error("operands must be [N, C, spatial...] of one rank");
   const size_t n = static_cast<size_t>(x.rank() - 2);
-  if (ctx.node.get_ints("kernel_shape").size() != n) return ctx.error("kernel_shape needs one value per spatial dim");
+  const Sizes kernel = ctx.node.get_ints("kernel_shape"), strides = ctx.node.get_ints("strides"),
+              pads = ctx.node.get_ints("pads"), dil = ctx.node.get_ints("dilations");
+  auto in_range = [](const Sizes& v, int64_t lo) {
+    return std::all_of(v.begin(), v.end(), [lo](int64_t x) { return x >= lo && x <= (int64_t{1} << 20); });
+  };
+  if (kernel.size() != n || !in_range(kernel, 1)) return ctx.error("kernel_shape needs one value in [1, 2^20] per spatial dim");
+  if ((!strides.empty() && strides.size() != n) || !in_range(strides, 1) || (!dil.empty() && dil.size() != n) ||
+      !in_range(dil, 1) || (!pads.empty() && pads.size() != 2 * n) || !in_range(pads, 0))
+    return ctx.error("strides, dilations (in [1, 2^20]) and pads (in [0, 2^20]) must match the spatial rank");
   ctx.results = {TensorType{DType::kI64, y.shape}};
   return ok_status();
 }
@@ -386,6 +394,9 @@ Status infer_roi_align(InferContext& ctx) {
   if (mode != "avg" && mode != "max") return ctx.error("unknown mode '" + mode + "'");
   const int64_t oh = ctx.node.get_int("output_height", 1), ow = ctx.node.get_int("output_width", 1);
   if (oh < 1 || ow < 1) return ctx.error("output sizes must be positive");
+  const int64_t ratio = ctx.node.get_int("sampling_ratio", 0);
+  if (ratio < 0 || ratio > 1024) return ctx.error("sampling_ratio must be in [0, 1024], got " + std::to_string(ratio));
+  if (!std::isfinite(ctx.node.get_float("spatial_scale", 1.0))) return ctx.error("spatial_scale must be finite");
   ctx.results = {TensorType{x.dtype, {rois.shape[0], x.shape[1], Dim(oh), Dim(ow)}}};
   return ok_status();
 }
@@ -461,6 +472,11 @@ Status infer_tfidf(InferContext& ctx) {
     return ctx.error("ngram_indexes, ngram_counts and gram lengths are inconsistent");
   const std::string mode = ctx.node.get_string("mode", "TF");
   if (mode != "TF" && mode != "IDF" && mode != "TFIDF") return ctx.error("unknown mode '" + mode + "'");
+  const Sizes pool = ctx.node.get_ints("pool_int64s");
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] < 0 || counts[i] > static_cast<int64_t>(pool.size()) || (i > 0 && counts[i] < counts[i - 1]))
+      return ctx.error("ngram_counts must be non-decreasing offsets into the pool");
+  if (ctx.node.get_int("max_skip_count", 0) < 0) return ctx.error("max_skip_count must not be negative");
   for (int64_t i : idx)
     if (i < 0) return ctx.error("ngram_indexes must not be negative");
   const int64_t width = *std::max_element(idx.begin(), idx.end()) + 1;
@@ -492,14 +508,16 @@ Status tfidf_kernel(KernelContext& ctx) {
       k += (e - b) / m;
     }
     for (int64_t p = begin; p + n <= end; p += n, ++k)
-      if (std::equal(gram.begin(), gram.end(), pool.begin() + p)) return k < static_cast<int64_t>(idx.size()) ? idx[static_cast<size_t>(k)] : -1;
+      if (std::equal(gram.begin(), gram.end(), pool.begin() + p))
+        return k >= 0 && k < static_cast<int64_t>(idx.size()) ? idx[static_cast<size_t>(k)] : -1;
     return -1;
   };
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<double> tf(static_cast<size_t>(width), 0.0);
     for (int64_t s = 0; s < len; ++s)
       for (int64_t n = mn; n <= mx; ++n)
-        for (int64_t sk = 0; sk <= (n == 1 ? 0 : skips); ++sk) {
+        // A skip of len or more leaves room for one item only: no n-gram of n >= 2 fits.
+        for (int64_t sk = 0; sk <= (n == 1 ? 0 : std::min(skips, len)); ++sk) {
           Sizes gram;
           for (int64_t j = 0; j < n && s + j * (sk + 1) < len; ++j) gram.push_back(x.get_i64(r * len + s + j * (sk + 1)));
           if (static_cast<int64_t>(gram.size()) != n) continue;

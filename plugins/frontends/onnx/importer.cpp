@@ -206,9 +206,12 @@ Value* NodeCtx::ints(const std::vector<int64_t>& v) {
 }
 
 std::string NodeCtx::where() const {
-  const std::string who = !proto.name().empty()      ? "'" + proto.name() + "'"
-                          : proto.output_size() > 0 ? "producing '" + proto.output(0) + "'"
-                                                    : "(unnamed)";
+  std::string who = proto.name().empty() ? "(unnamed)" : "'" + proto.name() + "'";
+  for (int i = 0; proto.name().empty() && i < proto.output_size(); ++i)
+    if (!proto.output(i).empty()) {
+      who = "producing '" + proto.output(i) + "'";
+      break;
+    }
   const std::string domain = proto.domain().empty() ? "ai.onnx" : proto.domain();
   return "onnx node " + who + " (op " + proto.op_type() + ", domain " + domain + ", opset " +
          (opset < 0 ? std::string("none") : std::to_string(opset)) + ")";
@@ -269,6 +272,10 @@ StatusOr<std::vector<Value*>> Importer::emit(const std::string& op, std::vector<
     if (!v) return internal_error(op + ": a missing operand reached the importer");
     operand_types.push_back(v->type());
   }
+  // Unrolled loops multiply nodes: cap what the import may build, not only what the file holds.
+  if (graph_->num_nodes() > 8 * opts_.limits.max_nodes)
+    return out_of_range("the import built more than " + std::to_string(8 * opts_.limits.max_nodes) +
+                        " kiln nodes (8 times the node limit)");
   KILN_ASSIGN_OR_RETURN(Node * node, graph_->create_node(op, operands,
                                                         std::vector<TensorType>(static_cast<size_t>(n)),
                                                         std::move(attrs)));
@@ -285,7 +292,11 @@ StatusOr<std::vector<Value*>> Importer::emit(const std::string& op, std::vector<
   }
   bool foldable = node->num_regions() == 0;
   int64_t bytes = 0;
-  for (const Value* v : operands) foldable &= NodeCtx::constant_of(v) != nullptr;
+  for (const Value* v : operands) {
+    const Tensor* t = NodeCtx::constant_of(v);
+    foldable &= t != nullptr;
+    if (t) bytes += static_cast<int64_t>(t->nbytes());  // bounds the work folding may do
+  }
   for (int i = 0; foldable && i < n; ++i) {
     const TensorType& t = node->result(i)->type();
     foldable = is_static(t.shape);
@@ -377,7 +388,8 @@ Status Importer::add_inputs(const onnx::GraphProto& g) {
           return invalid_argument(what + " has negative dim " + std::to_string(d.dim_value()));
         type.shape.push_back(Dim(d.dim_value()));
       } else if (d.has_dim_param() && !d.dim_param().empty()) {
-        type.shape.push_back(Dim::symbol(d.dim_param()));
+        auto fixed = opts_.dim_values.find(d.dim_param());
+        type.shape.push_back(fixed != opts_.dim_values.end() ? Dim(fixed->second) : Dim::symbol(d.dim_param()));
       } else {
         type.shape.push_back(Dim::unknown());
       }

@@ -99,9 +99,13 @@ bool needs_constant_input(const std::string& op_type, int opset, int index);
 /// What `import` may be given beyond the file.
 struct ImportOptions {
   ImportLimits limits;
-  /// Values for graph inputs by name; an input whose value decides a shape (it reaches an
-  /// operand that must be constant) is replaced by this constant, the others stay inputs.
+  /// Values for graph inputs by name; an input whose value kiln needs at import (it reaches
+  /// an operand that must be constant: a shape, axes, a count) is replaced by this constant,
+  /// the others stay inputs.
   std::map<std::string, Tensor> input_values;
+  /// Static sizes for named dims (dim_param): those inputs get static shapes, which lets
+  /// shape computations on them fold.
+  std::map<std::string, int64_t> dim_values;
   int64_t fold_limit_bytes = int64_t{1} << 28;  ///< largest constant made by folding
 };
 

@@ -1,5 +1,5 @@
 // The onnx front end plugin: registers "onnx" (.onnx files) with its import limits as options.
-#include <set>
+#include <charconv>
 
 #include "importer.h"
 #include "kiln/plugin.h"
@@ -43,8 +43,10 @@ const std::vector<OptionSpec>& option_specs() {
       {"max-nesting", OptionType::kInt, int64_t{16}, "deepest subgraph nesting (If/Loop/Scan bodies)"},
       {"max-unroll", OptionType::kInt, int64_t{4096}, "most Loop/Scan iterations unrolled at import"},
       {"fold-limit-bytes", OptionType::kInt, int64_t{1} << 28, "largest constant made by folding at import"},
+      {"dims", OptionType::kStringList, std::vector<std::string>{},
+       "NAME=SIZE pairs: static sizes for symbolic input dims (onnx dim_param)"},
       {"input-values", OptionType::kStringList, std::vector<std::string>{},
-       "NAME=FILE.pb pairs: values for graph inputs that decide shapes (they become constants)"},
+       "NAME=FILE.pb pairs: values for graph inputs kiln needs at import (shapes, axes, counts); those become constants"},
   };
   return specs;
 }
@@ -57,6 +59,17 @@ StatusOr<std::unique_ptr<Graph>> import(const std::string& path, const Options& 
   opts.limits.max_nesting = o.get_int("max-nesting");
   opts.limits.max_unroll = o.get_int("max-unroll");
   opts.fold_limit_bytes = o.get_int("fold-limit-bytes");
+  for (const std::string& kv : o.get_strings("dims")) {
+    const size_t eq = kv.find('=');
+    int64_t v = -1;
+    if (eq != std::string::npos && eq > 0) {
+      const std::string n = kv.substr(eq + 1);
+      auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), v);
+      if (ec != std::errc() || p != n.data() + n.size()) v = -1;
+    }
+    if (v < 0) return invalid_argument("onnx: dims entry '" + kv + "' is not NAME=SIZE with a size >= 0");
+    opts.dim_values[kv.substr(0, eq)] = v;
+  }
   for (const std::string& kv : o.get_strings("input-values")) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0)
@@ -68,6 +81,9 @@ StatusOr<std::unique_ptr<Graph>> import(const std::string& path, const Options& 
 }
 
 Status register_onnx_frontend(Registry& r) {
+  // The ops this plugin adds must exist as soon as it is loaded: a .kir written by
+  // `kiln import` may use them, and reading it back needs them registered.
+  KILN_RETURN_IF_ERROR(register_extra_ops());
   FrontendInfo info;
   info.name = "onnx";
   info.version = "0.1.0";

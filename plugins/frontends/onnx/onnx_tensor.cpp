@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <string_view>
 #include <type_traits>
 
 #include <google/protobuf/io/coded_stream.h>
@@ -240,23 +241,33 @@ StatusOr<int64_t> checked_numel(const std::vector<int64_t>& dims, const std::str
   return n;
 }
 
+StatusOr<std::shared_ptr<const std::byte>> MappedFiles::map_model(const std::string& path, int64_t& size) {
+  return map_file(path, size, false);
+}
+
 StatusOr<std::shared_ptr<const std::byte>> MappedFiles::map(const std::string& path, int64_t& size) {
+  return map_file(path, size, true);
+}
+
+StatusOr<std::shared_ptr<const std::byte>> MappedFiles::map_file(const std::string& path, int64_t& size,
+                                                                 bool external) {
   if (auto it = files_.find(path); it != files_.end()) {
     size = it->second.size;
     return it->second.base;
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return io_error("cannot open external data file '" + path + "': " + std::strerror(errno));
+  const std::string what = external ? "external data file '" + path + "'" : "onnx model '" + path + "'";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (external ? O_NOFOLLOW : 0));
+  if (fd < 0) return io_error("cannot open " + what + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return invalid_argument("external data file '" + path + "' is not a regular file");
+    return invalid_argument(what + " is not a regular file");
   }
   // A second name for the same bytes may live anywhere on the file system: a hard link is
   // how a file outside the model folder gets smuggled in (CVE-2026-34446 pattern).
-  if (st.st_nlink > 1) {
+  if (external && st.st_nlink > 1) {
     ::close(fd);
-    return invalid_argument("external data file '" + path + "' has " + std::to_string(st.st_nlink) +
+    return invalid_argument(what + " has " + std::to_string(st.st_nlink) +
                             " hard links; kiln refuses hard-linked external data");
   }
   Entry e;
@@ -265,7 +276,7 @@ StatusOr<std::shared_ptr<const std::byte>> MappedFiles::map(const std::string& p
     void* p = ::mmap(nullptr, static_cast<size_t>(e.size), PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       ::close(fd);
-      return io_error("cannot map external data file '" + path + "': " + std::strerror(errno));
+      return io_error("cannot map " + what + ": " + std::strerror(errno));
     }
     const size_t len = static_cast<size_t>(e.size);
     e.base = std::shared_ptr<const std::byte>(static_cast<const std::byte*>(p),
@@ -391,7 +402,7 @@ StatusOr<std::string> read_file(const std::string& path, const std::string& what
 }
 
 template <typename Message>
-bool parse_bounded(Message& m, const std::string& bytes) {
+bool parse_bounded(Message& m, std::string_view bytes) {
   google::protobuf::io::ArrayInputStream in(bytes.data(), static_cast<int>(bytes.size()));
   google::protobuf::io::CodedInputStream coded(&in);
   coded.SetRecursionLimit(100);
@@ -415,8 +426,19 @@ StatusOr<TensorFile> read_tensor_file(const std::string& path, const ImportLimit
 StatusOr<std::shared_ptr<onnx::ModelProto>> read_model_file(const std::string& path,
                                                             const ImportLimits& limits) {
   (void)limits;
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file(path, "onnx model"));
-  if (bytes.empty()) return invalid_argument("onnx model '" + path + "' is empty");
+  // Parsed straight from a read-only mapping: the only copy of the weights is the one
+  // protobuf makes, which the importer's tensors then wrap.
+  MappedFiles files;
+  int64_t size = 0;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return not_found("onnx model '" + path + "' does not exist or is not a regular file");
+  auto mapped = files.map_model(path, size);
+  if (!mapped.ok()) return mapped.status();
+  if (size == 0) return invalid_argument("onnx model '" + path + "' is empty");
+  if (size >= INT_MAX)
+    return out_of_range("onnx model '" + path + "' is " + std::to_string(size) +
+                        " bytes; protobuf files must be under 2 GiB (use external data)");
+  const std::string_view bytes(reinterpret_cast<const char*>(mapped->get()), static_cast<size_t>(size));
   auto model = std::make_shared<onnx::ModelProto>();
   if (!parse_bounded(*model, bytes))
     return invalid_argument("onnx model '" + path +

@@ -33,10 +33,14 @@ std::string onnx_type_name(int onnx_type);
 /// Memory maps of external data files, shared by every tensor that points into them.
 class MappedFiles {
  public:
-  /// The whole file, mapped read-only; the map lives as long as any tensor wrapping it.
+  /// An external data file, mapped read-only; the map lives as long as any tensor wrapping
+  /// it. Refuses anything but a regular file with a single link.
   StatusOr<std::shared_ptr<const std::byte>> map(const std::string& canonical_path, int64_t& size);
+  /// A model file, mapped read-only for parsing.
+  StatusOr<std::shared_ptr<const std::byte>> map_model(const std::string& path, int64_t& size);
 
  private:
+  StatusOr<std::shared_ptr<const std::byte>> map_file(const std::string& path, int64_t& size, bool external);
   struct Entry {
     std::shared_ptr<const std::byte> base;
     int64_t size = 0;

@@ -119,8 +119,8 @@ Status scan_op(NodeCtx& c) {
   const int64_t m = c.attr_int("num_scan_inputs", 0);
   const int first = c.opset < 9 ? 1 : 0;  // opset 8 starts with sequence_lens
   if (c.opset < 9 && c.has_input(0)) return c.error(StatusCode::kUnimplemented, "Scan sequence_lens is not supported");
+  if (m < 1 || m > c.num_inputs() - first) return c.error("num_scan_inputs does not match the inputs");
   const int n_states = c.num_inputs() - first - static_cast<int>(m);
-  if (m < 1 || n_states < 0) return c.error("num_scan_inputs does not match the inputs");
   std::vector<Value*> states, scans;
   for (int i = 0; i < n_states; ++i) states.push_back(c.in(first + i));
   for (int i = 0; i < m; ++i) scans.push_back(c.in(first + n_states + i));
@@ -558,6 +558,7 @@ Status rnn_op(NodeCtx& c) {
   KILN_ASSIGN_OR_RETURN(Sizes ws, c.static_shape(c.in(1), "W"));
   if (xs.size() != 3 || ws.size() != 3) return c.error("X and W must be 3-D");
   const int64_t steps = xs[0], batch = xs[1], hidden = c.attr_int("hidden_size", ws[1] / gates);
+  KILN_RETURN_IF_ERROR(check_range(c, "hidden_size", {hidden}, 1, kMaxWindowAttr));
   const std::string direction = c.attr_string("direction", "forward");
   const int64_t dirs = direction == "bidirectional" ? 2 : 1;
   if (ws[0] != dirs || ws[1] != gates * hidden) return c.error("W " + c.in(1)->type().str() + " does not match hidden_size");

@@ -92,7 +92,8 @@ Status conv_transpose_op(NodeCtx& c) {
   if (static_cast<int64_t>(ws.size()) != r) return c.error("W " + w->type().str() + " does not match X");
   const int64_t g = c.attr_int("group", 1);
   const int64_t cin = ws[0], cout_g = ws[1];
-  if (g < 1 || cin % g != 0) return c.error("group " + std::to_string(g) + " does not divide W's first dim");
+  KILN_RETURN_IF_ERROR(check_range(c, "group", {g}, 1, kMaxWindowAttr));
+  if (cin % g != 0) return c.error("group " + std::to_string(g) + " does not divide W's first dim");
   const Sizes kernel(ws.begin() + 2, ws.end());
   const Sizes strides = ints_or(c, "strides", n, 1), dil = ints_or(c, "dilations", n, 1);
   const Sizes opad = ints_or(c, "output_padding", n, 0);
@@ -380,6 +381,8 @@ StatusOr<Value*> channel_param(NodeCtx& c, Value* p, int64_t rank) {
 Status batch_norm_op(NodeCtx& c) {
   Value* x = c.in(0);
   const double eps = c.attr_float("epsilon", 1e-5);
+  if (c.opset < 9 && c.attr_int("spatial", 1) == 0)
+    return c.error(StatusCode::kUnimplemented, "BatchNormalization with spatial 0 is not supported");
   const bool training = (c.opset >= 14 && c.attr_int("training_mode", 0) != 0) ||
                         (c.opset < 14 && c.num_outputs() > 1 && c.has_output(1));
   if (!training) {
@@ -476,7 +479,7 @@ Status lrn_op(NodeCtx& c) {
   KILN_ASSIGN_OR_RETURN(Sizes s, c.static_shape(x, "X"));
   if (s.size() < 3) return c.error("X must be [N, C, spatial...]");
   const int64_t size = c.attr_int("size", 0);
-  if (size < 1) return c.error("size must be positive");
+  KILN_RETURN_IF_ERROR(check_range(c, "size", {size}, 1, kMaxWindowAttr));
   const double alpha = c.attr_float("alpha", 1e-4), beta = c.attr_float("beta", 0.75), bias = c.attr_float("bias", 1.0);
   // Sum of squares over a channel window: a padded average pool over [N, 1, C, rest].
   const int64_t rest = product_of(Sizes(s.begin() + 2, s.end()));
@@ -791,14 +794,19 @@ Status det_op(NodeCtx& c) {
 }
 
 Status grid_sample_op(NodeCtx& c) {
+  // Opset 20 renamed the modes (and made linear the default name).
+  std::string mode = c.attr_string("mode", c.opset >= 20 ? "linear" : "bilinear");
+  if (mode == "linear") mode = "bilinear";
+  if (mode == "cubic") mode = "bicubic";
   KILN_ASSIGN_OR_RETURN(Value * y, c.op("grid_sample", {c.in(0), c.in(1)},
-                                        {{"mode", Attribute(c.attr_string("mode", "bilinear"))},
+                                        {{"mode", Attribute(mode)},
                                          {"padding_mode", Attribute(c.attr_string("padding_mode", "zeros"))},
                                          {"align_corners", Attribute(c.attr_int("align_corners", 0))}}));
   return c.out(0, y);
 }
 
 Status roi_align_op(NodeCtx& c) {
+  KILN_RETURN_IF_ERROR(check_range(c, "sampling_ratio", {c.attr_int("sampling_ratio", 0)}, 0, 1024));
   const std::string ctm = c.opset >= 16 ? c.attr_string("coordinate_transformation_mode", "half_pixel") : "output_half_pixel";
   KILN_ASSIGN_OR_RETURN(Value * idx, cast_to(c, c.in(2), DType::kI64));
   KILN_ASSIGN_OR_RETURN(Value * y, c.op("roi_align", {c.in(0), c.in(1), idx},

@@ -96,6 +96,9 @@ Status split_op(NodeCtx& c) {
     const Dim& d = x->shape()[static_cast<size_t>(axis)];
     if (!d.is_static()) return c.error("cannot split symbolic dim " + d.str() + " into equal parts");
     const int64_t n = c.has_attr("num_outputs") ? c.attr_int("num_outputs", 1) : c.num_outputs();
+    if (n != c.num_outputs())
+      return c.error("num_outputs " + std::to_string(n) + " differs from the node's " +
+                     std::to_string(c.num_outputs()) + " outputs");
     if (n <= 0) return c.error("the number of outputs must be positive");
     // Equal parts; with num_outputs (opset 18) the last part may be smaller.
     const int64_t part = c.has_attr("num_outputs") ? (d.value() + n - 1) / n : d.value() / n;
@@ -229,6 +232,7 @@ Status pad_op(NodeCtx& c) {
       pads = full;
     }
   }
+  KILN_RETURN_IF_ERROR(check_range(c, "pads", pads, -(int64_t{1} << 40), int64_t{1} << 40));
   KILN_ASSIGN_OR_RETURN(Value * y, c.op("pad", {x}, {{"pads", Attribute(pads)}, {"mode", Attribute(mode)},
                                                      {"value", Attribute(value)}}));
   return c.out(0, y);
@@ -252,7 +256,8 @@ Status shape_op(NodeCtx& c) {
     const Dim& dim = x->shape()[static_cast<size_t>(d)];
     if (!dim.is_static())
       return c.error("shape of " + x->type().str() + " has symbolic dim " + dim.str() +
-                     "; kiln folds Shape at import and needs static dims");
+                     "; kiln folds Shape at import and needs static dims (the front end option "
+                     "dims=" + dim.symbol_name() + "=SIZE gives one)");
     dims.push_back(dim.value());
   }
   return c.out(0, c.ints(dims));
@@ -327,7 +332,9 @@ Status range_op(NodeCtx& c) {
   Tensor out(t, {n});
   for (int64_t i = 0; i < n; ++i) {
     if (is_float(t)) out.set_f64(i, s + static_cast<double>(i) * d);
-    else out.set_i64(i, start.get_i64(0) + i * delta.get_i64(0));
+    else  // wrapping arithmetic: the count bounds the values, int64 overflow stays defined
+      out.set_i64(i, static_cast<int64_t>(static_cast<uint64_t>(start.get_i64(0)) +
+                                          static_cast<uint64_t>(i) * static_cast<uint64_t>(delta.get_i64(0))));
   }
   return c.out(0, c.constant(std::move(out)));
 }
@@ -363,7 +370,8 @@ Status eye_like_op(NodeCtx& c) {
   if (c.has_attr("dtype")) {
     KILN_ASSIGN_OR_RETURN(dt, kiln_dtype(static_cast<int>(c.attr_int("dtype", 1)), "attribute 'dtype'"));
   }
-  const int64_t k = c.attr_int("k", 0);
+  // Offsets beyond the matrix leave it all zeros (and keep i + k from overflowing).
+  const int64_t k = std::clamp<int64_t>(c.attr_int("k", 0), -s[0], s[1]);
   Tensor t(dt, s);
   for (int64_t i = 0; i < s[0]; ++i)
     if (i + k >= 0 && i + k < s[1]) t.set_i64(i * s[1] + i + k, 1);

@@ -39,6 +39,13 @@ Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::st
                                  bool need_backend = true);
 
 /// Reads a model file with the named front end and verifies the result.
+/// Hands `--sym NAME=SIZE` bindings to a front end that declares a string-list option `dims`
+/// (e.g. onnx), so shape computations on those dims fold at import. Bindings the pipeline
+/// already gives win. Front ends without the option are left alone (the symbols are bound
+/// after import instead).
+void forward_symbols_to_frontend(StageSpec& frontend, const std::map<std::string, int64_t>& symbols,
+                                 const Registry& reg);
+
 StatusOr<std::unique_ptr<Graph>> import_model(const std::string& path, const StageSpec& frontend,
                                               const Registry& reg);
 
