@@ -43,17 +43,21 @@ for m in mlp attention convnet; do
   step "run-gpu-$m" "$kiln" run "$root/examples/kir/$m.kir" --random-inputs --seed 3 "${syms[@]}" --backend cuda-sm90
 done
 
-# The real models (small versions) against onnxruntime's outputs.
-for d in "$root"/tests/models/*/; do
+# The real models against onnxruntime's outputs: the small versions in tests/models, and
+# any exported by bench/models/export.py into $KILN_MODELS_DIR (e.g. the full-size ones).
+for d in "$root"/tests/models/*/ ${KILN_MODELS_DIR:+"$KILN_MODELS_DIR"/*/}; do
   [ -f "$d/model.onnx" ] || continue
   step "model-$(basename "$d")" python3 "$root/tests/models/check_model.py" "$kiln" "$d" --backend cuda-sm90
 done
 
-# ONNX node tests on the GPU backend, with the data shipped in the onnx Python package.
-node_dir=$(python3 -c 'import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))' 2>/dev/null)
-if [ -d "$node_dir" ]; then
-  step conformance-reference "$build/bin/kiln-onnx-conformance" "$node_dir" --backend reference --report "$out/conformance-reference.json"
-  step conformance-cuda-sm90 "$build/bin/kiln-onnx-conformance" "$node_dir" --backend cuda-sm90 --report "$out/conformance-cuda-sm90.json"
+# ONNX node tests on the reference and GPU backends ($KILN_NODE_TESTS: a node-test folder such
+# as Debian's /usr/share/libonnx-testdata/data/node, carried along).
+if [ -n "${KILN_NODE_TESTS:-}" ] && [ -d "$KILN_NODE_TESTS" ]; then
+  jobs=$(nproc)
+  step conformance-reference "$build/bin/kiln-onnx-conformance" "$KILN_NODE_TESTS" --backend reference \
+    --jobs "$jobs" --report "$out/conformance-reference.json"
+  step conformance-cuda-sm90 "$build/bin/kiln-onnx-conformance" "$KILN_NODE_TESTS" --backend cuda-sm90 \
+    --jobs "$jobs" --timeout 120 --report "$out/conformance-cuda-sm90.json"
   tail -n 1 "$out/conformance-reference.log" "$out/conformance-cuda-sm90.log" | tee -a "$summary"
 fi
 cat "$summary"
