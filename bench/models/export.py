@@ -188,6 +188,16 @@ def main():
                         torch_out = model(*inputs.values()).numpy()
                     path = os.path.join(d, "model.onnx")
                     export(model, inputs, dyn, path, exporter)
+                    if exporter == "legacy":
+                        # The TorchScript exporter's dynamic axes become symbolic dims whose
+                        # shape arithmetic Kiln folds at import: record the example's sizes
+                        # (tests/models/check_model.py passes them as --sym).
+                        with open(os.path.join(d, "dims.txt"), "w") as f:
+                            sizes = {}
+                            for name, axes in dyn.items():
+                                for axis, dim in axes.items():
+                                    sizes[dim] = inputs[name].shape[axis]
+                            f.writelines(f"{k}={v}\n" for k, v in sizes.items())
                     feeds, outs = run_onnxruntime(path, inputs)
                     for k, v in feeds.items():
                         np.save(os.path.join(d, f"input_{k}.npy"), v)
