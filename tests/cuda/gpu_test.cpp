@@ -73,6 +73,33 @@ const Case kCases[] = {
   %s = avg_pool(%r) {kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 1, 1], count_include_pad = 1} : f32[2, 4, 3, 3]
   %t = slice(%s) {starts = [0, 0], ends = [2, 2], axes = [2, 3]} : f32[2, 4, 2, 2]
   return %p, %q, %t })"},
+    // Conv through im2col + cuBLASLt: groups, strides, asymmetric pads, dilations, bias with the
+    // relu as the GEMM epilogue, and a 1x1 conv that reads x as its columns.
+    {"conv-gemm-f32", R"(graph @g(%x: f32[2, 4, 9, 9], %w: f32[6, 2, 3, 3], %b: f32[6], %v: f32[5, 4, 1, 1], %c: f32[5]) -> (f32[2, 6, 3, 4], f32[2, 5, 9, 9], f32[2, 6, 3, 4]) {
+  %k = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 0, 1], dilations = [2, 2]} : f32[2, 6, 3, 4]
+  %r = relu(%k) : f32[2, 6, 3, 4]
+  %p = conv(%x, %v, %c) : f32[2, 5, 9, 9]
+  %n = conv(%x, %w) {groups = 2, strides = [2, 2], pads = [1, 1, 0, 1], dilations = [2, 2]} : f32[2, 6, 3, 4]
+  return %r, %p, %n })"},
+    // bf16 accumulates in f32 and rounds once: the bias is in the GEMM's C, not added after.
+    {"conv-gemm-bf16", R"(graph @g(%x: bf16[2, 4, 9, 9], %w: bf16[6, 2, 3, 3], %b: bf16[6], %s: bf16[2, 4, 12], %sw: bf16[3, 4, 3], %sb: bf16[3]) -> (bf16[2, 6, 3, 4], bf16[2, 3, 5], bf16[2, 6, 3, 4]) {
+  %k = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 0, 1], dilations = [2, 2]} : bf16[2, 6, 3, 4]
+  %r = relu(%k) : bf16[2, 6, 3, 4]
+  %d = conv(%s, %sw, %sb) {strides = [2], pads = [1, 0], dilations = [2]} : bf16[2, 3, 5]
+  %e = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 0, 1], dilations = [2, 2]} : bf16[2, 6, 3, 4]
+  return %r, %d, %e })"},
+    {"linear-relu", R"(graph @g(%x: f32[6, 16], %w: f32[12, 16], %b: f32[12], %v: f32[12, 5]) -> (f32[6, 12], f32[6, 5]) {
+  %h = linear(%x, %w, %b) : f32[6, 12]
+  %y = relu(%h) : f32[6, 12]
+  %m = matmul(%y, %v) : f32[6, 5]
+  %r = relu(%m) : f32[6, 5]
+  return %y, %r })"},
+    {"linear-gelu-tanh", R"(graph @g(%x: f32[6, 16], %w: f32[12, 16], %b: f32[12]) -> (f32[6, 12], f32[6, 12]) {
+  %h = linear(%x, %w, %b) : f32[6, 12]
+  %y = gelu(%h) {approximate = "tanh"} : f32[6, 12]
+  %n = linear(%x, %w) : f32[6, 12]
+  %z = gelu(%n) {approximate = "tanh"} : f32[6, 12]
+  return %y, %z })"},
     {"data-movement", R"(graph @g(%x: f32[2, 3, 4]) -> (f32[4, 3, 2], f32[2, 3, 2], f32[2, 6, 4], f32[2, 3, 4], f32[2, 3, 3], f32[2, 5, 6], f32[2, 3, 4], f32[12, 2]) {
   // Constant indices: random ones would fall outside the axis, which is an error.
   %i = constant() {value = dense<i64[3]>[2, -1, 0]} : i64[3]

@@ -40,7 +40,7 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-TEST_CASE("linear + relu: buffers, inputs, outputs, gemm step and one kernel") {
+TEST_CASE("linear + relu: buffers, inputs, outputs and one gemm step with the relu as its epilogue") {
   const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[4, 8], %w: f32[16, 8], %b: f32[16]) -> (f32[4, 16]) {
   %h = linear(%x, %w, %b) : f32[4, 16]
@@ -54,17 +54,97 @@ graph @g(%x: f32[4, 8], %w: f32[16, 8], %b: f32[16]) -> (f32[4, 16]) {
       "buffer 0 kind=input dtype=f32 shape=4x8 bytes=128 offset=0 name=x\n"
       "buffer 1 kind=input dtype=f32 shape=16x8 bytes=512 offset=256 name=w\n"
       "buffer 2 kind=input dtype=f32 shape=16 bytes=64 offset=768 name=b\n"
-      // h is written at step 0 while the inputs are live; y reuses x's space after them.
-      "buffer 3 kind=activation dtype=f32 shape=4x16 bytes=256 offset=1024 name=h\n"
-      "buffer 4 kind=output dtype=f32 shape=4x16 bytes=256 offset=0 name=y\n"
-      "input x buffer=0\ninput w buffer=1\ninput b buffer=2\noutput y buffer=4\n"
-      "kernel k0_relu\n"
+      // The gemm writes y itself (named after the relu), while the inputs are live.
+      "buffer 3 kind=output dtype=f32 shape=4x16 bytes=256 offset=1024 name=y\n"
+      "input x buffer=0\ninput w buffer=1\ninput b buffer=2\noutput y buffer=3\n"
       "step gemm a=b0 b=b1 d=b3 bias=b2 m=4 n=16 k=8 batch=1 trans_a=0 trans_b=1 lda=8 ldb=8 ldd=16 "
-      "stride_a=32 stride_b=0 stride_d=64 dtype=f32 compute=f32 alpha=1 beta=0 epilogue=bias\n"
-      "step launch kernel=k0_relu grid=1,1,1 block=256,1,1 smem=0 args=b3,b4\n";
+      "stride_a=32 stride_b=0 stride_d=64 dtype=f32 compute=f32 alpha=1 beta=0 epilogue=bias_relu\n";
   CHECK(l.plan == expected);
-  CHECK(count(l.source, "__global__") == 1);
-  CHECK(l.kernels == std::vector<std::string>{"k0_relu"});
+  CHECK(count(l.source, "__global__") == 0);
+  CHECK(l.kernels.empty());
+}
+
+TEST_CASE("gemm epilogues: tanh gelu and relu fuse, exact gelu and shared results do not") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: bf16[4, 8], %w: bf16[16, 8], %b: bf16[16], %v: bf16[16, 8]) -> (bf16[4, 16], bf16[4, 8], bf16[4, 16]) {
+  %h = linear(%x, %w, %b) : bf16[4, 16]
+  %y = gelu(%h) {approximate = "tanh"} : bf16[4, 16]
+  %m = matmul(%y, %v) : bf16[4, 8]
+  %r = relu(%m) : bf16[4, 8]
+  %e = linear(%x, %w) : bf16[4, 16]
+  %eg = gelu(%e) : bf16[4, 16]
+  return %y, %r, %eg
+})");
+  const auto g = lines_starting(l.plan, "step gemm");
+  REQUIRE(g.size() == 3);
+  CHECK(g[0].find("bias=b2 ") != std::string::npos);
+  CHECK(g[0].find(" epilogue=bias_gelu") != std::string::npos);
+  CHECK(g[1].find(" epilogue=relu") != std::string::npos);
+  CHECK(g[2].find(" epilogue=none") != std::string::npos);
+  // Exact (erf) gelu stays a kernel of its own: cuBLASLt's GELU is the tanh form.
+  CHECK(l.kernels == std::vector<std::string>{"k0_gelu"});
+  CHECK(lines_starting(l.plan, "output y")[0] == "output y buffer=4");
+  CHECK(g[0].find(" d=b4 ") != std::string::npos);
+
+  // A result with a second use (here a graph output) keeps its own relu kernel.
+  const LoweredGraph s = lower_text(R"(
+graph @g(%x: f32[4, 8], %w: f32[16, 8]) -> (f32[4, 16], f32[4, 16]) {
+  %h = linear(%x, %w) : f32[4, 16]
+  %y = relu(%h) : f32[4, 16]
+  return %h, %y
+})");
+  CHECK(lines_starting(s.plan, "step gemm")[0].find(" epilogue=none") != std::string::npos);
+  CHECK(s.kernels == std::vector<std::string>{"k0_relu"});
+}
+
+TEST_CASE("conv: im2col, a bias broadcast and one batched gemm per group, relu as the epilogue") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 3, 3]) {
+  %c = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 0, 1], dilations = [2, 2]} : f32[2, 6, 3, 3]
+  %y = relu(%c) : f32[2, 6, 3, 3]
+  return %y
+})");
+  // Output dims: (8 + 1 + 0 - (2 * 2 + 1)) / 2 + 1 = 3 and (8 + 1 + 1 - 5) / 2 + 1 = 3; K = 2 * 9 = 18 rows per group, P = 9.
+  CHECK(l.kernels == std::vector<std::string>{"k0_im2col", "k1_conv_bias"});
+  const auto launches = lines_starting(l.plan, "step launch");
+  REQUIRE(launches.size() == 2);
+  // col is [2, 36, 9]: 648 elements.
+  CHECK(launches[0] == "step launch kernel=k0_im2col grid=3,1,1 block=256,1,1 smem=0 args=b0,b4");
+  CHECK(launches[1] == "step launch kernel=k1_conv_bias grid=1,1,1 block=256,1,1 smem=0 args=b2,b3");
+  CHECK(lines_starting(l.plan, "buffer 3")[0] == "buffer 3 kind=output dtype=f32 shape=2x6x3x3 bytes=432 offset=0 name=y");
+  CHECK(lines_starting(l.plan, "buffer 4")[0].find("buffer 4 kind=activation dtype=f32 shape=2x36x9 bytes=2592 ") == 0);
+  // Group 1 views: W rows 3.. (3 * 18 floats in), col rows 18.. and y channels 3.. of sample 0.
+  CHECK(lines_starting(l.plan, "buffer 8")[0] == "buffer 8 kind=alias dtype=f32 shape=54 bytes=216 offset=216 base=1");
+  CHECK(lines_starting(l.plan, "buffer 9")[0] == "buffer 9 kind=alias dtype=f32 shape=486 bytes=1944 offset=648 base=4");
+  CHECK(lines_starting(l.plan, "buffer 10")[0] == "buffer 10 kind=alias dtype=f32 shape=81 bytes=324 offset=108 base=3");
+  const auto g = lines_starting(l.plan, "step gemm");
+  REQUIRE(g.size() == 2);
+  CHECK(g[1] ==
+        "step gemm a=b8 b=b9 d=b10 m=3 n=9 k=18 batch=2 trans_a=0 trans_b=0 lda=18 ldb=9 ldd=9 stride_a=0 "
+        "stride_b=324 stride_d=54 dtype=f32 compute=f32 alpha=1 beta=1 epilogue=relu");
+  // The im2col index math: stride 2, pad 1 begin, dilation 2.
+  CHECK(l.source.find("const long long p0 = o0 * 2LL - 1LL + k0 * 2LL;") != std::string::npos);
+  // x, w, b take 2048 + 256-aligned 512 + 256 bytes and col 2816 more; y reuses x's space once
+  // im2col has read it.
+  CHECK(lines_starting(l.plan, "arena")[0] == "arena bytes=5632");
+}
+
+TEST_CASE("conv: 1x1 reads x as its columns; 1-D and bf16 convs use gemms, 3-D convs the direct kernel") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: bf16[2, 4, 5, 5], %w: bf16[8, 4, 1, 1], %s: bf16[2, 4, 10], %v: bf16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3, 2, 2, 2, 2]) -> (bf16[2, 8, 5, 5], bf16[2, 3, 8], f32[1, 3, 3, 3, 3]) {
+  %c = conv(%x, %w) : bf16[2, 8, 5, 5]
+  %d = conv(%s, %v) : bf16[2, 3, 8]
+  %e = conv(%t, %u) : f32[1, 3, 3, 3, 3]
+  return %c, %d, %e
+})");
+  CHECK(l.kernels == std::vector<std::string>{"k0_im2col", "k1_conv"});
+  const auto g = lines_starting(l.plan, "step gemm");
+  REQUIRE(g.size() == 2);
+  CHECK(g[0] ==
+        "step gemm a=b1 b=b0 d=b6 m=8 n=25 k=4 batch=2 trans_a=0 trans_b=0 lda=4 ldb=25 ldd=25 stride_a=0 "
+        "stride_b=100 stride_d=200 dtype=bf16 compute=f32 alpha=1 beta=0 epilogue=none");
+  CHECK(g[1].find("m=3 n=8 k=12 batch=2 ") != std::string::npos);
+  CHECK(g[1].find("stride_b=96 stride_d=24 dtype=bf16 compute=f32 alpha=1 beta=0 epilogue=none") != std::string::npos);
 }
 
 TEST_CASE("allow-tf32 switches f32 gemms to tf32 compute") {

@@ -34,6 +34,32 @@ TEST_CASE("examples compile for sm_80, sm_90a and sm_100a (cubin) and compute_90
   }
 }
 
+TEST_CASE("conv through gemms (im2col, bias broadcast) and the direct conv compile for every target") {
+  auto g = parse_graph(R"(
+graph @c(%x: f32[2, 4, 9, 9], %w: f32[6, 2, 3, 3], %b: f32[6], %h: bf16[2, 4, 9, 9], %hw: bf16[6, 4, 3, 3], %hb: bf16[6], %s: f16[2, 4, 10], %sw: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %tw: f32[3, 2, 2, 2, 2]) -> (f32[2, 6, 3, 4], bf16[2, 6, 9, 9], f16[2, 3, 3], f32[1, 3, 3, 3, 3]) {
+  %c = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 0, 1], dilations = [2, 2]} : f32[2, 6, 3, 4]
+  %r = relu(%c) : f32[2, 6, 3, 4]
+  %d = conv(%h, %hw, %hb) {pads = [1, 1, 1, 1]} : bf16[2, 6, 9, 9]
+  %e = conv(%s, %sw) {strides = [2], dilations = [2]} : f16[2, 3, 3]
+  %f = conv(%t, %tw) : f32[1, 3, 3, 3, 3]
+  return %r, %d, %e, %f
+})");
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto l = lower_graph(**g);
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  CHECK(l->kernels == std::vector<std::string>{"k0_im2col", "k1_conv_bias", "k2_im2col", "k3_conv_bias", "k4_im2col",
+                                               "k5_conv"});
+  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
+    CAPTURE(target);
+    auto cubin = compile_cuda(l->source, target, "test@0");
+    REQUIRE_MESSAGE(cubin.ok(), std::string(cubin.status().message() + "\n" + l->source));
+    CHECK(cubin->substr(0, 4) == "\x7f" "ELF");
+  }
+  auto ptx = compile_cuda(l->source, "compute_90", "test@0");
+  REQUIRE_MESSAGE(ptx.ok(), ptx.status().message());
+  for (const std::string& k : l->kernels) CHECK(ptx->find(".entry " + k) != std::string::npos);
+}
+
 TEST_CASE("a second compile of the same source and target is a cache hit") {
   const std::string src = "extern \"C\" __global__ void k(float* y) { y[threadIdx.x] = 1.0f; }\n";
   bool hit = true;

@@ -25,6 +25,10 @@ constexpr int kBlock = 256;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 constexpr int64_t kFoldLimitBytes = int64_t{64} << 20;
+/// Largest im2col buffer a conv may take; larger ones use the direct kernel.
+constexpr int64_t kColLimitBytes = int64_t{2} << 30;
+/// Most groups a conv lowers as GEMMs (one step each); depthwise-like convs use the direct kernel.
+constexpr int64_t kMaxGemmGroups = 8;
 
 int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -94,6 +98,32 @@ class Lowerer {
     return static_cast<int>(bufs_.size()) - 1;
   }
   int root(int id) const { return bufs_[id].kind == "alias" ? bufs_[id].base : id; }
+  /// A 1-D alias of `elems` elements starting `first` elements into buffer `id`.
+  int view(int id, int64_t first, int64_t elems) {
+    const int r = root(id);
+    const int64_t off = (id == r ? 0 : bufs_[id].offset) + dtype_storage_bytes(bufs_[id].dtype, first);
+    const int v = add_buffer("alias", bufs_[id].dtype, {elems});
+    bufs_[v].base = r;
+    bufs_[v].offset = off;
+    return v;
+  }
+  /// The activation a GEMM epilogue can apply in place of `v`'s only user ("relu", "gelu"),
+  /// or "" when there is none. cuBLASLt's GELU is the tanh form, so exact gelu never qualifies.
+  std::string sole_activation(const Value* v, bool gelu_ok) const {
+    if (v->uses().size() != 1 || v->uses()[0].user == nullptr) return "";
+    const Node& u = *v->uses()[0].user;
+    if (u.num_operands() != 1 || u.num_results() != 1 || u.result()->dtype() != v->dtype()) return "";
+    if (u.op_name() == "relu") return "relu";
+    if (gelu_ok && u.op_name() == "gelu" && u.get_string("approximate") == "tanh") return "gelu";
+    return "";
+  }
+  /// Makes the result of `v`'s only user (an activation an epilogue applies) live in `id`.
+  void absorb_user(const Value* v, int id) {
+    const Node* u = v->uses()[0].user;
+    absorbed_.insert(u);
+    val_[u->result()] = id;
+    if (!u->result()->name().empty()) bufs_[id].name = u->result()->name();
+  }
   int buf(const Value* v) const { return val_.at(v); }
   int activation_for(const Value* v) {
     const int id = add_buffer("activation", v->dtype(), sizes_of(v), v->name());
@@ -172,6 +202,7 @@ class Lowerer {
   Status matmul(const Node& n);
   Status linear(const Node& n);
   Status conv(const Node& n);
+  Status conv_gemm(const Node& n);
   Status pool(const Node& n);
   Status gather(const Node& n);
   Status pad(const Node& n);
@@ -183,6 +214,7 @@ class Lowerer {
   LoweringOptions opts_;
   std::vector<Buffer> bufs_;
   std::unordered_map<const Value*, int> val_;
+  std::set<const Node*> absorbed_;  // activations a GEMM epilogue already applies
   std::vector<Step> steps_;
   std::vector<std::string> kernels_;
   std::string source_, weights_;
@@ -240,6 +272,7 @@ bool Lowerer::pure_pointwise(const Node& fused) const {
 Status Lowerer::lower_graph_nodes(const Graph& g) {
   for (const auto& n : g.nodes()) {
     for (const Value* r : n->results()) KILN_RETURN_IF_ERROR(check_static(r));
+    if (absorbed_.count(n.get())) continue;
     KILN_RETURN_IF_ERROR(lower_node(*n));
   }
   return ok_status();
@@ -812,12 +845,16 @@ Status Lowerer::matmul(const Node& n) {
   gemm_ = true;
   const std::string dt = dname(t);
   const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  std::string epilogue = sole_activation(n.result(), true);
+  if (!epilogue.empty()) absorb_user(n.result(), out);
+  else epilogue = "none";
   steps_.push_back({"step gemm a=b" + std::to_string(a_id) + " b=b" + std::to_string(b_id) + " d=b" + std::to_string(out) +
                         " m=" + std::to_string(m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
                         " batch=" + std::to_string(batch) + " trans_a=0 trans_b=0 lda=" + std::to_string(k) +
                         " ldb=" + std::to_string(nn) + " ldd=" + std::to_string(nn) + " stride_a=" + std::to_string(sa) +
                         " stride_b=" + std::to_string(sb) + " stride_d=" + std::to_string(m * nn) + " dtype=" + dt +
-                        " compute=" + compute + " alpha=" + fmt_float(1) + " beta=" + fmt_float(0) + " epilogue=none",
+                        " compute=" + compute + " alpha=" + fmt_float(1) + " beta=" + fmt_float(0) +
+                        " epilogue=" + epilogue,
                     {a_id, b_id, out}});
   return ok_status();
 }
@@ -848,16 +885,112 @@ Status Lowerer::linear(const Node& n) {
     used.push_back(buf(n.operand(2)));
   }
   const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  const std::string act = sole_activation(n.result(), true);
+  if (!act.empty()) absorb_user(n.result(), out);
+  std::string epilogue = bias ? (act.empty() ? "bias" : "bias_" + act) : (act.empty() ? "none" : act);
   text += " m=" + std::to_string(m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
           " batch=1 trans_a=0 trans_b=1 lda=" + std::to_string(k) + " ldb=" + std::to_string(k) +
           " ldd=" + std::to_string(nn) + " stride_a=" + std::to_string(m * k) + " stride_b=0 stride_d=" +
           std::to_string(m * nn) + " dtype=" + dname(t) + " compute=" + compute + " alpha=" + fmt_float(1) +
-          " beta=" + fmt_float(0) + " epilogue=" + (bias ? "bias" : "none");
+          " beta=" + fmt_float(0) + " epilogue=" + epilogue;
   steps_.push_back({text, used});
   return ok_status();
 }
 
+/// Whether a conv goes through im2col and cuBLASLt: 1-D and 2-D float convs with few groups
+/// whose column buffer stays within kColLimitBytes.
+bool conv_as_gemm(const Node& n) {
+  const DType t = n.operand(0)->dtype();
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return false;
+  const Sizes xs = sizes_of(n.operand(0)), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
+  if (xs.size() != 3 && xs.size() != 4) return false;
+  const int64_t groups = n.get_int("groups", 1);
+  if (groups < 1 || groups > kMaxGemmGroups || product(ys) == 0 || xs[1] == 0) return false;
+  const int64_t taps = product(Sizes(ws.begin() + 2, ws.end())), plane = product(Sizes(ys.begin() + 2, ys.end()));
+  if (taps == 0) return false;
+  return dtype_storage_bytes(t, xs[0] * xs[1] * taps * plane) <= kColLimitBytes;
+}
+
+// conv as GEMMs: col[N][C*taps][P] = im2col(x), then per group g and sample n
+// y_n[g rows] = W_g[C_out/g, K] @ col_n[g rows of K, P] with K = C/g * taps, P = output pixels,
+// which is NCHW directly. The bias is broadcast into y first and the GEMM accumulates onto it
+// (beta 1), so f16/bf16 results are rounded once, as the reference does; cuBLASLt's bias
+// epilogue adds per column, which is per pixel in this layout. A relu user becomes the epilogue.
+Status Lowerer::conv_gemm(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
+  const size_t nsp = xs.size() - 2;
+  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads"), dil = n.get_ints("dilations");
+  if (strides.empty()) strides.assign(nsp, 1);
+  if (pads.empty()) pads.assign(2 * nsp, 0);
+  if (dil.empty()) dil.assign(nsp, 1);
+  const int64_t groups = n.get_int("groups", 1);
+  const int64_t batch = xs[0], cin = xs[1], cout = ws[0], cg_out = cout / groups;
+  const Sizes in_sp(xs.begin() + 2, xs.end()), k_sp(ws.begin() + 2, ws.end()), out_sp(ys.begin() + 2, ys.end());
+  const Sizes in_st = contiguous_strides(in_sp);
+  const int64_t taps = product(k_sp), plane = product(out_sp), kdim = cin / groups * taps;
+  const int out = activation_for(n.result());
+  note_dtype(t);
+
+  // A 1x1 kernel with unit strides and no padding needs no im2col: x[n] already is [C, P].
+  bool pointwise_kernel = true;
+  for (size_t d = 0; d < nsp; ++d)
+    pointwise_kernel &= k_sp[d] == 1 && strides[d] == 1 && pads[d] == 0 && pads[nsp + d] == 0;
+  int col = buf(x);
+  if (!pointwise_kernel) {
+    col = add_buffer("activation", t, {batch, cin * taps, plane});
+    std::string body = "    long long r_ = i;\n";
+    for (size_t d = nsp; d-- > 0;)
+      body += "    const long long o" + std::to_string(d) + " = r_ % " + int_literal(out_sp[d]) + "; r_ /= " +
+              int_literal(out_sp[d]) + ";\n";
+    for (size_t d = nsp; d-- > 0;)
+      body += "    const long long k" + std::to_string(d) + " = r_ % " + int_literal(k_sp[d]) + "; r_ /= " +
+              int_literal(k_sp[d]) + ";\n";
+    // r_ is now n * C + c: the input plane to read.
+    std::string outside, off = "r_ * " + int_literal(product(in_sp));
+    for (size_t d = 0; d < nsp; ++d) {
+      const std::string D = std::to_string(d);
+      body += "    const long long p" + D + " = o" + D + " * " + int_literal(strides[d]) + " - " + int_literal(pads[d]) +
+              " + k" + D + " * " + int_literal(dil[d]) + ";\n";
+      outside += (d ? " || p" : "p") + D + " < 0 || p" + D + " >= " + int_literal(in_sp[d]);
+      off += " + p" + D + " * " + int_literal(in_st[d]);
+    }
+    body += "    y[i] = (" + outside + ") ? " + st + "() : x[" + off + "];\n";
+    launch_elementwise(kernel_name("im2col"), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y",
+                       batch * cin * taps * plane, body, {buf(x), col});
+  }
+  const bool bias = n.num_operands() == 3;
+  if (bias)
+    launch_elementwise(kernel_name("conv_bias"), "const " + st + "* __restrict__ b, " + st + "* __restrict__ y",
+                       product(ys), "    y[i] = b[(i / " + int_literal(plane) + ") % " + int_literal(cout) + "];\n",
+                       {buf(n.operand(2)), out});
+  const std::string act = sole_activation(n.result(), false);
+  if (!act.empty()) absorb_user(n.result(), out);
+  gemm_ = true;
+  const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  const int w = buf(n.operand(1));
+  for (int64_t g = 0; g < groups; ++g) {
+    // Group g: rows g*C_out/g.. of W and y, rows g*K.. of each sample's columns.
+    const int a = groups == 1 ? w : view(w, g * cg_out * kdim, cg_out * kdim);
+    const int b = groups == 1 ? col : view(col, g * kdim * plane, ((batch - 1) * groups + 1) * kdim * plane);
+    const int d = groups == 1 ? out : view(out, g * cg_out * plane, ((batch - 1) * cout + cg_out) * plane);
+    steps_.push_back({"step gemm a=b" + std::to_string(a) + " b=b" + std::to_string(b) + " d=b" + std::to_string(d) +
+                          " m=" + std::to_string(cg_out) + " n=" + std::to_string(plane) + " k=" + std::to_string(kdim) +
+                          " batch=" + std::to_string(batch) + " trans_a=0 trans_b=0 lda=" + std::to_string(kdim) +
+                          " ldb=" + std::to_string(plane) + " ldd=" + std::to_string(plane) +
+                          " stride_a=0 stride_b=" + std::to_string(cin * taps * plane) +
+                          " stride_d=" + std::to_string(cout * plane) + " dtype=" + dname(t) + " compute=" + compute +
+                          " alpha=" + fmt_float(1) + " beta=" + fmt_float(bias ? 1 : 0) +
+                          " epilogue=" + (act.empty() ? "none" : act),
+                      {a, b, d}});
+  }
+  return ok_status();
+}
+
 Status Lowerer::conv(const Node& n) {
+  if (conv_as_gemm(n)) return conv_gemm(n);
   const Value* x = n.operand(0);
   const DType t = x->dtype();
   KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
