@@ -11,28 +11,15 @@
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
 
+#include "op_test_util.h"
+
 using namespace kiln;
+using namespace kiln::test;
 
 namespace {
 
-Tensor f32(std::vector<int64_t> shape, std::vector<double> v) {
-  return Tensor::from_f64(DType::kF32, std::move(shape), v);
-}
 
-void check_values(const Tensor& t, const std::vector<int64_t>& shape,
-                  const std::vector<double>& want, double tolerance = 1e-6) {
-  REQUIRE(t.shape() == shape);
-  const std::vector<double> got = t.to_f64();
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    CHECK_MESSAGE(got[i] == doctest::Approx(want[i]).epsilon(tolerance), "at " << i);
-}
 
-template <typename T>
-std::string error_of(const StatusOr<T>& r) {
-  REQUIRE_FALSE(r.ok());
-  return r.status().message();
-}
 
 Tensor iota3() { return f32({3}, {0, 1, 2}); }
 

@@ -11,73 +11,13 @@
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
 
+#include "op_test_util.h"
+
 using namespace kiln;
+using namespace kiln::test;
 
 namespace {
 
-Tensor f32(std::vector<int64_t> shape, std::vector<double> v) {
-  return Tensor::from_f64(DType::kF32, std::move(shape), v);
-}
-
-/// Builds a graph holding one `op` node over `inputs`, takes the result types from the
-/// shape rule, verifies it and runs it through the interpreter.
-StatusOr<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs,
-                                     AttrMap attrs = {}, int num_results = 1) {
-  Graph g;
-  std::vector<Value*> operands;
-  std::vector<TensorType> types;
-  for (const Tensor& t : inputs) {
-    operands.push_back(g.add_input("in" + std::to_string(operands.size()), t.type()));
-    types.push_back(t.type());
-  }
-  KILN_ASSIGN_OR_RETURN(
-      Node * n,
-      g.create_node(op, operands, std::vector<TensorType>(static_cast<size_t>(num_results)),
-                    std::move(attrs)));
-  KILN_ASSIGN_OR_RETURN(auto result_types, infer_node_types(*n, types));
-  for (int i = 0; i < num_results; ++i)
-    n->result(i)->set_type(result_types[static_cast<size_t>(i)]);
-  g.set_outputs(n->results());
-  KILN_RETURN_IF_ERROR(verify(g));
-  return Interpreter().run(g, inputs);
-}
-
-/// The shape rule's answer for one `op` node over operands of `types`.
-StatusOr<std::vector<TensorType>> infer_op(const std::string& op, std::vector<TensorType> types,
-                                           AttrMap attrs = {}, int num_results = 1) {
-  Graph g;
-  std::vector<Value*> operands;
-  for (const TensorType& t : types)
-    operands.push_back(g.add_input("in" + std::to_string(operands.size()), t));
-  KILN_ASSIGN_OR_RETURN(
-      Node * n,
-      g.create_node(op, operands, std::vector<TensorType>(static_cast<size_t>(num_results)),
-                    std::move(attrs)));
-  return infer_node_types(*n, std::move(types));
-}
-
-/// Runs a one-result op and returns the result, failing the test on error.
-Tensor run1(const std::string& op, const std::vector<Tensor>& inputs, AttrMap attrs = {}) {
-  StatusOr<std::vector<Tensor>> r = run_op(op, inputs, std::move(attrs));
-  REQUIRE_MESSAGE(r.ok(), r.status().message());
-  REQUIRE(r->size() == 1);
-  return (*r)[0];
-}
-
-void check_values(const Tensor& t, const std::vector<int64_t>& shape,
-                  const std::vector<double>& want, double tolerance = 1e-6) {
-  REQUIRE(t.shape() == shape);
-  const std::vector<double> got = t.to_f64();
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    CHECK_MESSAGE(got[i] == doctest::Approx(want[i]).epsilon(tolerance), "at " << i);
-}
-
-template <typename T>
-std::string error_of(const StatusOr<T>& r) {
-  REQUIRE_FALSE(r.ok());
-  return r.status().message();
-}
 
 Tensor iota(std::vector<int64_t> shape) {
   int64_t n = 1;
