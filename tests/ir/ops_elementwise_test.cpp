@@ -12,37 +12,16 @@
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
 
+#include "op_test_util.h"
+
 using namespace kiln;
+using namespace kiln::test;
 
 namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
 
-/// Builds a graph of one `op` node over graph inputs typed like `inputs`, verifies it and runs
-/// it with the interpreter.
-StatusOr<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs,
-                                     AttrMap attrs = {}) {
-  Graph g;
-  std::vector<Value*> operands;
-  std::vector<TensorType> types;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    operands.push_back(g.add_input("x" + std::to_string(i), inputs[i].type()));
-    types.push_back(inputs[i].type());
-  }
-  KILN_ASSIGN_OR_RETURN(Node * n, g.create_node(op, operands, {TensorType{}}, std::move(attrs)));
-  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_node_types(*n, types));
-  n->result()->set_type(out[0]);
-  g.set_outputs({n->result()});
-  KILN_RETURN_IF_ERROR(verify(g));
-  return Interpreter().run(g, inputs);
-}
-
-Tensor run1(const std::string& op, const std::vector<Tensor>& inputs, AttrMap attrs = {}) {
-  auto r = run_op(op, inputs, std::move(attrs));
-  REQUIRE_MESSAGE(r.ok(), r.status().message());
-  return r.value()[0];
-}
 
 std::string run_error(const std::string& op, const std::vector<Tensor>& inputs,
                       AttrMap attrs = {}) {
@@ -52,14 +31,9 @@ std::string run_error(const std::string& op, const std::vector<Tensor>& inputs,
 }
 
 /// The result type the shape rule gives for operands of `types` (symbolic dims allowed).
-StatusOr<TensorType> infer_op(const std::string& op, const std::vector<TensorType>& types,
-                              AttrMap attrs = {}) {
-  Graph g;
-  std::vector<Value*> operands;
-  for (size_t i = 0; i < types.size(); ++i)
-    operands.push_back(g.add_input("x" + std::to_string(i), types[i]));
-  KILN_ASSIGN_OR_RETURN(Node * n, g.create_node(op, operands, {TensorType{}}, std::move(attrs)));
-  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_node_types(*n, types));
+/// The single result type the shape rule gives.
+StatusOr<TensorType> infer1(const std::string& op, std::vector<TensorType> types, AttrMap attrs = {}) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_op(op, std::move(types), std::move(attrs)));
   return out[0];
 }
 
@@ -265,16 +239,16 @@ TEST_CASE("elementwise: binary errors name the operands") {
 TEST_CASE("elementwise: shape rules keep symbolic dims") {
   const TensorType bx1{DType::kF32, {Dim::symbol("B"), 1}};
   const TensorType r3{DType::kF32, {3}};
-  auto t = infer_op("add", {bx1, r3});
+  auto t = infer1("add", {bx1, r3});
   REQUIRE(t.ok());
   CHECK(t->str() == "f32[B, 3]");
-  auto c = infer_op("less", {bx1, bx1});
+  auto c = infer1("less", {bx1, bx1});
   REQUIRE(c.ok());
   CHECK(c->str() == "bool[B, 1]");
-  auto u = infer_op("exp", {bx1});
+  auto u = infer1("exp", {bx1});
   REQUIRE(u.ok());
   CHECK(u->str() == "f32[B, 1]");
-  auto w = infer_op("where", {TensorType{DType::kBool, {Dim::symbol("S")}}, bx1, r3});
+  auto w = infer1("where", {TensorType{DType::kBool, {Dim::symbol("S")}}, bx1, r3});
   REQUIRE(w.ok());
   CHECK(w->str() == "f32[B, 3]");
 }

@@ -12,32 +12,17 @@
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
 
+#include "op_test_util.h"
+
 using namespace kiln;
+using namespace kiln::test;
 
 namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 const double kInf = std::numeric_limits<double>::infinity();
 
-/// Builds a graph of one `op` node over graph inputs typed like `inputs`, verifies it and runs
-/// it with the interpreter.
-StatusOr<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs,
-                                     AttrMap attrs = {}) {
-  Graph g;
-  std::vector<Value*> operands;
-  std::vector<TensorType> types;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    operands.push_back(g.add_input("x" + std::to_string(i), inputs[i].type()));
-    types.push_back(inputs[i].type());
-  }
-  KILN_ASSIGN_OR_RETURN(Node * n, g.create_node(op, operands, {TensorType{}}, std::move(attrs)));
-  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_node_types(*n, types));
-  n->result()->set_type(out[0]);
-  g.set_outputs({n->result()});
-  KILN_RETURN_IF_ERROR(verify(g));
-  return Interpreter().run(g, inputs);
-}
-
+/// run1 over a single operand.
 Tensor run1(const std::string& op, const Tensor& x, AttrMap attrs = {}) {
   auto r = run_op(op, {x}, std::move(attrs));
   REQUIRE_MESSAGE(r.ok(), r.status().message());
@@ -51,11 +36,8 @@ std::string run_error(const std::string& op, const Tensor& x, AttrMap attrs = {}
 }
 
 /// The result type the shape rule gives for an operand of `type` (symbolic dims allowed).
-StatusOr<TensorType> infer_op(const std::string& op, const TensorType& type, AttrMap attrs = {}) {
-  Graph g;
-  Value* x = g.add_input("x", type);
-  KILN_ASSIGN_OR_RETURN(Node * n, g.create_node(op, {x}, {TensorType{}}, std::move(attrs)));
-  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_node_types(*n, {type}));
+StatusOr<TensorType> infer1(const std::string& op, const TensorType& type, AttrMap attrs = {}) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_op(op, {type}, std::move(attrs)));
   return out[0];
 }
 
@@ -180,16 +162,16 @@ TEST_CASE("reduction: reduce errors") {
 
 TEST_CASE("reduction: shape rules keep symbolic dims") {
   const TensorType x{DType::kF32, {Dim::symbol("B"), 4, Dim::symbol("S")}};
-  auto r = infer_op("reduce_sum", x, {{"axes", Axes{1}}, {"keepdims", 0}});
+  auto r = infer1("reduce_sum", x, {{"axes", Axes{1}}, {"keepdims", 0}});
   REQUIRE(r.ok());
   CHECK(r->str() == "f32[B, S]");
-  r = infer_op("reduce_max", x, {{"axes", Axes{0, 2}}});
+  r = infer1("reduce_max", x, {{"axes", Axes{0, 2}}});
   REQUIRE(r.ok());
   CHECK(r->str() == "f32[1, 4, 1]");
-  r = infer_op("argmax", x, {{"axis", -1}, {"keepdims", 0}});
+  r = infer1("argmax", x, {{"axis", -1}, {"keepdims", 0}});
   REQUIRE(r.ok());
   CHECK(r->str() == "i64[B, 4]");
-  r = infer_op("softmax", x);
+  r = infer1("softmax", x);
   REQUIRE(r.ok());
   CHECK(r->str() == "f32[B, 4, S]");
 }
