@@ -11,53 +11,22 @@
 #include "kiln/ir/op.h"
 #include "kiln/ir/text.h"
 
+#include "plugin_test_util.h"
+
 using namespace kiln;
+using namespace kiln::test;
 
 namespace {
 
 Registry& fusion_registry() {
-  static Registry& reg = []() -> Registry& {
-    Registry& r = Registry::global();
-    for (const char* lib : {"kiln-plugin-fusion.so", "kiln-plugin-transforms.so",
-                            "kiln-plugin-frontend-kir.so", "kiln-plugin-backend-reference.so"}) {
-      Status s = load_plugin(std::string(KILN_PLUGIN_DIR) + "/" + lib, r);
-      REQUIRE_MESSAGE(s.ok(), s.message());
-    }
-    return r;
-  }();
+  static Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-transforms.so",
+                                       "kiln-plugin-frontend-kir.so", "kiln-plugin-backend-reference.so"});
   return reg;
 }
 
-/// Random floats in [-2, 2] (integers in [-5, 5]) for each input; symbolic dims are 3.
-std::vector<Tensor> random_inputs(const Graph& g, std::mt19937& rng) {
-  std::vector<Tensor> ins;
-  std::uniform_real_distribution<double> real(-2.0, 2.0);
-  std::uniform_int_distribution<int64_t> integer(-5, 5);
-  for (const Value* v : g.inputs()) {
-    std::vector<int64_t> sizes;
-    for (const Dim& d : v->shape()) sizes.push_back(d.is_static() ? d.value() : 3);
-    Tensor t(v->dtype(), sizes);
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if (is_float(v->dtype()))
-        t.set_f64(i, real(rng));
-      else
-        t.set_i64(i, integer(rng));
-    }
-    ins.push_back(std::move(t));
-  }
-  return ins;
-}
 
 std::vector<Tensor> run_reference(const Graph& g, const std::vector<Tensor>& inputs) {
-  auto info = fusion_registry().backend("reference");
-  REQUIRE_MESSAGE(info.ok(), info.status().message());
-  auto backend = (*info)->create(Options());
-  REQUIRE(backend.ok());
-  auto exe = (*backend)->compile(g);
-  REQUIRE_MESSAGE(exe.ok(), exe.status().message());
-  auto outs = (*exe)->run(inputs);
-  REQUIRE_MESSAGE(outs.ok(), outs.status().message());
-  return std::move(outs).value();
+  return kiln::test::run_reference(fusion_registry(), g, inputs);
 }
 
 /// What the CUDA backend needs to lower a fused node as one kernel (its pure_pointwise rule):

@@ -11,22 +11,17 @@
 #include "kiln/ir/text.h"
 #include "kiln/ir/verifier.h"
 
+#include "plugin_test_util.h"
+
 using namespace kiln;
+using namespace kiln::test;
 
 namespace {
 
-/// The global registry with the in-tree plugins loaded (once per process: the loader
-/// skips a library it already loaded).
+/// The global registry with the in-tree plugins loaded.
 Registry& registry() {
-  static Registry& reg = [] () -> Registry& {
-    Registry& r = Registry::global();
-    for (const char* lib : {"kiln-plugin-transforms.so", "kiln-plugin-frontend-kir.so",
-                            "kiln-plugin-backend-reference.so", "kiln-plugin-backend-null.so"}) {
-      Status s = load_plugin(std::string(KILN_PLUGIN_DIR) + "/" + lib, r);
-      REQUIRE_MESSAGE(s.ok(), s.message());
-    }
-    return r;
-  }();
+  static Registry& reg = registry_with({"kiln-plugin-transforms.so", "kiln-plugin-frontend-kir.so",
+                                       "kiln-plugin-backend-reference.so", "kiln-plugin-backend-null.so"});
   return reg;
 }
 
@@ -36,36 +31,9 @@ std::unique_ptr<Graph> parse(const std::string& text) {
   return std::move(g).value();
 }
 
-/// Random values for each graph input: floats in [-2, 2], integers in [-5, 5]. Every
-/// symbolic dim is 3.
-std::vector<Tensor> random_inputs(const Graph& g, std::mt19937& rng) {
-  std::vector<Tensor> ins;
-  std::uniform_real_distribution<double> real(-2.0, 2.0);
-  std::uniform_int_distribution<int64_t> integer(-5, 5);
-  for (const Value* v : g.inputs()) {
-    std::vector<int64_t> sizes;
-    for (const Dim& d : v->shape()) sizes.push_back(d.is_static() ? d.value() : 3);
-    Tensor t(v->dtype(), sizes);
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if (is_float(v->dtype())) t.set_f64(i, real(rng));
-      else t.set_i64(i, integer(rng));
-    }
-    ins.push_back(std::move(t));
-  }
-  return ins;
-}
 
-/// Runs `g` through the reference backend, looked up in the registry like any backend.
 std::vector<Tensor> run_reference(const Graph& g, const std::vector<Tensor>& inputs) {
-  auto info = registry().backend("reference");
-  REQUIRE_MESSAGE(info.ok(), info.status().message());
-  auto backend = (*info)->create(Options());
-  REQUIRE(backend.ok());
-  auto exe = (*backend)->compile(g);
-  REQUIRE_MESSAGE(exe.ok(), exe.status().message());
-  auto outs = (*exe)->run(inputs);
-  REQUIRE_MESSAGE(outs.ok(), outs.status().message());
-  return std::move(outs).value();
+  return kiln::test::run_reference(registry(), g, inputs);
 }
 
 void check_close(const std::vector<Tensor>& want, const std::vector<Tensor>& got) {
