@@ -199,19 +199,6 @@ std::string fixed(double v, int digits = 4) {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
-    else if (c == '\n') out += "\\n";
-    else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else out += static_cast<char>(c);
-  }
-  return out + "\"";
-}
 
 std::string json_summary(const Summary& s) {
   return "{\"min\": " + fixed(s.min, 6) + ", \"median\": " + fixed(s.median, 6) + ", \"mean\": " + fixed(s.mean, 6) +

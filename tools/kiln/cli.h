@@ -63,4 +63,7 @@ std::string artifact_usage_text(std::string_view command);
 /// The help text of one subcommand ("" = the overview).
 std::string usage_text(std::string_view command);
 
+/// `s` as a JSON string literal, quotes included (for the --json and report outputs).
+std::string json_string(std::string_view s);
+
 }  // namespace kiln::cli

@@ -10,8 +10,6 @@
 
 namespace kiln::cli {
 
-namespace {
-
 std::string json_string(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
@@ -33,6 +31,9 @@ std::string json_string(std::string_view s) {
   }
   return out + "\"";
 }
+
+namespace {
+
 
 template <typename T, typename F>
 std::string json_array(const std::vector<T>& v, F item) {
