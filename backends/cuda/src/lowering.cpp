@@ -71,6 +71,20 @@ SliceAxis clamp_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
 
 int64_t norm_axis(int64_t a, int64_t rank) { return a < 0 ? a + rank : a; }
 
+/// A tensor seen around one axis as `rows` independent rows of `len` elements `inner` apart:
+/// the layout the row kernels (argmax/argmin, softmax) walk.
+struct AxisRows {
+  int64_t len = 0, inner = 1, rows = 0;
+};
+AxisRows rows_around_axis(const Sizes& xs, int64_t axis_attr) {
+  const size_t axis = static_cast<size_t>(norm_axis(axis_attr, static_cast<int64_t>(xs.size())));
+  AxisRows r;
+  r.len = xs[axis];
+  r.inner = product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end()));
+  r.rows = r.len == 0 ? 0 : product(xs) / r.len;
+  return r;
+}
+
 class Lowerer {
  public:
   explicit Lowerer(const LoweringOptions& o) : opts_(o) {}
@@ -626,10 +640,7 @@ Status Lowerer::arg_reduce(const Node& n) {
   const DType t = x->dtype();
   KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
   KILN_RETURN_IF_ERROR(reg(n, t).status());
-  const Sizes xs = sizes_of(x);
-  const size_t axis = static_cast<size_t>(norm_axis(n.get_int("axis"), static_cast<int64_t>(xs.size())));
-  const int64_t len = xs[axis], inner = product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end()));
-  const int64_t rows = product(xs) / std::max<int64_t>(len, 1);
+  const auto [len, inner, rows] = rows_around_axis(sizes_of(x), n.get_int("axis"));
   const std::string acc = is_float(t) ? (t == DType::kF64 ? "double" : "float") : "long long";
   const bool mx = n.op_name() == "argmax", last = n.get_int("select_last_index") != 0;
   const std::string order = std::string("(c == b ? 0 : ((c > b) == ") + (mx ? "true" : "false") + " ? 1 : -1))";
@@ -660,10 +671,7 @@ Status Lowerer::softmax(const Node& n) {
   const DType t = x->dtype();
   KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
   KILN_RETURN_IF_ERROR(reg(n, t).status());
-  const Sizes xs = sizes_of(x);
-  const size_t axis = static_cast<size_t>(norm_axis(n.get_int("axis"), static_cast<int64_t>(xs.size())));
-  const int64_t len = xs[axis], inner = product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end()));
-  const int64_t rows = len == 0 ? 0 : product(xs) / len;
+  const auto [len, inner, rows] = rows_around_axis(sizes_of(x), n.get_int("axis"));
   const bool dbl = t == DType::kF64;
   const std::string acc = dbl ? "double" : "float", f = dbl ? "" : "f";
   const DType at = dbl ? DType::kF64 : DType::kF32;
