@@ -12,7 +12,10 @@
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
 
+#include "op_test_util.h"
+
 using namespace kiln;
+using namespace kiln::test;
 
 namespace {
 
@@ -38,22 +41,6 @@ std::string run_error(const std::string& op, AttrMap attrs) {
   auto r = run_op(op, std::move(attrs));
   REQUIRE_FALSE(r.ok());
   return r.status().message();
-}
-
-/// Checks dtype, shape and values; `eps` 0 means exact.
-void expect(const Tensor& t, DType dtype, std::vector<int64_t> shape, std::vector<double> want,
-            double eps = 0) {
-  CHECK(std::string(dtype_name(t.dtype())) == std::string(dtype_name(dtype)));
-  CHECK(shape_str(shape_of(t.shape())) == shape_str(shape_of(shape)));
-  const std::vector<double> got = t.to_f64();
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
-    if (eps == 0)
-      CHECK(got[i] == want[i]);
-    else
-      CHECK(got[i] == doctest::Approx(want[i]).epsilon(eps));
-  }
 }
 
 AttrMap range_attrs(double start, double limit, double delta) {

@@ -37,30 +37,7 @@ StatusOr<TensorType> infer1(const std::string& op, std::vector<TensorType> types
   return out[0];
 }
 
-Tensor tf(DType t, std::vector<int64_t> shape, std::vector<double> v) {
-  return Tensor::from_f64(t, std::move(shape), v);
-}
-Tensor ti(DType t, std::vector<int64_t> shape, std::vector<int64_t> v) {
-  return Tensor::from_i64(t, std::move(shape), v);
-}
 
-/// Checks dtype, shape and values; `eps` 0 means exact (nan matches nan).
-void expect(const Tensor& t, DType dtype, std::vector<int64_t> shape, std::vector<double> want,
-            double eps = 0) {
-  CHECK(std::string(dtype_name(t.dtype())) == std::string(dtype_name(dtype)));
-  CHECK(shape_str(shape_of(t.shape())) == shape_str(shape_of(shape)));
-  const std::vector<double> got = t.to_f64();
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
-    if (std::isnan(want[i]))
-      CHECK(std::isnan(got[i]));
-    else if (eps == 0 || std::isinf(want[i]))
-      CHECK((got[i] == want[i] && std::signbit(got[i]) == std::signbit(want[i])));
-    else
-      CHECK(got[i] == doctest::Approx(want[i]).epsilon(eps));
-  }
-}
 
 /// Runs a unary op on a 1-D f64 tensor and compares with hand values (to ~1 ulp of libm).
 void unary_f64(const std::string& op, std::vector<double> x, std::vector<double> want,
