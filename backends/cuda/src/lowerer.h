@@ -1,0 +1,252 @@
+// The lowering's working state, shared by the files that lower one family of ops each
+// (lowering.cpp: the driver and most ops). Internal to backends/cuda.
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "codegen.h"
+#include "kiln/cuda/lowering.h"
+#include "kiln/ir/graph.h"
+#include "kiln/ir/op.h"
+
+namespace kiln::cuda::detail {
+
+constexpr int64_t kAlign = 256;
+constexpr int kBlock = 256;
+constexpr int64_t kMaxGrid = int64_t{1} << 20;
+constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+constexpr int64_t kFoldLimitBytes = int64_t{64} << 20;
+/// Largest im2col buffer a conv may take; larger ones use the direct kernel.
+constexpr int64_t kColLimitBytes = int64_t{2} << 30;
+/// Most groups a conv lowers as GEMMs (one step each); depthwise-like convs use the direct kernel.
+constexpr int64_t kMaxGemmGroups = 8;
+
+inline int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+inline std::string dname(DType t) { return std::string(dtype_name(t)); }
+
+inline std::string value_label(const Value* v) { return "%" + (v->name().empty() ? std::string("<unnamed>") : v->name()); }
+
+inline Status unsupported(const Node& n, const std::string& why) {
+  return error_at(n.loc(), StatusCode::kUnimplemented, "cuda: " + n.op_name() + ": " + why);
+}
+
+inline Status unsupported_dtype(const Node& n, DType t) {
+  return unsupported(n, "dtype " + dname(t) + " is not supported");
+}
+
+inline Sizes sizes_of(const Value* v) { return static_sizes(v->shape()); }
+
+/// ONNX slice clamping of one axis: first index, step and count.
+struct SliceAxis {
+  int64_t start = 0, step = 1, count = 0;
+};
+inline SliceAxis clamp_slice(int64_t dim, int64_t start, int64_t end, int64_t step) {
+  if (start < 0) start += dim;
+  if (end < 0) end += dim;
+  SliceAxis s;
+  s.step = step;
+  if (dim == 0) return s;
+  int64_t distance;
+  if (step > 0) {
+    s.start = std::clamp<int64_t>(start, 0, dim);
+    distance = std::clamp<int64_t>(end, 0, dim) - s.start;
+  } else {
+    s.start = std::clamp<int64_t>(start, 0, dim - 1);
+    distance = s.start - std::clamp<int64_t>(end, -1, dim - 1);
+  }
+  const uint64_t abs_step = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+  if (distance > 0) s.count = 1 + static_cast<int64_t>(static_cast<uint64_t>(distance - 1) / abs_step);
+  return s;
+}
+
+inline int64_t norm_axis(int64_t a, int64_t rank) { return a < 0 ? a + rank : a; }
+
+/// A tensor seen around one axis as `rows` independent rows of `len` elements `inner` apart:
+/// the layout the row kernels (argmax/argmin, softmax) walk.
+struct AxisRows {
+  int64_t len = 0, inner = 1, rows = 0;
+};
+inline AxisRows rows_around_axis(const Sizes& xs, int64_t axis_attr) {
+  const size_t axis = static_cast<size_t>(norm_axis(axis_attr, static_cast<int64_t>(xs.size())));
+  AxisRows r;
+  r.len = xs[axis];
+  r.inner = product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(axis) + 1, xs.end()));
+  r.rows = r.len == 0 ? 0 : product(xs) / r.len;
+  return r;
+}
+
+class Lowerer {
+ public:
+  explicit Lowerer(const LoweringOptions& o) : opts_(o) {}
+  StatusOr<LoweredGraph> run(const Graph& g);
+
+ private:
+  struct Buffer {
+    std::string kind;  // input, output, activation, weight, alias
+    DType dtype;
+    Sizes shape;
+    int64_t bytes = 0;
+    int64_t offset = 0;
+    int base = -1;
+    std::string name;
+  };
+  struct Step {
+    std::string text;
+    std::vector<int> buffers;
+  };
+
+  int add_buffer(std::string kind, DType t, Sizes shape, std::string name = "") {
+    Buffer b{std::move(kind), t, std::move(shape), 0, 0, -1, std::move(name)};
+    b.bytes = dtype_storage_bytes(t, product(b.shape));
+    bufs_.push_back(std::move(b));
+    return static_cast<int>(bufs_.size()) - 1;
+  }
+  int root(int id) const { return bufs_[id].kind == "alias" ? bufs_[id].base : id; }
+  /// A 1-D alias of `elems` elements starting `first` elements into buffer `id`.
+  int view(int id, int64_t first, int64_t elems) {
+    const int r = root(id);
+    const int64_t off = (id == r ? 0 : bufs_[id].offset) + dtype_storage_bytes(bufs_[id].dtype, first);
+    const int v = add_buffer("alias", bufs_[id].dtype, {elems});
+    bufs_[v].base = r;
+    bufs_[v].offset = off;
+    return v;
+  }
+  /// The activation a GEMM epilogue can apply in place of `v`'s only user ("relu", "gelu"),
+  /// or "" when there is none. cuBLASLt's GELU is the tanh form, so exact gelu never qualifies.
+  std::string sole_activation(const Value* v, bool gelu_ok) const {
+    if (v->uses().size() != 1 || v->uses()[0].user == nullptr) return "";
+    const Node& u = *v->uses()[0].user;
+    if (u.num_operands() != 1 || u.num_results() != 1 || u.result()->dtype() != v->dtype()) return "";
+    if (u.op_name() == "relu") return "relu";
+    if (gelu_ok && u.op_name() == "gelu" && u.get_string("approximate") == "tanh") return "gelu";
+    return "";
+  }
+  /// Makes the result of `v`'s only user (an activation an epilogue applies) live in `id`.
+  void absorb_user(const Value* v, int id) {
+    const Node* u = v->uses()[0].user;
+    absorbed_.insert(u);
+    val_[u->result()] = id;
+    if (!u->result()->name().empty()) bufs_[id].name = u->result()->name();
+  }
+  int buf(const Value* v) const { return val_.at(v); }
+  int activation_for(const Value* v) {
+    const int id = add_buffer("activation", v->dtype(), sizes_of(v), v->name());
+    val_[v] = id;
+    return id;
+  }
+  std::string kernel_name(const std::string& op) { return "k" + std::to_string(kernels_.size()) + "_" + op; }
+  void add_kernel(const std::string& name, const std::string& params, const std::string& body) {
+    kernels_.push_back(name);
+    source_ += "\nextern \"C\" __global__ void __launch_bounds__(" + std::to_string(kBlock) + ") " +
+               name + "(" + params + ") {\n" + body + "}\n";
+  }
+  void launch(const std::string& kernel, int64_t blocks, const std::vector<int>& args) {
+    std::string a;
+    for (size_t i = 0; i < args.size(); ++i) a += (i ? ",b" : "b") + std::to_string(args[i]);
+    steps_.push_back({"step launch kernel=" + kernel + " grid=" +
+                          std::to_string(std::clamp<int64_t>(blocks, 1, kMaxGrid)) + ",1,1 block=" +
+                          std::to_string(kBlock) + ",1,1 smem=0 args=" + a,
+                      args});
+  }
+  /// A kernel written out whole (its own launch bounds, shared memory, templates): `text`
+  /// must define `extern "C" __global__ void NAME(...)`.
+  void add_kernel_text(const std::string& name, const std::string& text) {
+    kernels_.push_back(name);
+    source_ += "\n" + text + "\n";
+  }
+  /// A launch with an explicit 3-D grid, block size and dynamic shared memory.
+  void launch_grid(const std::string& kernel, const Sizes& grid, int64_t block, int64_t smem,
+                   const std::vector<int>& args) {
+    std::string a;
+    for (size_t i = 0; i < args.size(); ++i) a += (i ? ",b" : "b") + std::to_string(args[i]);
+    std::string g;
+    for (size_t d = 0; d < 3; ++d) g += (d ? "," : "") + std::to_string(d < grid.size() ? grid[d] : 1);
+    steps_.push_back({"step launch kernel=" + kernel + " grid=" + g + " block=" + std::to_string(block) +
+                          ",1,1 smem=" + std::to_string(smem) + " args=" + a,
+                      args});
+  }
+  /// One thread per element of `n`: the grid-stride loop around `body` (which sees `i`).
+  void launch_elementwise(const std::string& kernel, const std::string& params, int64_t n,
+                          const std::string& body, const std::vector<int>& args) {
+    add_kernel(kernel, params,
+               "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < " +
+                   int_literal(n) + "; i += (long long)gridDim.x * blockDim.x) {\n" + body + "  }\n");
+    launch(kernel, (n + kBlock - 1) / kBlock, args);
+  }
+  StatusOr<std::string> storage(const Node& n, DType t) {
+    std::optional<std::string> s = storage_type(t);
+    if (!s) return unsupported_dtype(n, t);
+    note_dtype(t);
+    return *s;
+  }
+  StatusOr<std::string> reg(const Node& n, DType t) {
+    std::optional<std::string> r = reg_type(t);
+    if (!r) return unsupported_dtype(n, t);
+    note_dtype(t);
+    return *r;
+  }
+  void note_dtype(DType t) {
+    fp16_ |= t == DType::kF16;
+    bf16_ |= t == DType::kBF16;
+  }
+
+  Status check_static(const Value* v) {
+    for (size_t d = 0; d < v->shape().size(); ++d)
+      if (!v->shape()[d].is_static())
+        return invalid_argument("cuda: value " + value_label(v) + " has symbolic dim " +
+                                std::to_string(d) + " ('" + v->shape()[d].str() +
+                                "'); artifacts need static shapes (bind it with --sym " +
+                                v->shape()[d].str() + "=N)");
+    return ok_status();
+  }
+
+  Status lower_graph_nodes(const Graph& g);
+  Status lower_node(const Node& n);
+  Status fold(const Node& n);
+  Status weight(const Value* v, const Tensor& t);
+  bool pure_pointwise(const Node& fused) const;
+  Status pointwise(const std::string& label, const std::vector<const Node*>& nodes,
+                   const std::vector<const Value*>& inputs, const std::vector<const Value*>& outputs,
+                   const std::vector<int>& in_bufs, const std::vector<int>& out_bufs);
+  StatusOr<std::string> op_expr(const Node& n, const std::vector<std::string>& a);
+  Status strided_copy(const Node& n, int in, int out, const Sizes& out_shape, const Sizes& in_strides,
+                      int64_t in_base, const Sizes& out_strides, int64_t out_base, const Sizes& iter);
+  Status gather_view(const Node& n, int in, int out, const Sizes& out_shape, const Sizes& strides,
+                     int64_t base) {
+    return strided_copy(n, in, out, out_shape, strides, base, contiguous_strides(out_shape), 0, out_shape);
+  }
+  Status reduce(const Node& n);
+  Status arg_reduce(const Node& n);
+  Status softmax(const Node& n);
+  Status norm(const Node& n);
+  Status batch_norm(const Node& n);
+  Status matmul(const Node& n);
+  Status linear(const Node& n);
+  Status conv(const Node& n);
+  Status conv_gemm(const Node& n);
+  Status pool(const Node& n);
+  Status gather(const Node& n);
+  Status pad(const Node& n);
+  Status gemm_operand(const Node& n, const Value* v, const Sizes& batch_dims, int64_t rows,
+                      int64_t cols, int& id, int64_t& stride);
+  std::string write_plan(int64_t arena);
+  int64_t plan_memory();
+
+  LoweringOptions opts_;
+  std::vector<Buffer> bufs_;
+  std::unordered_map<const Value*, int> val_;
+  std::set<const Node*> absorbed_;  // activations a GEMM epilogue already applies
+  std::vector<Step> steps_;
+  std::vector<std::string> kernels_;
+  std::string source_, weights_;
+  std::vector<std::pair<std::string, int>> inputs_, outputs_;
+  bool fp16_ = false, bf16_ = false, gemm_ = false;
+};
+
+}  // namespace kiln::cuda::detail
