@@ -175,6 +175,16 @@ kiln_status* kiln_model_device_time(const kiln_model* model, double* out_ms) {
   });
 }
 
+size_t kiln_model_num_steps(const kiln_model* model) { return model ? model->steps.size() : 0; }
+
+kiln_status* kiln_model_profile_steps(kiln_model* model, int32_t iterations, double* out_step_ms, size_t capacity) {
+  return guarded("kiln_model_profile_steps", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_profile_steps", "model");
+    if (!out_step_ms && capacity) return null_argument("kiln_model_profile_steps", "out_step_ms");
+    return kiln::rt::profile_steps(model, iterations, out_step_ms, capacity);
+  });
+}
+
 kiln_status* kiln_model_memory_report(const kiln_model* model, kiln_memory_report* out_report) {
   if (!model) return null_argument("kiln_model_memory_report", "model");
   if (!out_report) return null_argument("kiln_model_memory_report", "out_report");
@@ -219,6 +229,8 @@ const kiln_api* kiln_get_api(uint32_t version) {
       kiln_model_enqueue,
       kiln_model_synchronize,
       kiln_model_device_time,
+      kiln_model_num_steps,
+      kiln_model_profile_steps,
   };
   // One table serves every version: older hosts read only the prefix they know.
   return version >= 1 && version <= KILN_RUNTIME_API_VERSION ? &api : nullptr;

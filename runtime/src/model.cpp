@@ -205,24 +205,27 @@ kiln_status* enqueue_input_copies(kiln_model* m) {
   return nullptr;
 }
 
-kiln_status* enqueue_steps(kiln_model* m) {
-  for (kiln_model::Step& s : m->steps) {
-    switch (s.kind) {
-      case PlanStep::Kind::kLaunch:
-        KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(s.kernel), s.grid, s.block,
-                                       s.arg_ptrs.data(), s.smem, m->stream));
-        break;
-      case PlanStep::Kind::kGemm:
-        KILN_RT_TRY(s.gemm->run(m->cublas, m->workspace, m->workspace_bytes, m->stream));
-        break;
-      case PlanStep::Kind::kCopy:
-        if (s.bytes) KILN_CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, m->stream));
-        break;
-      case PlanStep::Kind::kMemset:
-        if (s.bytes) KILN_CUDA_TRY(cudaMemsetAsync(s.dst, 0, s.bytes, m->stream));
-        break;
-    }
+kiln_status* enqueue_step(kiln_model* m, kiln_model::Step& s) {
+  switch (s.kind) {
+    case PlanStep::Kind::kLaunch:
+      KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(s.kernel), s.grid, s.block,
+                                     s.arg_ptrs.data(), s.smem, m->stream));
+      break;
+    case PlanStep::Kind::kGemm:
+      KILN_RT_TRY(s.gemm->run(m->cublas, m->workspace, m->workspace_bytes, m->stream));
+      break;
+    case PlanStep::Kind::kCopy:
+      if (s.bytes) KILN_CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, m->stream));
+      break;
+    case PlanStep::Kind::kMemset:
+      if (s.bytes) KILN_CUDA_TRY(cudaMemsetAsync(s.dst, 0, s.bytes, m->stream));
+      break;
   }
+  return nullptr;
+}
+
+kiln_status* enqueue_steps(kiln_model* m) {
+  for (kiln_model::Step& s : m->steps) KILN_RT_TRY(enqueue_step(m, s));
   return nullptr;
 }
 
@@ -404,6 +407,41 @@ kiln_status* model_device_time(const kiln_model* m, double* out_ms) {
   KILN_RT_TRY(context(cuda_status(cudaEventElapsedTime(&ms, m->steps_begin, m->steps_end), "cudaEventElapsedTime"),
                       "kiln_model_device_time"));
   *out_ms = ms;
+  return nullptr;
+}
+
+kiln_status* profile_steps(kiln_model* m, int iterations, double* out_step_ms, size_t capacity) {
+  if (iterations < 1) return invalid("kiln_model_profile_steps: iterations must be at least 1, got " + std::to_string(iterations));
+  if (capacity < m->steps.size())
+    return invalid("kiln_model_profile_steps: capacity " + std::to_string(capacity) + " is less than the " +
+                   std::to_string(m->steps.size()) + " steps of the plan");
+  KILN_RT_TRY(synchronize_model(m, "kiln_model_profile_steps"));
+  KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
+  std::vector<cudaEvent_t> events(m->steps.size() + 1, nullptr);
+  auto destroy = [&] {
+    for (cudaEvent_t e : events)
+      if (e) (void)cudaEventDestroy(e);
+  };
+  kiln_status* st = nullptr;
+  for (cudaEvent_t& e : events)
+    if (!st) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
+  std::vector<double> total(m->steps.size(), 0.0);
+  for (int it = 0; it < iterations && !st; ++it) {
+    st = cuda_status(cudaEventRecord(events[0], m->stream), "cudaEventRecord");
+    for (size_t i = 0; i < m->steps.size() && !st; ++i) {
+      st = enqueue_step(m, m->steps[i]);
+      if (!st) st = cuda_status(cudaEventRecord(events[i + 1], m->stream), "cudaEventRecord");
+    }
+    if (!st) st = cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
+    for (size_t i = 0; i < m->steps.size() && !st; ++i) {
+      float ms = 0;
+      st = cuda_status(cudaEventElapsedTime(&ms, events[i], events[i + 1]), "cudaEventElapsedTime");
+      total[i] += ms;
+    }
+  }
+  destroy();
+  if (st) return context(st, "kiln_model_profile_steps");
+  for (size_t i = 0; i < total.size(); ++i) out_step_ms[i] = total[i] / iterations;
   return nullptr;
 }
 

@@ -109,6 +109,8 @@ kiln_status* enqueue_model(kiln_model* model, const kiln_host_tensor* inputs, si
 kiln_status* synchronize_model(kiln_model* model, const char* function);
 /// The device time of the last timed run (see kiln_model_device_time).
 kiln_status* model_device_time(const kiln_model* model, double* out_ms);
+/// Per-step device times (see kiln_model_profile_steps).
+kiln_status* profile_steps(kiln_model* model, int iterations, double* out_step_ms, size_t capacity);
 /// Maps a Kiln dtype name ("f32") to kiln_dtype; false when unknown.
 bool dtype_from_name(const std::string& name, kiln_dtype* out);
 

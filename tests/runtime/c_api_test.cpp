@@ -15,6 +15,7 @@ TEST_CASE("kiln_get_api returns a table for known versions only") {
   CHECK((api->model_run == &kiln_model_run));
   CHECK((api->model_memory_report == &kiln_model_memory_report));
   CHECK((api->status_release == &kiln_status_release));
+  CHECK((api->model_profile_steps == &kiln_model_profile_steps));
   CHECK(kiln_get_api(0) == nullptr);
   CHECK(kiln_get_api(KILN_RUNTIME_API_VERSION + 1) == nullptr);
 }
@@ -141,4 +142,12 @@ TEST_CASE("dtype names map to kiln_dtype in Kiln's order") {
   REQUIRE(kiln::rt::dtype_from_name("bool", &d));
   CHECK(d == KILN_DTYPE_BOOL);
   CHECK_FALSE(kiln::rt::dtype_from_name("f128", &d));
+}
+
+TEST_CASE("kiln_model_profile_steps checks its arguments") {
+  CHECK(kiln_model_num_steps(nullptr) == 0);
+  kiln_status* st = kiln_model_profile_steps(nullptr, 1, nullptr, 0);
+  CHECK(kiln_status_get_code(st) == KILN_STATUS_INVALID_ARGUMENT);
+  CHECK(std::string(kiln_status_get_message(st)).find("model") != std::string::npos);
+  kiln_status_release(st);
 }

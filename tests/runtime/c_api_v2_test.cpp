@@ -18,7 +18,7 @@ std::pair<kiln_status_code, std::string> outcome(kiln_status* st) {
 }  // namespace
 
 TEST_CASE("the version-2 table ends with enqueue, synchronize and device time; version 1 still served") {
-  CHECK(KILN_RUNTIME_API_VERSION == 2);
+  CHECK(KILN_RUNTIME_API_VERSION == 3);
   const kiln_api* v2 = kiln_get_api(2);
   REQUIRE(v2 != nullptr);
   CHECK((v2->model_enqueue == &kiln_model_enqueue));
@@ -29,7 +29,12 @@ TEST_CASE("the version-2 table ends with enqueue, synchronize and device time; v
   REQUIRE(v1 != nullptr);
   CHECK((v1->model_run == &kiln_model_run));
   CHECK((v1->model_memory_report == &kiln_model_memory_report));
-  CHECK(kiln_get_api(3) == nullptr);
+  // Version 3 appends the per-step profile after them.
+  const kiln_api* v3 = kiln_get_api(3);
+  REQUIRE(v3 != nullptr);
+  CHECK((v3->model_num_steps == &kiln_model_num_steps));
+  CHECK((v3->model_profile_steps == &kiln_model_profile_steps));
+  CHECK(kiln_get_api(4) == nullptr);
 }
 
 TEST_CASE("enable_timing defaults to off") {

@@ -152,12 +152,13 @@ const Value* first_dynamic(const Graph& g) {
   return nullptr;
 }
 
-/// Makes every shape static: artifacts are compiled for fixed sizes.
-Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& symbols) {
+/// Makes every shape static: artifacts are compiled for fixed sizes. Symbols in `taken` were
+/// already bound by the front end (its `dims` option), so they need not appear in `g`.
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& symbols, const std::set<std::string>& taken) {
   std::set<std::string> seen;
   substitute(g, symbols, seen);
   for (const auto& [name, size] : symbols)
-    if (!seen.count(name))
+    if (!seen.count(name) && !taken.count(name))
       return invalid_argument("--sym " + name + ": the model has no symbolic dimension '" + name + "'" +
                               (seen.empty() ? "" : "; its symbols: " + join({seen.begin(), seen.end()})));
   KILN_RETURN_IF_ERROR(infer_types(g));
@@ -226,7 +227,10 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
   forward_symbols_to_frontend(p.frontend, f.symbols, reg);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(f.model, p.frontend, reg));
   KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, f.pm));
-  KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols));
+  std::set<std::string> taken;
+  if (p.frontend.options.has("dims"))
+    for (const std::string& d : p.frontend.options.get_strings("dims")) taken.insert(d.substr(0, d.find('=')));
+  KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols, taken));
 
   ArtifactContents contents;
   std::vector<std::string> plugins = {plugin_id(reg, PluginKind::kFrontend, p.frontend.name)};

@@ -41,6 +41,8 @@ compile` does, into OUT.kiln (default: MODEL with the extension .kiln).
                         dimension of size 2 or more)
   --batch N             samples per run for samples/s (default: the first input's leading
                         dimension when its rank is 2 or more; 0: do not report samples/s)
+  --profile N           also time every plan step alone (CUDA events between steps, no
+                        graph) and print the N slowest steps and the time by kind of step
 
 compile first (MODEL not a .kiln): --target, --sym, -o/--output, --backend, --pipeline,
   --passes, --frontend, --plugin-path, as for `kiln compile`
@@ -52,6 +54,7 @@ struct BenchFlags {
   int64_t batch = -1;  // -1: from the first input
   uint64_t seed = 0;
   int64_t int_max = 2;
+  int profile_top = 0;  // 0: no per-step profile
   std::vector<bool> graph_modes = {true};
   std::vector<std::string> compile_args;  // forwarded to `kiln compile`
 };
@@ -81,6 +84,7 @@ BenchFlags parse_bench(Args& args) {
     else if (flag == "--seed") f.seed = number<uint64_t>(args.value(flag), flag, 0);
     else if (flag == "--int-max") f.int_max = number<int64_t>(args.value(flag), flag, 1);
     else if (flag == "--batch") f.batch = number<int64_t>(args.value(flag), flag, 0);
+    else if (flag == "--profile") f.profile_top = number<int>(args.value(flag), flag, 1);
     else if (flag == "--report-json") f.report_json = args.value(flag);
     else if (flag == "--no-cuda-graphs") { args.no_value(flag); f.graph_modes = {false}; }
     else if (flag == "--graphs") {
@@ -208,6 +212,7 @@ std::string json_summary(const Summary& s) {
 /// One mode's measurements, or the error that stopped it.
 struct ModeResult {
   std::string error, note;
+  std::vector<double> step_ms;  // --profile: mean device ms of each plan step
   Summary latency, enqueue, device;
   bool has_device = false;
   double runs_per_s = 0;
@@ -298,6 +303,10 @@ ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, s
       else timed = false, r.note += (r.note.empty() ? "" : "; ") + std::string("device timing unavailable: ") + e;
     }
   }
+  if (r.error.empty() && f.profile_top > 0 && graphs == f.graph_modes.front()) {
+    r.step_ms.assign(kiln_model_num_steps(m), 0.0);
+    r.error = take(kiln_model_profile_steps(m, 10, r.step_ms.data(), r.step_ms.size()));
+  }
   kiln_model_release(m);
   kiln_runtime_release(rt);
   if (!r.error.empty()) return r;
@@ -309,6 +318,67 @@ ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, s
   }
   r.runs_per_s = 1000.0 / r.latency.mean;
   return r;
+}
+
+/// What a plan step is, for the profile: "gemm 4096x4096x4096 bf16", "launch k12_softmax".
+std::string step_label(const artifact::PlanStep& s) {
+  auto attr = [&](const char* k) { auto it = s.attrs.find(k); return it == s.attrs.end() ? std::string("?") : it->second; };
+  switch (s.kind) {
+    case artifact::PlanStep::Kind::kLaunch: return "launch " + s.kernel;
+    case artifact::PlanStep::Kind::kGemm:
+      return "gemm " + attr("m") + "x" + attr("n") + "x" + attr("k") + " batch " + attr("batch") + " " + attr("dtype") +
+             " " + attr("epilogue");
+    case artifact::PlanStep::Kind::kCopy: return "copy " + attr("bytes") + " bytes";
+    case artifact::PlanStep::Kind::kMemset: return "memset " + attr("bytes") + " bytes";
+  }
+  return "?";
+}
+
+/// The kind a step is totalled under: the op of a generated kernel ("k12_softmax" → "softmax"), else the step kind.
+std::string step_kind(const artifact::PlanStep& s) {
+  if (s.kind != artifact::PlanStep::Kind::kLaunch) return step_label(s).substr(0, step_label(s).find(' '));
+  const size_t u = s.kernel.find('_');
+  return u == std::string::npos ? s.kernel : s.kernel.substr(u + 1);
+}
+
+/// Prints the slowest steps and the totals by kind; returns the same as JSON.
+std::string profile_report(const BenchFlags& f, const std::vector<double>& ms, std::ostringstream& text) {
+  std::string error;
+  std::unique_ptr<artifact::Artifact> a = artifact::read_artifact_file(f.model, &error);
+  const std::vector<artifact::PlanStep>& steps = a->plan.steps;
+  double total = 0;
+  for (double v : ms) total += v;
+  std::vector<size_t> order(ms.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return ms[x] > ms[y]; });
+  std::map<std::string, std::pair<double, int>> by_kind;
+  for (size_t i = 0; i < ms.size() && i < steps.size(); ++i) {
+    auto& k = by_kind[step_kind(steps[i])];
+    k.first += ms[i];
+    ++k.second;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> kinds(by_kind.begin(), by_kind.end());
+  std::stable_sort(kinds.begin(), kinds.end(), [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
+  auto pct = [&](double v) { return fixed(total > 0 ? 100.0 * v / total : 0.0, 1); };
+  text << "profile (each step alone, mean of 10 runs): " << fixed(total) << " ms in " << ms.size() << " steps\n  by kind:\n";
+  std::ostringstream json;
+  json << "{\"total_ms\": " << fixed(total) << ", \"by_kind\": [";
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    text << "    " << fixed(kinds[i].second.first) << " ms " << pct(kinds[i].second.first) << "%  " << kinds[i].first << " ("
+         << kinds[i].second.second << " steps)\n";
+    json << (i ? ", " : "") << "{\"kind\": " << json_string(kinds[i].first) << ", \"ms\": " << fixed(kinds[i].second.first)
+         << ", \"steps\": " << kinds[i].second.second << "}";
+  }
+  text << "  slowest steps:\n";
+  json << "], \"steps\": [";
+  for (size_t j = 0; j < order.size() && j < static_cast<size_t>(f.profile_top); ++j) {
+    const size_t i = order[j];
+    const std::string label = i < steps.size() ? step_label(steps[i]) : "?";
+    text << "    #" << i << "  " << fixed(ms[i]) << " ms " << pct(ms[i]) << "%  " << label << "\n";
+    json << (j ? ", " : "") << "{\"step\": " << i << ", \"ms\": " << fixed(ms[i]) << ", \"what\": " << json_string(label) << "}";
+  }
+  json << "]}";
+  return json.str();
 }
 
 }  // namespace
@@ -398,7 +468,10 @@ int cmd_bench(Args& args) {
     text << "\n";
     if (!r.note.empty()) text << "  note: " << r.note << "\n";
   }
-  json << "\n }}\n";
+  json << "\n }";
+  for (const auto& [graphs, r] : results)
+    if (!r.step_ms.empty()) json << ",\n \"profile\": " << profile_report(f, r.step_ms, text);
+  json << "}\n";
 
   std::cout << text.str();
   std::cout.flush();

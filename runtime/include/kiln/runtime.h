@@ -30,7 +30,7 @@ extern "C" {
 #define KILN_RUNTIME_EXPORT
 #endif
 
-#define KILN_RUNTIME_API_VERSION 2
+#define KILN_RUNTIME_API_VERSION 3
 
 /* ---- status ------------------------------------------------------------------------------ */
 
@@ -147,6 +147,16 @@ KILN_RUNTIME_EXPORT kiln_status* kiln_model_synchronize(kiln_model* model);
  * with enable_timing; INVALID_ARGUMENT before the first completed run. */
 KILN_RUNTIME_EXPORT kiln_status* kiln_model_device_time(const kiln_model* model, double* out_ms);
 
+/* Since API version 3: the device time of each plan step, for finding where a model spends
+ * its time. Runs the plan's steps `iterations` times without a CUDA graph on the inputs of the
+ * last run (zeros before the first), with a CUDA event between every two steps, and writes the
+ * mean milliseconds of step i to out_step_ms[i]; `capacity` is out_step_ms's length and must be
+ * at least kiln_model_num_steps. Slower than a normal run (one event per step): for profiling,
+ * not for timing the whole model. */
+KILN_RUNTIME_EXPORT size_t kiln_model_num_steps(const kiln_model* model);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_profile_steps(kiln_model* model, int32_t iterations,
+                                                          double* out_step_ms, size_t capacity);
+
 /* Device memory held by Kiln, by category. */
 typedef struct kiln_memory_report {
   uint32_t struct_size;
@@ -185,6 +195,9 @@ typedef struct kiln_api {
   kiln_status* (*model_enqueue)(kiln_model*, const kiln_host_tensor*, size_t, kiln_host_tensor*, size_t);
   kiln_status* (*model_synchronize)(kiln_model*);
   kiln_status* (*model_device_time)(const kiln_model*, double*);
+  /* version 3 */
+  size_t (*model_num_steps)(const kiln_model*);
+  kiln_status* (*model_profile_steps)(kiln_model*, int32_t, double*, size_t);
   /* New entries go here, at the end, with a bump of KILN_RUNTIME_API_VERSION. */
 } kiln_api;
 

@@ -196,6 +196,28 @@ TEST_CASE("a PTX image runs kernels, a gemm, copy, memset and aliases; graphs on
   CHECK(results[0].z == results[1].z);
 }
 
+TEST_CASE("the per-step profile times every step and checks its arguments") {
+  kiln_runtime* rt = make_runtime(1);
+  kiln_model* m = load(rt, artifact_a("compute_" + arch_digits(rt) + ".ptx", nvrtc_compile("compute_" + arch_digits(rt))));
+  const size_t n = kiln_model_num_steps(m);
+  REQUIRE(n > 0);
+  std::vector<double> ms(n, -1.0);
+  kiln_status* st = kiln_model_profile_steps(m, 3, ms.data(), n);
+  REQUIRE_MESSAGE(st == nullptr, kiln_status_get_message(st));
+  for (double v : ms) CHECK(v >= 0.0);
+  st = kiln_model_profile_steps(m, 3, ms.data(), n - 1);
+  CHECK(kiln_status_get_code(st) == KILN_STATUS_INVALID_ARGUMENT);
+  CHECK(std::string(kiln_status_get_message(st)).find("capacity") != std::string::npos);
+  kiln_status_release(st);
+  st = kiln_model_profile_steps(m, 0, ms.data(), n);
+  CHECK(kiln_status_get_code(st) == KILN_STATUS_INVALID_ARGUMENT);
+  kiln_status_release(st);
+  // The model still runs normally afterwards.
+  check_a(run_a(m, iota(-3, 0.25f), iota(1, -0.125f)), iota(-3, 0.25f), iota(1, -0.125f));
+  kiln_model_release(m);
+  kiln_runtime_release(rt);
+}
+
 TEST_CASE("a cubin for the device runs; inputs, outputs and memory are reported") {
   kiln_runtime* rt = make_runtime(1);
   std::string sm = kiln_runtime_device_name(rt);
