@@ -218,9 +218,12 @@ def worker(a):
     model = model.to(dev).eval()
     gpu_in = [v.to(dev) for v in inputs.values()]
     cpu_in = list(inputs.values())
-    fns = {"eager": model}
+    wanted = [m for m in a.torch_modes.split(",") if m in MODES]
+    fns = {"eager": model} if "eager" in wanted else {}
     with torch.no_grad():
         for mode, kw in (("compile", {}), ("compile-ro", {"mode": "reduce-overhead"})):
+            if mode not in wanted:
+                continue
             try:
                 t0 = time.time()
                 fn = torch.compile(model, dynamic=False, **kw)
@@ -398,6 +401,15 @@ def kiln_summary(report):
     return out, notes
 
 
+def kiln_pipeline(a, kind):
+    """The pipeline Kiln compiles a workload with: --pipeline, except that convolutional models
+    take --conv-pipeline, because PyTorch runs cuDNN convolutions in TF32 by default
+    (torch.backends.cudnn.allow_tf32) while its matmuls stay in full fp32."""
+    if kind == "resnet18" and a.conv_pipeline:
+        return a.conv_pipeline
+    return a.pipeline
+
+
 def run_workload(w, a, kiln, work_root, budget_end):
     name, kind, p, shape = w
     row = {"workload": name, "shape": shape, "status": "ok", "notes": [], "kiln": {}, "torch": {}}
@@ -405,11 +417,17 @@ def run_workload(w, a, kiln, work_root, budget_end):
     model = os.path.join(work, "model.kir" if kind == "gemm" else "model.onnx")
     artifact = os.path.join(work, "model.kiln")
     compile_cmd = [kiln, "compile", model, "--target", a.target, "-o", artifact]
+    pipeline = kiln_pipeline(a, kind)
+    if pipeline:
+        compile_cmd += ["--pipeline", pipeline]
     bench_cmd = [kiln, "bench", artifact, "--graphs", "both", "--iterations", str(a.kiln_iterations),
                  "--warmup", str(a.warmup), "--report-json", os.path.join(work, "kiln-bench.json")]
+    if a.kiln_profile:
+        bench_cmd += ["--profile", str(a.kiln_profile)]
     worker_cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--workdir", work,
                   "--iterations", str(a.iterations), "--warmup", str(a.warmup),
-                  "--e2e-iterations", str(a.e2e_iterations), "--go-timeout", str(a.compile_timeout)]
+                  "--e2e-iterations", str(a.e2e_iterations), "--go-timeout", str(a.compile_timeout),
+                  "--torch-modes", a.torch_modes]
     if a.dry_run:
         if kind == "gemm":
             print("  write " + model + ":\n    " + gemm_kir(p).rstrip().replace("\n", "\n    "))
@@ -506,6 +524,13 @@ def main():
     ap.add_argument("--target", default="sm_90a")
     ap.add_argument("--budget", type=float, default=450, help="seconds; later workloads are skipped")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, import no torch")
+    ap.add_argument("--pipeline", default=os.path.join(REPO, "examples", "pipelines", "cuda-sm90.toml"),
+                    help="pipeline TOML for kiln compile ('' for none)")
+    ap.add_argument("--conv-pipeline", default=os.path.join(REPO, "examples", "pipelines", "cuda-sm90-tf32.toml"),
+                    help="pipeline for convolutional models (PyTorch's cuDNN convolutions use TF32)")
+    ap.add_argument("--kiln-profile", type=int, default=0, help="kiln bench --profile N (per-step times)")
+    ap.add_argument("--torch-modes", default=",".join(MODES),
+                    help="PyTorch modes to time (eager,compile,compile-ro); 'none' to profile Kiln alone")
     # worker mode (internal)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)

@@ -108,12 +108,16 @@ std::string index_code(const std::string& idx, const Sizes& dims, const std::vec
   for (size_t k = 0; k < names.size(); ++k)
     code += (k ? ", " : "") + names[k] + " = " + int_literal(bases.empty() ? 0 : bases[k]);
   code += ";\n";
-  code += "{ long long r_ = " + idx + ", c_ = 0; (void)c_;\n";
+  // 64-bit division is emulated in dozens of instructions; 32-bit unsigned is a few, so
+  // index spaces that fit take it (the offsets stay 64-bit).
+  const bool narrow = product(dims) <= int64_t{0xffffffff};
+  code += narrow ? "{ unsigned r_ = (unsigned)(" + idx + "), c_ = 0; (void)c_;\n"
+                 : "{ long long r_ = " + idx + ", c_ = 0; (void)c_;\n";
   for (size_t d = dims.size(); d-- > 0;) {
     bool used = false;
     for (const Sizes& s : strides) used |= s[d] != 0;
     if (dims[d] == 1) continue;
-    const std::string dim = int_literal(dims[d]);
+    const std::string dim = narrow ? std::to_string(dims[d]) + "u" : int_literal(dims[d]);
     code += d == 0 ? "  c_ = r_;" : "  c_ = r_ % " + dim + "; r_ /= " + dim + ";";
     if (used)
       for (size_t k = 0; k < names.size(); ++k)
