@@ -49,6 +49,22 @@ Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::st
   return ok_status();
 }
 
+std::vector<StageSpec> default_compile_passes(const Registry& reg) {
+  // Layout folding first, so fusion sees matmuls rather than transposes; attention before the
+  // generic groups that would otherwise take its softmax; scheduling last, on the final nodes.
+  static const char* const kOrder[] = {"canonicalize",    "cse",          "fold-layout",    "fuse-attention",
+                                       "fuse-horizontal", "fuse-rows",    "fuse-pointwise", "dce",
+                                       "schedule-memory"};
+  std::vector<StageSpec> passes;
+  for (const char* name : kOrder) {
+    auto info = reg.pass(name);
+    if (!info.ok()) continue;
+    auto opts = resolve_options((*info)->options, {}, std::string("pass '") + name + "'");
+    if (opts.ok()) passes.push_back({name, std::move(*opts), {}});
+  }
+  return passes;
+}
+
 void forward_symbols_to_frontend(StageSpec& frontend, const std::map<std::string, int64_t>& symbols,
                                  const Registry& reg) {
   if (symbols.empty()) return;

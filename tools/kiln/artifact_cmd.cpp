@@ -34,6 +34,10 @@ dimension needs a --sym. Works without a GPU.
   --sym NAME=VALUE          size of symbolic dimension NAME; repeatable
   --backend LIST            only these backends may build the targets (default: any that
                             lists a target; the pipeline's backend when several do)
+
+Without --pipeline or --passes the standard passes run, those of them the loaded plugins
+provide, in this order: canonicalize, cse, fold-layout, fuse-attention, fuse-horizontal,
+fuse-rows, fuse-pointwise, dce, schedule-memory. --passes "" runs none.
 )";
 
 constexpr std::string_view kInspect = R"(usage: kiln inspect FILE.kiln [--json]
@@ -307,6 +311,8 @@ int cmd_compile(Args& args) {
     auto passes = parse_pass_list(*f.passes, reg);
     if (!passes.ok()) return report(passes.status().with_context("--passes"));
     p.passes = std::move(*passes);
+  } else {
+    p.passes = default_compile_passes(reg);
   }
   if (!f.frontend.empty()) {
     auto fe = reg.frontend(f.frontend);

@@ -38,6 +38,11 @@ StatusOr<Pipeline> load_pipeline_with_plugins(const std::string& path, Registry&
 Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::string& model_path,
                                  bool need_backend = true);
 
+/// The passes `kiln compile` runs when neither a pipeline nor --passes names any: Kiln's
+/// standard optimization order (clean-up, layout folding, fusion, dead code, memory-aware
+/// scheduling), limited to the passes the loaded plugins register, each with its defaults.
+std::vector<StageSpec> default_compile_passes(const Registry& reg);
+
 /// Reads a model file with the named front end and verifies the result.
 /// Hands `--sym NAME=SIZE` bindings to a front end that declares a string-list option `dims`
 /// (e.g. onnx), so shape computations on those dims fold at import. Bindings the pipeline
