@@ -8,6 +8,7 @@ PACKAGES=(
   libtomlplusplus-dev doctest-dev
   libboost-dev libssl-dev
   libonnx-dev libonnx-testdata libprotobuf-dev protobuf-compiler
+  libopenblas-dev
   python3 python3-numpy
 )
 

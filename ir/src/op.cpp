@@ -96,6 +96,9 @@ void register_core_ops(OpRegistry& r) {
   register_norm_ops(r);
   register_shape_ops(r);
   register_structural_ops(r);
+  register_attention_ops(r);
+  register_int4_ops(r);
+  register_quant_ops(r);
 }
 
 StatusOr<std::vector<TensorType>> infer_node_types(const Node& node,

@@ -9,7 +9,6 @@
 #include "fusion.h"
 
 namespace kiln::fusion {
-namespace {
 
 /// Whether `n` or anything nested in it must not be moved or merged.
 bool has_side_effects(const Node& n) {
@@ -57,6 +56,8 @@ bool is_scalar_constant(const Node* n) {
   const Attribute* v = n->attr("value");
   return v && v->kind() == AttrKind::kTensor && v->as_tensor().numel() == 1;
 }
+
+namespace {
 
 /// Whether `n` may be a group member: what the CUDA backend accepts in a one-kernel fused
 /// region (elementwise ops and identity, one result each), with shapes whose broadcasting can
@@ -190,6 +191,8 @@ class Grouper {
   int stamp_ = 0;
 };
 
+}  // namespace
+
 /// Replaces `members` (in graph order) with one fused node. Returns false, changing nothing,
 /// when no member's value is used after the group (a dead group is left to dce).
 StatusOr<bool> build_fused(Graph& g, const std::vector<Node*>& members) {
@@ -270,6 +273,8 @@ void reorder(Graph& g) {
         if (u.user && --pending[u.user] == 0) ready.push(pos[u.user]);
   }
 }
+
+namespace {
 
 class FusePointwise final : public Pass {
  public:

@@ -1,6 +1,9 @@
 // Private to the kiln-fusion plugin: the factories of the passes it registers.
 #pragma once
 
+#include <optional>
+#include <vector>
+
 #include "kiln/core/registry.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/op.h"
@@ -9,5 +12,31 @@ namespace kiln::fusion {
 
 /// Registry entry of fuse-pointwise (registered by register.cpp).
 PassInfo fuse_pointwise_pass_info();
+/// Registry entry of fuse-attention (registered by register.cpp).
+PassInfo fuse_attention_pass_info();
+/// Registry entry of fuse-rows (fuse_rows.cpp).
+PassInfo fuse_rows_pass_info();
+/// Registry entry of fuse-horizontal (fuse_horizontal.cpp).
+PassInfo fuse_horizontal_pass_info();
+/// Registry entry of fold-layout (fold_layout.cpp).
+PassInfo fold_layout_pass_info();
+
+// Grouping helpers shared by the fusion passes (defined in fuse_pointwise.cpp).
+
+/// Whether `n` or anything nested in it must not be moved or merged.
+bool has_side_effects(const Node& n);
+bool has_unknown_dim(const Shape& s);
+/// Numpy broadcasting of `a` and `b`, strict about symbols (a dim joins only an equal dim or a
+/// static 1); nullopt when they do not broadcast.
+std::optional<Shape> strict_join(const Shape& a, const Shape& b);
+/// Whether `from` broadcasts to exactly `to`.
+bool broadcasts_into(const Shape& from, const Shape& to);
+/// A one-element constant, which groups copy into their region instead of taking it as input.
+bool is_scalar_constant(const Node* n);
+/// Replaces `members` (in graph order, one result each) with one fused node whose results are
+/// the members' values used outside; false, changing nothing, when none is.
+StatusOr<bool> build_fused(Graph& g, const std::vector<Node*>& members);
+/// Restores a topological order after fused nodes were placed at their last member.
+void reorder(Graph& g);
 
 }  // namespace kiln::fusion

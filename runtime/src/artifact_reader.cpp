@@ -301,7 +301,7 @@ class PlanParser {
     if (!attrs(toks, 2, &a,
                {"a", "b", "d", "m", "n", "k", "batch", "trans_a", "trans_b", "lda", "ldb", "ldd", "stride_a",
                 "stride_b", "stride_d", "dtype", "compute", "alpha", "beta", "epilogue"},
-               {"c", "bias", "ldc", "stride_c"}))
+               {"c", "bias", "ldc", "stride_c", "a_dtype", "b_dtype", "a_scale", "b_scale", "amax_d"}))
       return false;
     auto one_of = [&](std::string_view key, std::initializer_list<std::string_view> allowed) {
       if (std::find(allowed.begin(), allowed.end(), a[std::string(key)]) != allowed.end()) return true;
@@ -311,6 +311,7 @@ class PlanParser {
         !one_of("trans_a", {"0", "1"}) || !one_of("trans_b", {"0", "1"}) ||
         !one_of("epilogue", {"none", "relu", "gelu", "bias", "bias_relu", "bias_gelu"}))
       return false;
+    if (!fp8_gemm(a)) return false;
     float alpha = 0, beta = 0;
     if (!num(a, "alpha", &alpha) || !num(a, "beta", &beta)) return false;
     const bool has_bias = a["epilogue"].starts_with("bias");
@@ -347,6 +348,38 @@ class PlanParser {
                     std::to_string(buf.bytes) + " bytes");
     }
     out->insert(a.begin(), a.end());
+    return true;
+  }
+
+  /// FP8 operands (a_dtype/b_dtype f8e4m3fn or f8e5m2) need both scale pointers, the TN layout
+  /// cuBLASLt's FP8 kernels take (trans_a=0 trans_b=1), 16-element leading dimensions, an f32
+  /// compute type and a 16/32-bit d; scales and amax_d are f32 buffers.
+  bool fp8_gemm(Attrs& a) {
+    for (const char* key : {"a_dtype", "b_dtype"})
+      if (a.count(key) && a[key] != a["dtype"] && a[key] != "f8e4m3fn" && a[key] != "f8e5m2")
+        return fail("gemm: " + std::string(key) + "='" + a[key] + "' is not allowed (the gemm's dtype, f8e4m3fn or f8e5m2)");
+    const auto f8 = [&](const char* key) { return a.count(key) && a[key].starts_with("f8"); };
+    if (!f8("a_dtype") && !f8("b_dtype")) {
+      for (const char* key : {"a_scale", "b_scale", "amax_d"})
+        if (a.count(key)) return fail("gemm: " + std::string(key) + "= is only for fp8 operands (a_dtype/b_dtype)");
+      return true;
+    }
+    if (!f8("a_dtype") || !f8("b_dtype")) return fail("gemm: fp8 needs both a_dtype and b_dtype to be f8e4m3fn or f8e5m2");
+    if (a["a_dtype"] == "f8e5m2" && a["b_dtype"] == "f8e5m2") return fail("gemm: fp8 cannot multiply f8e5m2 by f8e5m2");
+    if (!a.count("a_scale") || !a.count("b_scale")) return fail("gemm: fp8 needs a_scale= and b_scale=");
+    if (a["trans_a"] != "0" || a["trans_b"] != "1") return fail("gemm: fp8 needs trans_a=0 trans_b=1 (cuBLASLt's TN layout)");
+    if (a["compute"] != "f32") return fail("gemm: fp8 needs compute=f32");
+    uint64_t lda = 0, ldb = 0;
+    if (!num(a, "lda", &lda) || !num(a, "ldb", &ldb)) return false;
+    if (lda % 16 || ldb % 16) return fail("gemm: fp8 needs lda and ldb to be multiples of 16");
+    for (const char* key : {"a_scale", "b_scale", "amax_d"}) {
+      if (!a.count(key)) continue;
+      int id = -1;
+      if (!buffer_ref(a[key], &id)) return false;
+      const PlanBuffer& buf = p_.buffers[static_cast<size_t>(id)];
+      if (buf.dtype != "f32" || buf.bytes < 4)
+        return fail("gemm: " + std::string(key) + " buffer " + std::to_string(id) + " must hold an f32, it is " + buf.dtype);
+    }
     return true;
   }
 

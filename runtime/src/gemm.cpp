@@ -111,6 +111,29 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   else if (dt == "f16") data_type = CUDA_R_16F, es = 2;
   else if (dt == "bf16") data_type = CUDA_R_16BF, es = 2;
   else return at.fail("dtype '" + dt + "' is not f32, f16 or bf16");
+  // FP8 operands: a_dtype/b_dtype name them (default: dtype); d, c and bias keep dtype.
+  const std::string* adt = at.find("a_dtype");
+  const std::string* bdt = at.find("b_dtype");
+  const std::string a_dt = adt ? *adt : dt, b_dt = bdt ? *bdt : dt;
+  auto operand_type = [&](const std::string& name, cudaDataType_t* type, int64_t* size) -> kiln_status* {
+    if (name == dt) *type = data_type, *size = es;
+    else if (name == "f8e4m3fn") *type = CUDA_R_8F_E4M3, *size = 1;
+    else if (name == "f8e5m2") *type = CUDA_R_8F_E5M2, *size = 1;
+    else return at.fail("operand dtype '" + name + "' is not " + dt + ", f8e4m3fn or f8e5m2");
+    return nullptr;
+  };
+  cudaDataType_t a_type, b_type;
+  int64_t a_es, b_es;
+  KILN_RT_TRY(operand_type(a_dt, &a_type, &a_es));
+  KILN_RT_TRY(operand_type(b_dt, &b_type, &b_es));
+  const bool fp8 = a_es == 1 || b_es == 1;
+  int ia_scale, ib_scale, iamax;
+  KILN_RT_TRY(at.buffer("a_scale", false, &ia_scale));
+  KILN_RT_TRY(at.buffer("b_scale", false, &ib_scale));
+  KILN_RT_TRY(at.buffer("amax_d", false, &iamax));
+  if (fp8 && (ia_scale < 0 || ib_scale < 0)) return at.fail("fp8 operands need a_scale and b_scale");
+  if (!fp8 && (ia_scale >= 0 || ib_scale >= 0 || iamax >= 0)) return at.fail("scales are only for fp8 operands");
+  if (fp8 && (ta != 0 || tb != 1)) return at.fail("fp8 needs trans_a=0 trans_b=1 (cuBLASLt's TN layout)");
   cublasComputeType_t compute_type;
   if (ct == "f32") compute_type = CUBLAS_COMPUTE_32F;
   else if (ct == "tf32" && dt == "f32") compute_type = CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -128,6 +151,7 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
     return at.fail(wants_bias ? "epilogue " + ep + " needs a bias buffer"
                               : "a bias buffer needs a bias epilogue");
 
+  const int64_t es_d = es;
   auto g = std::unique_ptr<GemmStep>(new GemmStep());
   KILN_RT_TRY(at.number("alpha", 1.0f, &g->alpha_));
   KILN_RT_TRY(at.number("beta", 0.0f, &g->beta_));
@@ -139,9 +163,11 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
                    int64_t stride, const DeviceBuffer** out_buf) -> kiln_status* {
     const DeviceBuffer* buf = buffer_of(bid);
     if (!buf) return at.fail(std::string(what) + " refers to undefined buffer b" + std::to_string(bid));
-    if (buf->dtype != dt)
+    const std::string& want = what[0] == 'a' && what[1] == 0 ? a_dt : what[0] == 'b' && what[1] == 0 ? b_dt : dt;
+    const int64_t es = what[0] == 'a' && what[1] == 0 ? a_es : what[0] == 'b' && what[1] == 0 ? b_es : es_d;
+    if (buf->dtype != want)
       return at.fail(std::string(what) + " buffer b" + std::to_string(bid) + " is " + buf->dtype +
-                     ", the gemm's dtype is " + dt);
+                     ", the gemm's " + what + " dtype is " + want);
     if (ld < cols) return at.fail(std::string("leading dimension of ") + what + " is " +
                                   std::to_string(ld) + ", less than its " + std::to_string(cols) + " columns");
     uint64_t extent = static_cast<uint64_t>((batch - 1) * stride + (rows - 1) * ld + cols) * es;
@@ -165,8 +191,8 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   // Column-major view: a row-major R x C matrix with leading dimension ld is a column-major
   // C x R one; D^T[n,m] = op(B)^T[n,k] @ op(A)^T[k,m].
   auto layout = [&](cublasLtMatrixLayout_t* l, int64_t rows, int64_t cols, int64_t ld,
-                    int64_t stride) -> kiln_status* {
-    KILN_CUBLAS_TRY(cublasLtMatrixLayoutCreate(l, data_type, static_cast<uint64_t>(cols),
+                    int64_t stride, cudaDataType_t type) -> kiln_status* {
+    KILN_CUBLAS_TRY(cublasLtMatrixLayoutCreate(l, type, static_cast<uint64_t>(cols),
                                                static_cast<uint64_t>(rows), ld));
     int32_t count = static_cast<int32_t>(batch);
     KILN_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
@@ -175,16 +201,34 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
         *l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
     return nullptr;
   };
-  KILN_RT_TRY(layout(&g->layout_a_, b_rows, b_cols, ldb, sb));
-  KILN_RT_TRY(layout(&g->layout_b_, a_rows, a_cols, lda, sa));
-  KILN_RT_TRY(layout(&g->layout_c_, m, n, ldc, sc));
-  KILN_RT_TRY(layout(&g->layout_d_, m, n, ldd, sd));
+  KILN_RT_TRY(layout(&g->layout_a_, b_rows, b_cols, ldb, sb, b_type));
+  KILN_RT_TRY(layout(&g->layout_b_, a_rows, a_cols, lda, sa, a_type));
+  KILN_RT_TRY(layout(&g->layout_c_, m, n, ldc, sc, data_type));
+  KILN_RT_TRY(layout(&g->layout_d_, m, n, ldd, sd, data_type));
 
   KILN_CUBLAS_TRY(cublasLtMatmulDescCreate(&g->desc_, compute_type, CUDA_R_32F));
   cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (fp8) {
+    // The plan's A is cuBLAS's B and vice versa (the column-major view above).
+    auto scale_ptr = [&](int bid, const char* what, cublasLtMatmulDescAttributes_t attr) -> kiln_status* {
+      const DeviceBuffer* s = buffer_of(bid);
+      if (!s) return at.fail(std::string(what) + " refers to undefined buffer b" + std::to_string(bid));
+      if (s->dtype != "f32" || s->bytes < 4) return at.fail(std::string(what) + " buffer b" + std::to_string(bid) + " must hold an f32");
+      const void* p = s->ptr;
+      KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, attr, &p, sizeof p));
+      return nullptr;
+    };
+    KILN_RT_TRY(scale_ptr(ib_scale, "b_scale", CUBLASLT_MATMUL_DESC_A_SCALE_POINTER));
+    KILN_RT_TRY(scale_ptr(ia_scale, "a_scale", CUBLASLT_MATMUL_DESC_B_SCALE_POINTER));
+    if (iamax >= 0) KILN_RT_TRY(scale_ptr(iamax, "amax_d", CUBLASLT_MATMUL_DESC_AMAX_D_POINTER));
+    // Inference GEMMs: accumulate in the tensor cores' fast mode, as TransformerEngine's forward does.
+    const int8_t fast = 1;
+    KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    if (bias && dt == "f32") return at.fail("fp8 with an f32 d takes no bias (cuBLASLt wants a bf16 one)");
+  }
   if (bias) {
     const void* bias_ptr = bias->ptr;
     KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -199,8 +243,8 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof workspace_bytes));
   // The pointers are fixed at load, so the heuristic may count on their real alignment.
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(pointer_alignment(g->a_, sb * es))},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(pointer_alignment(g->b_, sa * es))},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(pointer_alignment(g->a_, sb * b_es))},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(pointer_alignment(g->b_, sa * a_es))},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(pointer_alignment(g->c_, sc * es))},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(pointer_alignment(g->d_, sd * es))}};
   for (const auto& [attr, value] : aligns)

@@ -112,6 +112,94 @@ const Case kCases[] = {
   %e = expand(%sp0) {shape = [2, 3, 4]} : f32[2, 3, 4]
   %r = reshape(%t) {shape = [12, 2]} : f32[12, 2]
   return %t, %s, %c, %e, %sp1, %p, %g, %r })"},
+    // Row groups from fuse-rows, one kernel each (fused_rows.cpp): block per row with 16-byte
+    // vectors, lanes sharing a block for short rows, scalar loads for odd rows, general broadcasts.
+    {"rows-rms-residual-bf16", R"(graph @g(%x: bf16[33, 4096], %r: bf16[33, 4096], %w: bf16[4096]) -> (bf16[33, 4096], bf16[33, 4096]) {
+  %y, %h = fused(%x, %r, %w) : bf16[33, 4096], bf16[33, 4096] {
+    graph @body(%a: bf16[33, 4096], %b: bf16[33, 4096], %c: bf16[4096]) -> (bf16[33, 4096], bf16[33, 4096]) {
+      %h = add(%a, %b) : bf16[33, 4096]
+      %y = rms_norm(%h, %c) {epsilon = 1e-5} : bf16[33, 4096]
+      return %y, %h
+    }
+  }
+  return %y, %h })"},
+    {"rows-layer-norm-residual-f16", R"(graph @g(%x: f16[37, 96], %r: f16[37, 96], %w: f16[96], %b: f16[96]) -> (f16[37, 96], f16[37, 96]) {
+  %y, %h = fused(%x, %r, %w, %b) : f16[37, 96], f16[37, 96] {
+    graph @body(%a: f16[37, 96], %c: f16[37, 96], %d: f16[96], %e: f16[96]) -> (f16[37, 96], f16[37, 96]) {
+      %h = add(%a, %c) : f16[37, 96]
+      %y = layer_norm(%h, %d, %e) : f16[37, 96]
+      return %y, %h
+    }
+  }
+  return %y, %h })"},
+    {"rows-softmax-scale-mask", R"(graph @g(%s: f32[2, 3, 5, 40], %m: f32[2, 1, 1, 40]) -> (f16[2, 3, 5, 40], f32[2, 3, 5, 40]) {
+  %p, %l = fused(%s, %m) : f16[2, 3, 5, 40], f32[2, 3, 5, 40] {
+    graph @body(%a: f32[2, 3, 5, 40], %b: f32[2, 1, 1, 40]) -> (f16[2, 3, 5, 40], f32[2, 3, 5, 40]) {
+      %k = constant() {value = dense<f32[]>[0.125]} : f32[]
+      %t = mul(%a, %k) : f32[2, 3, 5, 40]
+      %u = add(%t, %b) : f32[2, 3, 5, 40]
+      %q = softmax(%u) {axis = -1} : f32[2, 3, 5, 40]
+      %p = cast(%q) {to = f16} : f16[2, 3, 5, 40]
+      %l = log_softmax(%u) {axis = 3} : f32[2, 3, 5, 40]
+      return %p, %l
+    }
+  }
+  return %p, %l })"},
+    {"rows-decomposed-odd-general", R"(graph @g(%x: f32[6, 256], %w: f32[256], %o: f16[5, 7], %z: f32[3, 10, 48], %v: f32[48]) -> (f32[6, 256], f32[6], f16[5, 7], f32[3, 10, 48]) {
+  %y, %ms = fused(%x, %w) : f32[6, 256], f32[6] {
+    graph @body(%a: f32[6, 256], %c: f32[256]) -> (f32[6, 256], f32[6]) {
+      %two = constant() {value = dense<f32[]>[2]} : f32[]
+      %eps = constant() {value = dense<f32[]>[1e-6]} : f32[]
+      %sq = pow(%a, %two) : f32[6, 256]
+      %ms = reduce_mean(%sq) {axes = [-1], keepdims = 0} : f32[6]
+      %mk = reduce_mean(%sq) {axes = [-1]} : f32[6, 1]
+      %e = add(%mk, %eps) : f32[6, 1]
+      %rs = rsqrt(%e) : f32[6, 1]
+      %n = mul(%a, %rs) : f32[6, 256]
+      %y = mul(%n, %c) : f32[6, 256]
+      return %y, %ms
+    }
+  }
+  %ls = fused(%o) : f16[5, 7] {
+    graph @body(%a: f16[5, 7]) -> (f16[5, 7]) {
+      %ls = log_softmax(%a) {axis = 1} : f16[5, 7]
+      return %ls
+    }
+  }
+  %rn = fused(%z, %v) : f32[3, 10, 48] {
+    graph @body(%a: f32[3, 10, 48], %b: f32[48]) -> (f32[3, 10, 48]) {
+      %rn = rms_norm(%a, %b) {axis = 1} : f32[3, 10, 48]
+      return %rn
+    }
+  }
+  return %y, %ms, %ls, %rn })"},
+    // GEMM epilogues (gemm_epilogue.cpp): residual add as C with beta 1 after the bias, and a
+    // batched matmul + bias add + tanh gelu folded into one GEMM with the bias epilogue. (f32
+    // only: the fused GEMM rounds once where the reference rounds the product and then the sum,
+    // which in bf16 can differ by more than the tolerance where the sum cancels.)
+    {"gemm-residual-epilogues", R"(graph @g(%x: f32[64, 32], %w: f32[48, 32], %b: f32[48], %r: f32[64, 48], %a: f32[2, 40, 32], %v: f32[32, 24], %c: f32[24]) -> (f32[64, 48], f32[2, 40, 24]) {
+  %h = linear(%x, %w, %b) : f32[64, 48]
+  %y = add(%r, %h) : f32[64, 48]
+  %m = matmul(%a, %v) : f32[2, 40, 24]
+  %s = add(%m, %c) : f32[2, 40, 24]
+  %g = gelu(%s) {approximate = "tanh"} : f32[2, 40, 24]
+  return %y, %g })"},
+    // fuse-horizontal's form: one batched GEMM (A broadcast), split pieces as views.
+    {"horizontal-split-views", R"(graph @g(%x: f32[2, 40, 32], %w: f32[3, 32, 24]) -> (f32[2, 40, 24], f32[2, 40, 24]) {
+  %rows = reshape(%x) {shape = [80, 32]} : f32[80, 32]
+  %s = matmul(%rows, %w) : f32[3, 80, 24]
+  %q, %k, %v = split(%s) {axis = 0, sizes = [1, 1, 1]} : f32[1, 80, 24], f32[1, 80, 24], f32[1, 80, 24]
+  %kr = reshape(%k) {shape = [2, 40, 24]} : f32[2, 40, 24]
+  %vr = reshape(%v) {shape = [2, 40, 24]} : f32[2, 40, 24]
+  %y = mul(%kr, %vr) : f32[2, 40, 24]
+  return %y, %vr })"},
+    // Transposes folded into trans_a/trans_b of the gemm (fold_transpose).
+    {"gemm-transposed-operands", R"(graph @g(%q: f32[2, 80, 16], %k: f32[2, 80, 16], %a: f32[32, 96]) -> (f32[2, 80, 80], f32[96, 96]) {
+  %kt = transpose(%k) {perm = [0, 2, 1]} : f32[2, 16, 80]
+  %s = matmul(%q, %kt) : f32[2, 80, 80]
+  %at = transpose(%a) : f32[96, 32]
+  %b2 = matmul(%at, %a) : f32[96, 96]
+  return %s, %b2 })"},
     {"batch-norm", R"(graph @g(%x: f32[2, 3, 4], %s: f32[3], %b: f32[3], %m: f32[3], %v: f32[3]) -> (f32[2, 3, 4]) {
   %av = abs(%v) : f32[3]
   %y = batch_norm(%x, %s, %b, %m, %av) : f32[2, 3, 4]

@@ -258,7 +258,7 @@ graph @g(%x: f32[8, 16], %b: f32[16]) -> (f32[8, 16]) {
   CHECK(l.source.find("o1 += c_ * 1LL") != std::string::npos);
 }
 
-TEST_CASE("a fused group holding a reduction is lowered node by node") {
+TEST_CASE("a fused group holding a row reduction is one row kernel (fused_rows_test.cpp has more)") {
   const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[4, 8]) -> (f32[4, 8]) {
   %y = fused(%x) : f32[4, 8] {
@@ -270,7 +270,7 @@ graph @g(%x: f32[4, 8]) -> (f32[4, 8]) {
   }
   return %y
 })");
-  CHECK(l.kernels == std::vector<std::string>{"k0_exp", "k1_softmax"});
+  CHECK(l.kernels == std::vector<std::string>{"k0_fused_softmax"});
 }
 
 TEST_CASE("errors: symbolic dims, unsupported dtypes and ops name what is at fault") {

@@ -13,6 +13,7 @@
 #include "kiln/core/artifact.h"
 #include "kiln/core/driver.h"
 #include "kiln/core/kernel_cache.h"
+#include "kiln/core/memory_estimate.h"
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
 #include "kiln/plugin.h"
@@ -191,6 +192,31 @@ std::string plugin_id(const Registry& reg, PluginKind kind, const std::string& n
   return name + "@" + (e.ok() ? (*e)->version : std::string("?"));
 }
 
+/// The estimated peak activation memory before and after the passes, and the arena the
+/// plan actually reserves (its "arena bytes=" line).
+std::string memory_summary(int64_t imported, int64_t compiled, const std::string& plan) {
+  auto human = [](int64_t b) {
+    const char* unit[] = {"B", "KiB", "MiB", "GiB"};
+    double v = static_cast<double>(b);
+    int u = 0;
+    for (; u < 3 && v >= 1024; ++u) v /= 1024;
+    char t[32];
+    std::snprintf(t, sizeof t, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    return std::string(t);
+  };
+  char change[32];
+  std::snprintf(change, sizeof change, "%+.1f%%", imported ? 100.0 * static_cast<double>(compiled - imported) / static_cast<double>(imported) : 0.0);
+  std::string out = "  peak activation memory: " + human(imported) + " in import order, " + human(compiled) +
+                    " as compiled (" + change + ")\n";
+  if (const size_t at = plan.find("\narena bytes="); at != std::string::npos) {
+    const std::string bytes = plan.substr(at + 13, plan.find('\n', at + 1) - at - 13);
+    int64_t arena = 0;
+    if (std::from_chars(bytes.data(), bytes.data() + bytes.size(), arena).ec == std::errc())
+      out += "  plan arena: " + human(arena) + " (arena bytes=" + bytes + ")\n";
+  }
+  return out;
+}
+
 /// Everything after loading the pipeline; returns the artifact's size, and in `summary` a
 /// line per target listing its images.
 StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry& reg, std::string* summary) {
@@ -230,11 +256,13 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
 
   forward_symbols_to_frontend(p.frontend, f.symbols, reg);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(f.model, p.frontend, reg));
+  const std::unique_ptr<Graph> imported = g->clone();  // for the import-order peak memory
   KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, f.pm));
   std::set<std::string> taken;
   if (p.frontend.options.has("dims"))
     for (const std::string& d : p.frontend.options.get_strings("dims")) taken.insert(d.substr(0, d.find('=')));
   KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols, taken));
+  KILN_RETURN_IF_ERROR(bind_symbols(*imported, f.symbols, taken));
 
   ArtifactContents contents;
   std::vector<std::string> plugins = {plugin_id(reg, PluginKind::kFrontend, p.frontend.name)};
@@ -283,6 +311,7 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
       if (serves(im, t)) sizes.push_back(im.target + "." + im.form + " " + std::to_string(im.bytes.size()) + " bytes");
     *summary += "  " + t + ": " + join(sizes) + "\n";
   }
+  *summary += memory_summary(peak_activation_bytes(*imported), peak_activation_bytes(*g), contents.plan);
   return bytes.size();
 }
 

@@ -20,6 +20,8 @@ commands:
   inspect   check a .kiln artifact and print what it holds
   cache     show or clear the kernel cache
   bench     time a .kiln artifact on the GPU (latency, device time, throughput, graphs on/off)
+  calibrate record max|x| of every matmul/linear input over sample inputs (FP8 scales file)
+  quant-report  per-layer and end-to-end SQNR of a quantizing pipeline against fp32
 
   kiln --version        print the version, plugin ABI and build fingerprint
   kiln --help           this text; `kiln <command> --help` for one command
@@ -79,6 +81,10 @@ Outputs not written to a file are printed: name, type, then the values (shortene
 
 int cmd_import(Args& args);  // import_cmd.cpp
 std::string import_usage();   // import_cmd.cpp
+int cmd_calibrate(Args& args);       // calibrate_cmd.cpp
+std::string calibrate_usage();       // calibrate_cmd.cpp
+int cmd_quant_report(Args& args);    // quant_report_cmd.cpp
+std::string quant_report_usage();    // quant_report_cmd.cpp
 
 std::string usage_text(std::string_view command) {
   if (command == "plugins") return std::string(kPlugins);
@@ -87,6 +93,8 @@ std::string usage_text(std::string_view command) {
   if (command == "run") return std::string(kRun) + std::string(kCommon);
   if (command == "compile") return artifact_usage_text(command) + std::string(kCommon);
   if (command == "bench") return bench_usage_text();
+  if (command == "calibrate") return calibrate_usage();
+  if (command == "quant-report") return quant_report_usage();
   if (!artifact_usage_text(command).empty()) return artifact_usage_text(command);
   return std::string(kOverview);
 }
@@ -167,6 +175,8 @@ int dispatch(std::vector<std::string> argv) {
   if (command == "inspect") return cmd_inspect(args);
   if (command == "cache") return cmd_cache(args);
   if (command == "bench") return cmd_bench(args);
+  if (command == "calibrate") return cmd_calibrate(args);
+  if (command == "quant-report") return cmd_quant_report(args);
   throw UsageError{"unknown command '" + command + "'"};
 }
 

@@ -62,6 +62,8 @@ class CudaBackend final : public Backend {
   CudaBackend(Capabilities caps, const Options& o)
       : caps_(std::move(caps)), keep_source_(!o.has("keep-source") || o.get_bool("keep-source")) {
     opts_.allow_tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
+    opts_.fp8 = caps_.fp8;
+    opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
   }
 
   StatusOr<std::unique_ptr<Executable>> compile(const Graph& g) override {
@@ -75,7 +77,18 @@ class CudaBackend final : public Backend {
         for (const std::string& k : caps_.targets) known += (known.empty() ? "" : ", ") + k;
         return invalid_argument(caps_.plugin + ": cannot build for target '" + t + "'; it builds " + known);
       }
-    KILN_ASSIGN_OR_RETURN(LoweredGraph lowered, lower_graph(g, opts_));
+    // One plan serves every target: a generation added after another follows that plan's FP8
+    // choice (a plan without FP8 GEMMs runs anywhere; one with them cannot run here without FP8).
+    LoweringOptions opts = opts_;
+    if (!out.plan.empty()) {
+      const bool plan_fp8 = out.plan.find(" a_scale=") != std::string::npos;
+      if (plan_fp8 && !caps_.fp8)
+        return failed_precondition(opts_.target + " has no FP8 tensor cores, but the plan built for the targets "
+                                   "before it uses FP8 GEMMs; list this target first (a fallback=bf16 plan then "
+                                   "serves every target)");
+      opts.fp8 = plan_fp8;
+    }
+    KILN_ASSIGN_OR_RETURN(LoweredGraph lowered, lower_graph(g, opts));
     if (out.plan.empty()) {
       out.plan = std::move(lowered.plan);
       out.weights = std::move(lowered.weights);

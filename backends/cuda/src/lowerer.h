@@ -224,11 +224,51 @@ class Lowerer {
   Status reduce(const Node& n);
   Status arg_reduce(const Node& n);
   Status softmax(const Node& n);
+  /// attention (attention.cpp): one flash-attention kernel per node.
+  Status attention(const Node& n);
   Status norm(const Node& n);
   Status batch_norm(const Node& n);
   Status matmul(const Node& n);
   Status linear(const Node& n);
+  /// linear/matmul with at most 16 rows as one generated GEMV kernel (gemv.cpp); false when
+  /// the node is not eligible and should go to cuBLASLt.
+  StatusOr<bool> small_m_gemm(const Node& n);
+  /// What a GEMM step absorbs from the users of its result (gemm_epilogue.cpp): the epilogue
+  /// name, extra step fields (bias=, c= ldc=), beta, the buffers they use, and whether a bias
+  /// add was absorbed (matmul then folds its batch into M).
+  struct GemmEpilogue {
+    std::string epilogue = "none", extra;
+    double beta = 0;
+    std::vector<int> used;
+    bool bias = false, absorbed_bias = false;
+  };
+  /// Absorbs, in this order, a bias add (when !has_bias and bias_ok), then a relu/tanh-gelu or
+  /// else a same-shape residual add (as C with beta 1), each only as the sole user.
+  GemmEpilogue gemm_epilogue(const Value* v, int out, bool has_bias, bool bias_ok);
+  /// The other operand of `v`'s sole user when that is an add of v's shape and dtype whose other
+  /// operand already has a buffer and satisfies `fits`; nullptr otherwise.
+  const Value* sole_add_operand(const Value* v, bool (*fits)(const Value* v, const Value* other)) const;
+  /// A transpose of the last two dims whose every user is a matmul that can read it as
+  /// trans_a/trans_b: no copy, the result names the input's buffer (gemm_epilogue.cpp).
+  bool fold_transpose(const Node& n);
+  /// A fused row group (fuse-rows: row reductions with their elementwise prologue and
+  /// epilogue) as one kernel (fused_rows.cpp); false when the body needs node-by-node lowering.
+  StatusOr<bool> fused_rows(const Node& fused);
   Status conv(const Node& n);
+  /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
+  Status quantize(const Node& n);
+  Status dequantize(const Node& n);
+  Status scaled_matmul(const Node& n);
+  /// matmul_int4 (int4.cpp): GEMV for M <= 8, mma.sync for M <= 64, else dequantize + gemm.
+  Status matmul_int4(const Node& n);
+  /// Adds cuda_fp8.h and the conversion helper to the source once.
+  void need_fp8();
+  /// A weight buffer holding `t` that no graph value names.
+  int host_weight(const Tensor& t);
+  /// The bytes of a weight buffer (or an alias of one) as a tensor; nullopt for other buffers.
+  std::optional<Tensor> weight_tensor(int id) const;
+  /// Launches y = q * scale[0] over `shape` into `out` (a new activation when -1); returns `out`.
+  StatusOr<int> dequant_kernel(const Node& n, int q, DType qt, int scale, DType out_t, const Sizes& shape, int out);
   Status conv_gemm(const Node& n);
   Status pool(const Node& n);
   Status gather(const Node& n);
@@ -242,11 +282,13 @@ class Lowerer {
   std::vector<Buffer> bufs_;
   std::unordered_map<const Value*, int> val_;
   std::set<const Node*> absorbed_;  // activations a GEMM epilogue already applies
+  std::set<const Value*> transposed_;  // transposes a matmul reads with trans_a/trans_b
   std::vector<Step> steps_;
   std::vector<std::string> kernels_;
   std::string source_, weights_;
   std::vector<std::pair<std::string, int>> inputs_, outputs_;
   bool fp16_ = false, bf16_ = false, gemm_ = false;
+  bool fp8_ = false;  // cuda_fp8.h is in the source
 };
 
 }  // namespace kiln::cuda::detail

@@ -91,6 +91,8 @@ Status Lowerer::lower_node(const Node& n) {
       return pointwise("fused", nodes, {ins.begin(), ins.end()}, {body.outputs().begin(), body.outputs().end()},
                        in_bufs, out_bufs);
     }
+    KILN_ASSIGN_OR_RETURN(const bool rows, fused_rows(n));
+    if (rows) return ok_status();
     // Not one kernel's worth: lower the group's nodes one by one.
     for (int i = 0; i < body.num_inputs(); ++i) val_[body.input(i)] = buf(n.operand(i));
     KILN_RETURN_IF_ERROR(lower_graph_nodes(body));
@@ -106,10 +108,10 @@ Status Lowerer::lower_node(const Node& n) {
 
   static const std::set<std::string> kViews = {"reshape", "flatten", "squeeze", "unsqueeze", "identity"};
   if (kViews.count(op)) {
-    const int base = root(buf(n.operand(0)));
+    const int src = buf(n.operand(0)), base = root(src);
     const int id = add_buffer("alias", n.result()->dtype(), sizes_of(n.result()), n.result()->name());
     bufs_[id].base = base;
-    bufs_[id].offset = 0;
+    bufs_[id].offset = src == base ? 0 : bufs_[src].offset;  // a view of a view keeps its offset
     val_[n.result()] = id;
     return ok_status();
   }
@@ -122,10 +124,15 @@ Status Lowerer::lower_node(const Node& n) {
   if (op.rfind("reduce_", 0) == 0) return reduce(n);
   if (op == "argmax" || op == "argmin") return arg_reduce(n);
   if (op == "softmax" || op == "log_softmax") return softmax(n);
+  if (op == "attention") return attention(n);
   if (op == "layer_norm" || op == "rms_norm") return norm(n);
   if (op == "batch_norm") return batch_norm(n);
   if (op == "matmul") return matmul(n);
   if (op == "linear") return linear(n);
+  if (op == "quantize") return quantize(n);
+  if (op == "dequantize") return dequantize(n);
+  if (op == "scaled_matmul") return scaled_matmul(n);
+  if (op == "matmul_int4") return matmul_int4(n);
   if (op == "conv") return conv(n);
   if (op == "max_pool" || op == "avg_pool") return pool(n);
   if (op == "gather") return gather(n);
@@ -133,6 +140,7 @@ Status Lowerer::lower_node(const Node& n) {
 
   const Value* x = n.num_operands() > 0 ? n.operand(0) : nullptr;
   if (op == "transpose") {
+    if (fold_transpose(n)) return ok_status();
     const Sizes xs = sizes_of(x);
     Sizes perm = n.get_ints("perm");
     if (perm.empty())
@@ -183,8 +191,18 @@ Status Lowerer::lower_node(const Node& n) {
     const int64_t axis = norm_axis(n.get_int("axis", 0), static_cast<int64_t>(xs.size()));
     const Sizes st = contiguous_strides(xs);
     int64_t at = 0;
+    // Pieces of a split with nothing before its axis are contiguous: views, not copies.
+    const bool leading = product(Sizes(xs.begin(), xs.begin() + axis)) == 1;
     for (const Value* r : n.results()) {
       const Sizes rs = sizes_of(r);
+      if (leading) {
+        const int v = view(buf(x), at * st[static_cast<size_t>(axis)], product(rs));
+        bufs_[v].shape = rs;
+        bufs_[v].name = r->name();
+        val_[r] = v;
+        at += rs[static_cast<size_t>(axis)];
+        continue;
+      }
       KILN_RETURN_IF_ERROR(gather_view(n, buf(x), activation_for(r), rs, st, at * st[static_cast<size_t>(axis)]));
       at += rs[static_cast<size_t>(axis)];
     }
@@ -599,6 +617,8 @@ std::string fmt_float(double v) {
 }
 
 Status Lowerer::matmul(const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const bool gemv, small_m_gemm(n));
+  if (gemv) return ok_status();
   const DType t = n.result()->dtype();
   if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return unsupported_dtype(n, t);
   Sizes as = sizes_of(n.operand(0)), bs = sizes_of(n.operand(1));
@@ -637,21 +657,30 @@ Status Lowerer::matmul(const Node& n) {
   gemm_ = true;
   const std::string dt = dname(t);
   const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
-  std::string epilogue = sole_activation(n.result(), true);
-  if (!epilogue.empty()) absorb_user(n.result(), out);
-  else epilogue = "none";
+  // Operands that are folded transposes of their last two dims are read transposed.
+  const bool ta = transposed_.count(n.operand(0)) > 0, tb = transposed_.count(n.operand(1)) > 0;
+  // A weight shared by every batch (stride 0) over a contiguous A is one GEMM of batch * m
+  // rows, which lets a bias add become the epilogue.
+  const bool foldable = batch > 1 && sb == 0 && sa == m * k && !ta;
+  const GemmEpilogue ep = gemm_epilogue(n.result(), out, false, batch == 1 || foldable);
+  const bool fold = foldable && ep.absorbed_bias;
+  const std::string epilogue = ep.epilogue;
+  std::vector<int> used = {a_id, b_id, out};
+  used.insert(used.end(), ep.used.begin(), ep.used.end());
   steps_.push_back({"step gemm a=b" + std::to_string(a_id) + " b=b" + std::to_string(b_id) + " d=b" + std::to_string(out) +
-                        " m=" + std::to_string(m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
-                        " batch=" + std::to_string(batch) + " trans_a=0 trans_b=0 lda=" + std::to_string(k) +
-                        " ldb=" + std::to_string(nn) + " ldd=" + std::to_string(nn) + " stride_a=" + std::to_string(sa) +
+                        ep.extra + " m=" + std::to_string(fold ? m * batch : m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
+                        " batch=" + std::to_string(fold ? 1 : batch) + " trans_a=" + (ta ? "1" : "0") + " trans_b=" + (tb ? "1" : "0") + " lda=" + std::to_string(ta ? m : k) +
+                        " ldb=" + std::to_string(tb ? k : nn) + " ldd=" + std::to_string(nn) + " stride_a=" + std::to_string(sa) +
                         " stride_b=" + std::to_string(sb) + " stride_d=" + std::to_string(m * nn) + " dtype=" + dt +
-                        " compute=" + compute + " alpha=" + fmt_float(1) + " beta=" + fmt_float(0) +
+                        " compute=" + compute + " alpha=" + fmt_float(1) + " beta=" + fmt_float(ep.beta) +
                         " epilogue=" + epilogue,
-                    {a_id, b_id, out}});
+                    used});
   return ok_status();
 }
 
 Status Lowerer::linear(const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const bool gemv, small_m_gemm(n));
+  if (gemv) return ok_status();
   const DType t = n.result()->dtype();
   if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return unsupported_dtype(n, t);
   const Sizes ws = sizes_of(n.operand(1));
@@ -677,14 +706,14 @@ Status Lowerer::linear(const Node& n) {
     used.push_back(buf(n.operand(2)));
   }
   const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
-  const std::string act = sole_activation(n.result(), true);
-  if (!act.empty()) absorb_user(n.result(), out);
-  std::string epilogue = bias ? (act.empty() ? "bias" : "bias_" + act) : (act.empty() ? "none" : act);
-  text += " m=" + std::to_string(m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
+  const GemmEpilogue ep = gemm_epilogue(n.result(), out, bias, true);
+  const std::string& epilogue = ep.epilogue;
+  used.insert(used.end(), ep.used.begin(), ep.used.end());
+  text += ep.extra + " m=" + std::to_string(m) + " n=" + std::to_string(nn) + " k=" + std::to_string(k) +
           " batch=1 trans_a=0 trans_b=1 lda=" + std::to_string(k) + " ldb=" + std::to_string(k) +
           " ldd=" + std::to_string(nn) + " stride_a=" + std::to_string(m * k) + " stride_b=0 stride_d=" +
           std::to_string(m * nn) + " dtype=" + dname(t) + " compute=" + compute + " alpha=" + fmt_float(1) +
-          " beta=" + fmt_float(0) + " epilogue=" + epilogue;
+          " beta=" + fmt_float(ep.beta) + " epilogue=" + epilogue;
   steps_.push_back({text, used});
   return ok_status();
 }
@@ -733,13 +762,16 @@ Status Lowerer::conv_gemm(const Node& n) {
   int col = buf(x);
   if (!pointwise_kernel) {
     col = add_buffer("activation", t, {batch, cin * taps, plane});
-    std::string body = "    long long r_ = i;\n";
+    // 32-bit unsigned index arithmetic where the column buffer allows: 64-bit division is slow.
+    const bool narrow = batch * cin * taps * plane <= int64_t{0xffffffff};
+    auto lit = [&](int64_t v) { return narrow ? std::to_string(v) + "u" : int_literal(v); };
+    std::string body = narrow ? "    unsigned r_ = (unsigned)i;\n" : "    long long r_ = i;\n";
     for (size_t d = nsp; d-- > 0;)
-      body += "    const long long o" + std::to_string(d) + " = r_ % " + int_literal(out_sp[d]) + "; r_ /= " +
-              int_literal(out_sp[d]) + ";\n";
+      body += "    const long long o" + std::to_string(d) + " = r_ % " + lit(out_sp[d]) + "; r_ /= " +
+              lit(out_sp[d]) + ";\n";
     for (size_t d = nsp; d-- > 0;)
-      body += "    const long long k" + std::to_string(d) + " = r_ % " + int_literal(k_sp[d]) + "; r_ /= " +
-              int_literal(k_sp[d]) + ";\n";
+      body += "    const long long k" + std::to_string(d) + " = r_ % " + lit(k_sp[d]) + "; r_ /= " +
+              lit(k_sp[d]) + ";\n";
     // r_ is now n * C + c: the input plane to read.
     std::string outside, off = "r_ * " + int_literal(product(in_sp));
     for (size_t d = 0; d < nsp; ++d) {

@@ -12,5 +12,8 @@ void register_linalg_ops(OpRegistry& r);       ///< linalg.cpp: matmul, linear, 
 void register_norm_ops(OpRegistry& r);         ///< norm.cpp: layer_norm, rms_norm, batch_norm
 void register_shape_ops(OpRegistry& r);        ///< shape.cpp: reshape, transpose, slice, concat, split, gather, expand, pad, ...
 void register_structural_ops(OpRegistry& r);   ///< structural.cpp: fused
+void register_attention_ops(OpRegistry& r);    ///< attention.cpp: attention
+void register_int4_ops(OpRegistry& r);         ///< int4.cpp: matmul_int4 (packed 4-bit weights)
+void register_quant_ops(OpRegistry& r);        ///< quant.cpp: quantize, dequantize, scaled_matmul, amax (FP8)
 
 }  // namespace kiln

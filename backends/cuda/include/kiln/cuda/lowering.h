@@ -26,6 +26,11 @@ struct Capabilities {
 
 struct LoweringOptions {
   bool allow_tf32 = false;  ///< f32 GEMMs may use tf32 tensor cores
+  /// Every target has FP8 tensor cores. When false, scaled_matmul is refused unless its
+  /// `fallback` attribute is bf16 (then it runs as a 16-bit GEMM on dequantized operands).
+  bool fp8 = true;
+  /// Who is lowering, for messages: "cuda-sm80: target sm_80".
+  std::string target = "cuda";
 };
 
 /// The result of lowering one graph: what an artifact needs besides the kernel images.

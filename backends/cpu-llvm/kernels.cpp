@@ -1,0 +1,705 @@
+// Native kernels of the cpu backend: the thread pool, OpenBLAS contractions (matmul, linear,
+// im2col conv), pooling, row kernels (softmax, norms, reductions) and data movement.
+#include <cblas.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include "cpu.h"
+#include "kiln/ir/op.h"
+
+namespace kiln::cpu {
+namespace {
+
+int64_t product(const Sizes& v, size_t from = 0, size_t to = SIZE_MAX) {
+  int64_t p = 1;
+  for (size_t i = from; i < std::min(to, v.size()); ++i) p *= v[i];
+  return p;
+}
+
+Sizes contiguous_strides(const Sizes& s) {
+  Sizes st(s.size(), 1);
+  for (size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
+  return st;
+}
+
+bool is_f32(const Tensor& t) { return t.dtype() == DType::kF32; }
+
+/// Bytes per element, or 0 for i4 (packed: the reference kernel handles it).
+size_t elem_size(DType t) { return dtype_bits(t) % 8 == 0 ? static_cast<size_t>(dtype_bits(t) / 8) : 0; }
+
+int64_t norm_axis(int64_t axis, int64_t rank) { return axis < 0 ? axis + rank : axis; }
+
+/// dst[i] = src[base + sum(index_d(i) * strides[d])] over the row-major index of `shape`
+/// (strides in elements, may be zero or negative). Rows of the last dim are split across
+/// threads; unit-stride rows are one memcpy.
+void strided_copy(ThreadPool& tp, size_t es, const std::byte* src, std::byte* dst, Sizes shape,
+                  Sizes strides, int64_t base) {
+  // Merge dims that walk the source contiguously with their inner neighbour.
+  Sizes s, st;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if (!s.empty() && st.back() == strides[d] * shape[d]) {
+      s.back() *= shape[d];
+      st.back() = strides[d];
+    } else {
+      s.push_back(shape[d]);
+      st.push_back(strides[d]);
+    }
+  }
+  if (s.empty()) s = {1}, st = {1};
+  const int64_t cols = s.back(), inner = st.back();
+  const int64_t rows = product(s) / std::max<int64_t>(cols, 1);
+  if (cols == 0 || rows == 0) return;
+  tp.parallel_for(rows, std::max<int64_t>(1, 16384 / cols), [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      int64_t off = base, rem = r;
+      for (size_t d = s.size() - 1; d-- > 0;) {
+        off += (rem % s[d]) * st[d];
+        rem /= s[d];
+      }
+      std::byte* out = dst + static_cast<size_t>(r * cols) * es;
+      const std::byte* in = src + off * static_cast<int64_t>(es);
+      if (inner == 1) {
+        std::memcpy(out, in, static_cast<size_t>(cols) * es);
+        continue;
+      }
+      const int64_t step = inner * static_cast<int64_t>(es);
+      switch (es) {
+        case 1: for (int64_t c = 0; c < cols; ++c) out[c] = in[c * step]; break;
+        case 2: for (int64_t c = 0; c < cols; ++c) std::memcpy(out + 2 * c, in + c * step, 2); break;
+        case 4: for (int64_t c = 0; c < cols; ++c) std::memcpy(out + 4 * c, in + c * step, 4); break;
+        default:
+          for (int64_t c = 0; c < cols; ++c) std::memcpy(out + es * static_cast<size_t>(c), in + c * step, es);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// thread pool
+
+ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
+  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain,
+                              const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  const int64_t chunks =
+      std::min<int64_t>((n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1),
+                        static_cast<int64_t>(threads_) * 4);
+  if (threads_ == 1 || chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_ = &fn;
+    n_ = n;
+    chunks_ = chunks;
+    next_ = 0;
+    pending_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  wake_.notify_all();
+  for (int64_t c; (c = next_++) < chunks;) fn(n * c / chunks, n * (c + 1) / chunks);
+  std::unique_lock<std::mutex> lk(mu_);
+  done_.wait(lk, [&] { return pending_ == 0; });
+  job_ = nullptr;
+}
+
+void ThreadPool::worker(int) {
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    const auto* job = job_;
+    const int64_t n = n_, chunks = chunks_;
+    lk.unlock();
+    for (int64_t c; (c = next_++) < chunks;) (*job)(n * c / chunks, n * (c + 1) / chunks);
+    lk.lock();
+    if (--pending_ == 0) done_.notify_all();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// OpenBLAS, loaded at run time
+
+namespace {
+
+/// The OpenBLAS entry points the kernels use, resolved with dlsym.
+struct Blas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&cblas_sgemv) sgemv = nullptr;
+  void (*set_threads)(int) = nullptr;
+  char* (*corename)() = nullptr;
+};
+
+/// The OpenBLAS kernel family for the host when OpenBLAS's own detection may not know it.
+/// OpenBLAS 0.3.21 (Debian 12) sees a Sapphire Rapids guest ("Intel Xeon Processor") as a
+/// Prescott and runs SSE3 kernels, ~10x slower than its AVX-512 ones.
+const char* host_coretype() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return nullptr;
+}
+
+const Blas& blas() {
+  static Blas b;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // OpenBLAS picks its kernels once, in its library constructor, from $OPENBLAS_CORETYPE
+    // or CPUID; hence it is loaded here rather than linked. A user's setting wins.
+    const char* names[] = {KILN_OPENBLAS_PATH, "libopenblas.so.0"};
+    void* h = nullptr;
+    for (const char* n : names)
+      if ((h = dlopen(n, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD))) break;
+    if (!h) {
+      if (const char* ct = host_coretype()) setenv("OPENBLAS_CORETYPE", ct, 0);
+      for (const char* n : names)
+        if ((h = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    }
+    if (!h) return;
+    b.sgemm = reinterpret_cast<decltype(b.sgemm)>(dlsym(h, "cblas_sgemm"));
+    b.sgemv = reinterpret_cast<decltype(b.sgemv)>(dlsym(h, "cblas_sgemv"));
+    b.set_threads = reinterpret_cast<decltype(b.set_threads)>(dlsym(h, "openblas_set_num_threads"));
+    b.corename = reinterpret_cast<decltype(b.corename)>(dlsym(h, "openblas_get_corename"));
+    if (!b.sgemv || !b.set_threads) b.sgemm = nullptr;
+    // The pool splits contractions itself (one single-threaded call per worker): OpenBLAS's
+    // own threads spin after each call and would compete with the pool's next step.
+    if (b.sgemm) b.set_threads(1);
+  });
+  return b;
+}
+
+/// y[m, n] = a[m, k] · op(b) + beta · y, where op(b) is b[k, n] or (trans_b) b[n, k]ᵀ, split
+/// over the pool along n (or m when n is narrow); each worker makes one single-threaded call.
+void gemm(ThreadPool& tp, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* y, int64_t ldy) {
+  const Blas& bl = blas();
+  auto call = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    const float* bp = b + (trans_b ? n0 * ldb : n0);
+    if (m1 - m0 == 1)  // a vector times a matrix: gemv streams the weights once
+      bl.sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, static_cast<int>(trans_b ? n1 - n0 : k),
+               static_cast<int>(trans_b ? k : n1 - n0), 1.0f, bp, static_cast<int>(ldb), a + m0 * lda, 1,
+               beta, y + m0 * ldy + n0, 1);
+    else
+      bl.sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m1 - m0),
+               static_cast<int>(n1 - n0), static_cast<int>(k), 1.0f, a + m0 * lda, static_cast<int>(lda), bp,
+               static_cast<int>(ldb), beta, y + m0 * ldy + n0, static_cast<int>(ldy));
+  };
+  const int64_t t = tp.threads();
+  // Below ~64k multiply-adds the wake-up of a worker costs more than it saves.
+  if (t == 1 || m * n * k < (int64_t{1} << 16)) return call(0, m, 0, n);
+  if (n >= 16 * t || n >= m) {
+    const int64_t blocks = (n + 15) / 16;  // whole 16-column panels per worker
+    tp.parallel_for(blocks, std::max<int64_t>(1, blocks / t), [&](int64_t b0, int64_t b1) {
+      call(0, m, b0 * 16, std::min(n, b1 * 16));
+    });
+  } else {
+    tp.parallel_for(m, std::max<int64_t>(1, m / t), [&](int64_t m0, int64_t m1) { call(m0, m1, 0, n); });
+  }
+}
+
+}  // namespace
+
+bool have_blas() { return blas().sgemm != nullptr; }
+
+std::string blas_description() {
+  const Blas& b = blas();
+  return b.sgemm ? std::string("OpenBLAS ") + (b.corename ? b.corename() : "") : "none (OpenBLAS not found)";
+}
+
+// ---------------------------------------------------------------------------------------
+// contractions
+
+bool run_matmul(ThreadPool& tp, const Tensor& a, const Tensor& b, Tensor& y) {
+  if (!is_f32(a) || !is_f32(b) || !have_blas()) return false;
+  Sizes as = a.shape(), bs = b.shape();
+  if (as.size() == 1) as.insert(as.begin(), 1);
+  if (bs.size() == 1) bs.push_back(1);
+  const int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+  const Sizes ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+  const float* ap = a.data_as<float>();
+  const float* bp = b.data_as<float>();
+  float* yp = out_as<float>(y);
+  if (m == 0 || n == 0) return true;
+  if (k == 0) {
+    std::fill(yp, yp + y.numel(), 0.0f);
+    return true;
+  }
+  const int64_t batches = y.numel() / (m * n);
+  // A shared 'b': every batch of 'a' is one tall matrix.
+  if (product(bb) == 1 && product(ab) == batches) {
+    gemm(tp, false, batches * m, n, k, ap, k, bp, n, 0.0f, yp, n);
+    return true;
+  }
+  // Broadcast batch dims: walk the output batch index and map it into each operand.
+  const size_t rank = std::max(ab.size(), bb.size());
+  Sizes ob(rank), sa(rank, 0), sb(rank, 0);
+  const Sizes ca = contiguous_strides(ab), cb = contiguous_strides(bb);
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t da = d + ab.size() >= rank ? ab[d + ab.size() - rank] : 1;
+    const int64_t db = d + bb.size() >= rank ? bb[d + bb.size() - rank] : 1;
+    ob[d] = std::max(da, db);
+    if (da != 1) sa[d] = ca[d + ab.size() - rank];
+    if (db != 1) sb[d] = cb[d + bb.size() - rank];
+  }
+  auto offsets = [&](int64_t bi) {
+    int64_t oa = 0, obb = 0, rem = bi;
+    for (size_t d = rank; d-- > 0;) {
+      const int64_t i = rem % ob[d];
+      rem /= ob[d];
+      oa += i * sa[d];
+      obb += i * sb[d];
+    }
+    return std::pair{ap + oa * m * k, bp + obb * k * n};
+  };
+  // Many small products (attention heads): whole products per worker; else split each one.
+  if (batches >= tp.threads() && m * n * k < (int64_t{1} << 24)) {
+    tp.parallel_for(batches, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t bi = b0; bi < b1; ++bi) {
+        const auto [pa, pb] = offsets(bi);
+        blas().sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                     static_cast<int>(k), 1.0f, pa, static_cast<int>(k), pb, static_cast<int>(n), 0.0f,
+                     yp + bi * m * n, static_cast<int>(n));
+      }
+    });
+  } else {
+    for (int64_t bi = 0; bi < batches; ++bi) {
+      const auto [pa, pb] = offsets(bi);
+      gemm(tp, false, m, n, k, pa, k, pb, n, 0.0f, yp + bi * m * n, n);
+    }
+  }
+  return true;
+}
+
+bool run_linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  if (!is_f32(x) || !is_f32(w) || (bias && !is_f32(*bias)) || !have_blas()) return false;
+  const int64_t in = w.shape()[1], out = w.shape()[0];
+  const int64_t rows = in == 0 ? y.numel() / std::max<int64_t>(out, 1) : x.numel() / in;
+  float* yp = out_as<float>(y);
+  if (rows == 0 || out == 0) return true;
+  if (bias)
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(yp + r * out, bias->data_as<float>(), static_cast<size_t>(out) * 4);
+  else
+    std::fill(yp, yp + rows * out, 0.0f);
+  if (in == 0) return true;
+  gemm(tp, true, rows, out, in, x.data_as<float>(), in, w.data_as<float>(), in, 1.0f, yp, out);
+  return true;
+}
+
+namespace {
+
+/// Window attributes of a 2-D conv or pool, with defaults.
+struct Window2 {
+  int64_t kh, kw, sh = 1, sw = 1, ph0 = 0, pw0 = 0, ph1 = 0, pw1 = 0, dh = 1, dw = 1;
+};
+
+bool read_window2(const Node& n, int64_t kh, int64_t kw, Window2& w) {
+  w.kh = kh;
+  w.kw = kw;
+  const Sizes s = n.get_ints("strides"), p = n.get_ints("pads"), d = n.get_ints("dilations");
+  if ((!s.empty() && s.size() != 2) || (!p.empty() && p.size() != 4) || (!d.empty() && d.size() != 2))
+    return false;
+  if (!s.empty()) w.sh = s[0], w.sw = s[1];
+  if (!p.empty()) w.ph0 = p[0], w.pw0 = p[1], w.ph1 = p[2], w.pw1 = p[3];
+  if (!d.empty()) w.dh = d[0], w.dw = d[1];
+  return true;
+}
+
+}  // namespace
+
+bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w, const Tensor* bias,
+              Tensor& y) {
+  if (!is_f32(x) || !is_f32(w) || (bias && !is_f32(*bias)) || x.rank() != 4 || !have_blas()) return false;
+  Window2 win;
+  if (!read_window2(node, w.shape()[2], w.shape()[3], win)) return false;
+  const int64_t groups = node.get_int("groups", 1);
+  const int64_t nb = x.shape()[0], c_in = x.shape()[1], h = x.shape()[2], wd = x.shape()[3];
+  const int64_t c_out = y.shape()[1], oh = y.shape()[2], ow = y.shape()[3];
+  const int64_t cg_in = c_in / groups, cg_out = c_out / groups;
+  const int64_t kk = cg_in * win.kh * win.kw, plane = oh * ow;
+  float* yp = out_as<float>(y);
+  if (y.numel() == 0) return true;
+  const bool direct = win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph0 == 0 &&
+                      win.pw0 == 0 && win.ph1 == 0 && win.pw1 == 0;
+  std::vector<float> col(direct ? 0 : static_cast<size_t>(kk * plane));
+  const float* xp = x.data_as<float>();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = xp + (b * c_in + g * cg_in) * h * wd;
+      float* yg = yp + (b * c_out + g * cg_out) * plane;
+      for (int64_t oc = 0; oc < cg_out; ++oc)
+        std::fill(yg + oc * plane, yg + (oc + 1) * plane, bias ? bias->data_as<float>()[g * cg_out + oc] : 0.0f);
+      const float* src = xg;
+      if (!direct) {
+        // im2col: row (ic, ky, kx) holds the input under that tap for every output position.
+        tp.parallel_for(kk, 8, [&](int64_t rb, int64_t re) {
+          for (int64_t r = rb; r < re; ++r) {
+            const int64_t ic = r / (win.kh * win.kw), ky = (r / win.kw) % win.kh, kx = r % win.kw;
+            float* out = col.data() + r * plane;
+            const float* in = xg + ic * h * wd;
+            // Output columns whose tap lands inside the row: [ox0, ox1).
+            const int64_t off = kx * win.dw - win.pw0;
+            const int64_t ox0 = std::clamp<int64_t>(off >= 0 ? 0 : (-off + win.sw - 1) / win.sw, 0, ow);
+            const int64_t ox1 = std::clamp<int64_t>(wd - off <= 0 ? 0 : (wd - off + win.sw - 1) / win.sw, ox0, ow);
+            for (int64_t oy = 0; oy < oh; ++oy) {
+              const int64_t iy = oy * win.sh - win.ph0 + ky * win.dh;
+              float* orow = out + oy * ow;
+              if (iy < 0 || iy >= h) {
+                std::fill(orow, orow + ow, 0.0f);
+                continue;
+              }
+              const float* irow = in + iy * wd + off;
+              std::fill(orow, orow + ox0, 0.0f);
+              if (win.sw == 1) {
+                std::memcpy(orow + ox0, irow + ox0, static_cast<size_t>(ox1 - ox0) * 4);
+              } else {
+                for (int64_t ox = ox0; ox < ox1; ++ox) orow[ox] = irow[ox * win.sw];
+              }
+              std::fill(orow + ox1, orow + ow, 0.0f);
+            }
+          }
+        });
+        src = col.data();
+      }
+      gemm(tp, false, cg_out, plane, kk, w.data_as<float>() + g * cg_out * kk, kk, src, plane, 1.0f, yg, plane);
+    }
+  return true;
+}
+
+bool run_pool(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, bool is_max) {
+  if (!is_f32(x) || x.rank() != 4) return false;
+  const Sizes k = node.get_ints("kernel_shape");
+  if (k.size() != 2) return false;
+  Window2 win;
+  if (!read_window2(node, k[0], k[1], win)) return false;
+  if (!is_max) win.dh = win.dw = 1;
+  const bool include_pad = !is_max && node.get_int("count_include_pad", 0) == 1;
+  const int64_t planes = x.shape()[0] * x.shape()[1], h = x.shape()[2], wd = x.shape()[3];
+  const int64_t oh = y.shape()[2], ow = y.shape()[3];
+  const float* xp = x.data_as<float>();
+  float* yp = out_as<float>(y);
+  if (is_max && win.dh == 1 && win.dw == 1) {
+    // Undilated max: clamp the window to the input once per output, no per-tap tests.
+    const float ninf = -std::numeric_limits<float>::infinity();
+    tp.parallel_for(planes, 1, [&](int64_t pb, int64_t pe) {
+      for (int64_t p = pb; p < pe; ++p) {
+        const float* in = xp + p * h * wd;
+        float* out = yp + p * oh * ow;
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          const int64_t y0 = oy * win.sh - win.ph0;
+          const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + win.kh, h);
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t x0 = ox * win.sw - win.pw0;
+            const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + win.kw, wd);
+            // Branch-free (random data mispredicts a compare-and-branch); a NaN wins.
+            float m = ninf;
+            bool nan = false;
+            for (int64_t iy = ya; iy < yb; ++iy)
+              for (int64_t ix = xa; ix < xb; ++ix) {
+                const float v = in[iy * wd + ix];
+                m = std::max(m, v);
+                nan |= v != v;
+              }
+            out[oy * ow + ox] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+          }
+        }
+      }
+    });
+    return true;
+  }
+  tp.parallel_for(planes, 1, [&](int64_t pb, int64_t pe) {
+    for (int64_t p = pb; p < pe; ++p) {
+      const float* in = xp + p * h * wd;
+      float* out = yp + p * oh * ow;
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          const int64_t y0 = oy * win.sh - win.ph0, x0 = ox * win.sw - win.pw0;
+          float m = 0;
+          double sum = 0;
+          int64_t count = 0;
+          for (int64_t ky = 0; ky < win.kh; ++ky) {
+            const int64_t iy = y0 + ky * win.dh;
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kx = 0; kx < win.kw; ++kx) {
+              const int64_t ix = x0 + kx * win.dw;
+              if (ix < 0 || ix >= wd) continue;
+              const float v = in[iy * wd + ix];
+              if (count++ == 0 || v > m || v != v) m = v;
+              sum += v;
+            }
+          }
+          if (is_max) {
+            out[oy * ow + ox] = count == 0 ? -std::numeric_limits<float>::infinity() : m;
+          } else {
+            int64_t div = count;
+            if (include_pad)
+              div = (std::min(y0 + win.kh, h + win.ph1) - y0) * (std::min(x0 + win.kw, wd + win.pw1) - x0);
+            out[oy * ow + ox] = static_cast<float>(sum / static_cast<double>(div));
+          }
+        }
+    }
+  });
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// row kernels
+
+bool run_softmax(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, bool log) {
+  if (!is_f32(x) || x.rank() == 0) return false;
+  const int64_t axis = norm_axis(node.get_int("axis", -1), x.rank());
+  const int64_t len = x.shape()[static_cast<size_t>(axis)];
+  const int64_t inner = product(x.shape(), static_cast<size_t>(axis) + 1);
+  const int64_t outer = product(x.shape(), 0, static_cast<size_t>(axis));
+  if (len == 0 || x.numel() == 0) return true;
+  const float* xp = x.data_as<float>();
+  float* yp = out_as<float>(y);
+  tp.parallel_for(outer * inner, std::max<int64_t>(1, 4096 / len), [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      const float* in = xp + (r / inner) * len * inner + r % inner;
+      float* out = yp + (r / inner) * len * inner + r % inner;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < len; ++i) m = std::max(m, in[i * inner]);
+      double sum = 0;
+      for (int64_t i = 0; i < len; ++i) {
+        const float e = std::exp(in[i * inner] - m);
+        sum += e;
+        if (!log) out[i * inner] = e;
+      }
+      if (log) {
+        const float ls = static_cast<float>(std::log(sum));
+        for (int64_t i = 0; i < len; ++i) out[i * inner] = in[i * inner] - m - ls;
+      } else {
+        const float inv = static_cast<float>(1.0 / sum);
+        for (int64_t i = 0; i < len; ++i) out[i * inner] *= inv;
+      }
+    }
+  });
+  return true;
+}
+
+bool run_norm(ThreadPool& tp, const Node& node, std::span<const Tensor> in, Tensor& y, bool rms) {
+  const Tensor& x = in[0];
+  if (!is_f32(x) || x.rank() == 0) return false;
+  const int64_t axis = norm_axis(node.get_int("axis", -1), x.rank());
+  const int64_t len = product(x.shape(), static_cast<size_t>(axis));
+  // Affine operands must cover the normalized dims exactly (broadcast ones take the reference).
+  for (size_t i = 1; i < in.size(); ++i)
+    if (!is_f32(in[i]) || in[i].numel() != len) return false;
+  if (len == 0) return true;
+  const double eps = node.get_float("epsilon");
+  const float* sc = in.size() > 1 ? in[1].data_as<float>() : nullptr;
+  const float* bi = in.size() > 2 ? in[2].data_as<float>() : nullptr;
+  const float* xp = x.data_as<float>();
+  float* yp = out_as<float>(y);
+  tp.parallel_for(x.numel() / len, std::max<int64_t>(1, 4096 / len), [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      const float* row = xp + r * len;
+      float* out = yp + r * len;
+      double mean = 0;
+      if (!rms) {
+        for (int64_t j = 0; j < len; ++j) mean += row[j];
+        mean /= static_cast<double>(len);
+      }
+      double sq = 0;
+      for (int64_t j = 0; j < len; ++j) sq += (row[j] - mean) * (row[j] - mean);
+      const float inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(len) + eps));
+      const float mf = static_cast<float>(mean);
+      for (int64_t j = 0; j < len; ++j) {
+        float v = (row[j] - mf) * inv;
+        if (sc) v *= sc[j];
+        if (bi) v += bi[j];
+        out[j] = v;
+      }
+    }
+  });
+  return true;
+}
+
+bool run_reduce(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y) {
+  if (!is_f32(x) || x.rank() == 0) return false;
+  Sizes axes = node.get_ints("axes");
+  if (axes.empty())
+    for (int64_t d = 0; d < x.rank(); ++d) axes.push_back(d);
+  for (int64_t& a : axes) a = norm_axis(a, x.rank());
+  std::sort(axes.begin(), axes.end());
+  // Only one contiguous run of reduced axes (the common case): [outer, len, inner].
+  for (size_t i = 1; i < axes.size(); ++i)
+    if (axes[i] != axes[i - 1] + 1) return false;
+  const size_t a0 = static_cast<size_t>(axes.front()), a1 = static_cast<size_t>(axes.back()) + 1;
+  const int64_t outer = product(x.shape(), 0, a0), len = product(x.shape(), a0, a1),
+                inner = product(x.shape(), a1);
+  const std::string& op = node.op_name();
+  const float* xp = x.data_as<float>();
+  float* yp = out_as<float>(y);
+  const float inf = std::numeric_limits<float>::infinity();
+  tp.parallel_for(outer * inner, std::max<int64_t>(1, 4096 / std::max<int64_t>(len, 1)),
+                  [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      const float* in = xp + (r / inner) * len * inner + r % inner;
+      double acc = op == "reduce_prod" ? 1.0 : op == "reduce_max" ? -inf : op == "reduce_min" ? inf : 0.0;
+      for (int64_t i = 0; i < len; ++i) {
+        const double v = in[i * inner];
+        if (op == "reduce_max") acc = std::isnan(v) || v > acc ? v : acc;
+        else if (op == "reduce_min") acc = std::isnan(v) || v < acc ? v : acc;
+        else if (op == "reduce_prod") acc *= v;
+        else acc += v;
+      }
+      if (op == "reduce_mean") acc /= static_cast<double>(len);
+      yp[r] = static_cast<float>(acc);
+    }
+  });
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
+// data movement
+
+bool run_transpose(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y) {
+  const size_t es = elem_size(x.dtype());
+  if (es == 0) return false;
+  Sizes perm = node.get_ints("perm");
+  if (perm.empty())
+    for (int64_t d = x.rank() - 1; d >= 0; --d) perm.push_back(d);
+  const Sizes cs = contiguous_strides(x.shape());
+  Sizes st;
+  for (int64_t p : perm) st.push_back(cs[static_cast<size_t>(p)]);
+  strided_copy(tp, es, x.data(), out_bytes(y), y.shape(), st, 0);
+  return true;
+}
+
+bool run_slice(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y) {
+  const size_t es = elem_size(x.dtype());
+  if (es == 0 || y.numel() == 0) return es != 0;
+  const Sizes starts = node.get_ints("starts"), ends = node.get_ints("ends");
+  Sizes axes = node.get_ints("axes"), steps = node.get_ints("steps");
+  if (axes.empty())
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (axes.size() != starts.size() || steps.size() != starts.size()) return false;
+  Sizes st = contiguous_strides(x.shape());
+  int64_t base = 0;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const size_t a = static_cast<size_t>(norm_axis(axes[i], x.rank()));
+    const int64_t dim = x.shape()[a], step = steps[i];
+    int64_t s = starts[i];
+    if (step == 0 || s == std::numeric_limits<int64_t>::min()) return false;
+    if (s < 0) s += dim;
+    s = step > 0 ? std::clamp<int64_t>(s, 0, dim) : std::clamp<int64_t>(s, 0, dim - 1);
+    base += s * st[a];
+    if (y.shape()[a] > 1) st[a] *= step;
+  }
+  strided_copy(tp, es, x.data(), out_bytes(y), y.shape(), st, base);
+  return true;
+}
+
+bool run_expand(ThreadPool& tp, const Tensor& x, Tensor& y) {
+  const size_t es = elem_size(x.dtype());
+  if (es == 0) return false;
+  const Sizes cs = contiguous_strides(x.shape());
+  Sizes st(y.shape().size(), 0);
+  const size_t lead = y.shape().size() - x.shape().size();
+  for (size_t d = 0; d < x.shape().size(); ++d)
+    st[lead + d] = x.shape()[d] == 1 ? 0 : cs[d];
+  strided_copy(tp, es, x.data(), out_bytes(y), y.shape(), st, 0);
+  return true;
+}
+
+bool run_concat(ThreadPool& tp, const Node& node, std::span<const Tensor> in, Tensor& y) {
+  const size_t es = elem_size(y.dtype());
+  if (es == 0) return false;
+  const int64_t axis = norm_axis(node.get_int("axis"), y.rank());
+  const int64_t outer = product(y.shape(), 0, static_cast<size_t>(axis));
+  const int64_t row = product(y.shape(), static_cast<size_t>(axis)) * static_cast<int64_t>(es);
+  std::byte* out = out_bytes(y);
+  tp.parallel_for(outer, 64, [&](int64_t ob, int64_t oe) {
+    for (int64_t o = ob; o < oe; ++o) {
+      int64_t at = 0;
+      for (const Tensor& t : in) {
+        const int64_t part = product(t.shape(), static_cast<size_t>(axis)) * static_cast<int64_t>(es);
+        if (part) std::memcpy(out + o * row + at, t.data() + o * part, static_cast<size_t>(part));
+        at += part;
+      }
+    }
+  });
+  return true;
+}
+
+bool run_split(ThreadPool& tp, const Node& node, const Tensor& x, std::span<Tensor> ys) {
+  const size_t es = elem_size(x.dtype());
+  if (es == 0) return false;
+  const int64_t axis = norm_axis(node.get_int("axis", 0), x.rank());
+  const int64_t outer = product(x.shape(), 0, static_cast<size_t>(axis));
+  const int64_t row = product(x.shape(), static_cast<size_t>(axis)) * static_cast<int64_t>(es);
+  std::vector<std::byte*> outs;
+  for (Tensor& t : ys) outs.push_back(out_bytes(t));
+  tp.parallel_for(outer, 64, [&](int64_t ob, int64_t oe) {
+    for (int64_t o = ob; o < oe; ++o) {
+      int64_t at = 0;
+      for (size_t k = 0; k < ys.size(); ++k) {
+        const int64_t part = product(ys[k].shape(), static_cast<size_t>(axis)) * static_cast<int64_t>(es);
+        if (part) std::memcpy(outs[k] + o * part, x.data() + o * row + at, static_cast<size_t>(part));
+        at += part;
+      }
+    }
+  });
+  return true;
+}
+
+StatusOr<bool> run_gather(ThreadPool& tp, const Node& node, const Tensor& data, const Tensor& idx,
+                          Tensor& y) {
+  const size_t es = elem_size(data.dtype());
+  if (es == 0 || (idx.dtype() != DType::kI64 && idx.dtype() != DType::kI32)) return false;
+  const int64_t axis = norm_axis(node.get_int("axis", 0), data.rank());
+  const int64_t dim = data.shape()[static_cast<size_t>(axis)];
+  const int64_t outer = product(data.shape(), 0, static_cast<size_t>(axis));
+  const int64_t inner = product(data.shape(), static_cast<size_t>(axis) + 1) * static_cast<int64_t>(es);
+  const int64_t n = idx.numel();
+  std::vector<int64_t> ix(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = idx.dtype() == DType::kI64 ? idx.data_as<int64_t>()[i] : idx.data_as<int32_t>()[i];
+    if (v < -dim || v >= dim)
+      return invalid_argument("cpu: 'gather': index " + std::to_string(v) +
+                              " is out of range for axis " + std::to_string(axis) + " of size " +
+                              std::to_string(dim));
+    ix[static_cast<size_t>(i)] = v < 0 ? v + dim : v;
+  }
+  std::byte* out = out_bytes(y);
+  tp.parallel_for(outer * n, std::max<int64_t>(1, 65536 / std::max<int64_t>(inner, 1)),
+                  [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      const int64_t o = r / n, j = r % n;
+      if (inner)
+        std::memcpy(out + r * inner, data.data() + (o * dim + ix[static_cast<size_t>(j)]) * inner,
+                    static_cast<size_t>(inner));
+    }
+  });
+  return true;
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,150 @@
+// CUDA lowering of the FP8 ops: quantize/dequantize as elementwise kernels (cuda_fp8.h
+// conversions), scaled_matmul as one cuBLASLt FP8 GEMM step with scale pointers, or, on a
+// target without FP8 that the graph allows to fall back, a 16-bit GEMM on dequantized operands.
+#include <cstring>
+
+#include "lowerer.h"
+
+namespace kiln::cuda::detail {
+namespace {
+
+std::string interp(DType t) { return t == DType::kF8E4M3FN ? "__NV_E4M3" : "__NV_E5M2"; }
+
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+void Lowerer::need_fp8() {
+  if (fp8_) return;
+  fp8_ = true;
+  // cuda_fp8.h brings cuda_fp16.h and cuda_bf16.h along; NVRTC finds them on the include path.
+  source_ += R"(
+#include <cuda_fp8.h>
+__device__ __forceinline__ float kiln_f8_to_f32(unsigned char q, __nv_fp8_interpretation_t k) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, k)));
+}
+)";
+}
+
+int Lowerer::host_weight(const Tensor& t) {
+  weights_.resize(static_cast<size_t>(align_up(static_cast<int64_t>(weights_.size()))), '\0');
+  const int id = add_buffer("weight", t.dtype(), t.shape());
+  bufs_[id].offset = static_cast<int64_t>(weights_.size());
+  weights_.append(reinterpret_cast<const char*>(t.data()), t.nbytes());
+  return id;
+}
+
+std::optional<Tensor> Lowerer::weight_tensor(int id) const {
+  const int r = root(id);
+  if (bufs_[r].kind != "weight") return std::nullopt;
+  const int64_t off = bufs_[r].offset + (id == r ? 0 : bufs_[id].offset);
+  Tensor t(bufs_[id].dtype, bufs_[id].shape);
+  std::memcpy(t.mutable_data(), weights_.data() + off, t.nbytes());
+  return t;
+}
+
+StatusOr<int> Lowerer::dequant_kernel(const Node& n, int q, DType qt, int scale, DType out_t, const Sizes& shape,
+                                      int out) {
+  need_fp8();
+  note_dtype(out_t);
+  if (out < 0) out = add_buffer("activation", out_t, shape);
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, out_t));
+  const std::string body = "    y[i] = " + store_expr(out_t, "kiln_f8_to_f32(q[i], " + interp(qt) + ") * s[0]") + ";\n";
+  if (product(shape) > 0)
+    launch_elementwise(kernel_name("dequantize"),
+                       "const unsigned char* __restrict__ q, const float* __restrict__ s, " + st + "* __restrict__ y",
+                       product(shape), body, {q, scale, out});
+  return out;
+}
+
+Status Lowerer::quantize(const Node& n) {
+  const DType xt = n.operand(0)->dtype(), qt = n.result()->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, xt));
+  need_fp8();
+  const int out = activation_for(n.result());
+  const int64_t count = product(sizes_of(n.result()));
+  if (count == 0) return ok_status();
+  // Division, not a reciprocal multiply: the reference divides, and so must this.
+  const std::string body = "    q[i] = (unsigned char)__nv_cvt_float_to_fp8(" + load_expr(xt, "x[i]") +
+                           " / s[0], __NV_SATFINITE, " + interp(qt) + ");\n";
+  launch_elementwise(kernel_name("quantize"),
+                     "const " + st + "* __restrict__ x, const float* __restrict__ s, unsigned char* __restrict__ q",
+                     count, body, {buf(n.operand(0)), buf(n.operand(1)), out});
+  return ok_status();
+}
+
+Status Lowerer::dequantize(const Node& n) {
+  const DType t = n.result()->dtype();
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return unsupported_dtype(n, t);
+  return dequant_kernel(n, buf(n.operand(0)), n.operand(0)->dtype(), buf(n.operand(1)), t, sizes_of(n.result()),
+                        activation_for(n.result()))
+      .status();
+}
+
+Status Lowerer::scaled_matmul(const Node& n) {
+  const DType t = n.result()->dtype(), at = n.operand(0)->dtype(), bt = n.operand(1)->dtype();
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return unsupported_dtype(n, t);
+  const Sizes ws = sizes_of(n.operand(1));
+  const int64_t nn = ws[0], k = ws[1];
+  const int64_t m = nn == 0 ? 0 : product(sizes_of(n.result())) / nn;
+  const bool bias = n.num_operands() == 5;
+  if (!opts_.fp8 && n.get_string("fallback", "none") != "bf16")
+    return error_at(n.loc(), StatusCode::kFailedPrecondition,
+                    opts_.target + " has no FP8 tensor cores; scaled_matmul " + value_label(n.result()) +
+                        " needs them (quantize with fallback=bf16 to run a 16-bit GEMM there)");
+  const int out = activation_for(n.result());
+  note_dtype(t);
+  if (m * nn == 0) return ok_status();
+  const int sa = buf(n.operand(2)), sb = buf(n.operand(3));
+  int a = buf(n.operand(0)), b = buf(n.operand(1));
+  // cuBLASLt's FP8 kernels want 16-byte multiples for k and n, and no e5m2 x e5m2. Elsewhere
+  // (and on targets without FP8) both operands are dequantized and a 16-bit GEMM runs instead.
+  const bool native = opts_.fp8 && k % 16 == 0 && nn % 16 == 0 && !(at == DType::kF8E5M2 && bt == DType::kF8E5M2);
+  DType gemm_t = t;
+  if (!native) {
+    need_fp8();
+    if (k == 0) return unsupported(n, "k = 0 is not supported");
+    std::optional<Tensor> wq = weight_tensor(b), ws_t = weight_tensor(sb);
+    if (wq && ws_t) {  // constant weights dequantize at compile time
+      Tensor w(t, {nn, k});
+      const double s = ws_t->get_f64(0);
+      for (int64_t i = 0; i < w.numel(); ++i) w.set_f64(i, wq->get_f64(i) * s);
+      b = host_weight(w);
+    } else {
+      KILN_ASSIGN_OR_RETURN(b, dequant_kernel(n, b, bt, sb, t, {nn, k}, -1));
+    }
+    KILN_ASSIGN_OR_RETURN(a, dequant_kernel(n, a, at, sa, t, {m, k}, -1));
+  }
+  gemm_ = true;
+  // An f32 FP8 GEMM takes only a bf16 bias in cuBLASLt: the f32 bias is added by a kernel after.
+  const bool bias_kernel = bias && native && t == DType::kF32;
+  const std::string act = bias_kernel ? "" : sole_activation(n.result(), true);
+  if (!act.empty()) absorb_user(n.result(), out);
+  const bool bias_epi = bias && !bias_kernel;
+  const std::string epilogue = bias_epi ? (act.empty() ? "bias" : "bias_" + act) : (act.empty() ? "none" : act);
+  std::string text = "step gemm a=b" + num(a) + " b=b" + num(b) + " d=b" + num(out);
+  std::vector<int> used = {a, b, out};
+  if (bias_epi) {
+    text += " bias=b" + num(buf(n.operand(4)));
+    used.push_back(buf(n.operand(4)));
+  }
+  const std::string compute = !native && t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  text += " m=" + num(m) + " n=" + num(nn) + " k=" + num(k) + " batch=1 trans_a=0 trans_b=1 lda=" + num(k) +
+          " ldb=" + num(k) + " ldd=" + num(nn) + " stride_a=" + num(m * k) + " stride_b=0 stride_d=" + num(m * nn) +
+          " dtype=" + dname(gemm_t) + " compute=" + compute + " alpha=1 beta=0 epilogue=" + epilogue;
+  if (native) {
+    text += " a_dtype=" + dname(at) + " b_dtype=" + dname(bt) + " a_scale=b" + num(sa) + " b_scale=b" + num(sb);
+    used.push_back(sa);
+    used.push_back(sb);
+  }
+  steps_.push_back({text, used});
+  if (bias_kernel) {
+    const int bb = buf(n.operand(4));
+    launch_elementwise(kernel_name("bias_add"), "float* __restrict__ y, const float* __restrict__ bias",
+                       m * nn, "    y[i] += bias[i % " + int_literal(nn) + "];\n", {out, bb});
+  }
+  return ok_status();
+}
+
+}  // namespace kiln::cuda::detail

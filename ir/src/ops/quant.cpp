@@ -1,0 +1,190 @@
+// FP8 quantization ops: quantize, dequantize, scaled_matmul (one node per FP8 GEMM) and amax.
+#include <cmath>
+#include <limits>
+
+#include "ops/kernel_util.h"
+#include "ops/op_helpers.h"
+#include "ops/ops.h"
+
+namespace kiln {
+namespace {
+
+bool is_f8(DType t) { return t == DType::kF8E4M3FN || t == DType::kF8E5M2; }
+
+/// A per-tensor scale: one f32 element (rank 0 or [1]).
+Status require_scale(const InferContext& ctx, int i) {
+  const TensorType& s = ctx.operand(i);
+  const bool one = s.rank() == 0 || (s.rank() == 1 && s.shape[0].is_static() && s.shape[0].value() == 1);
+  if (s.dtype != DType::kF32 || !one)
+    return ctx.error("operand '" + operand_name(ctx, i) + "' must be a per-tensor scale f32[] or f32[1], got " +
+                     s.str());
+  return ok_status();
+}
+
+Status require_f8(const InferContext& ctx, int i) {
+  if (!is_f8(ctx.operand(i).dtype))
+    return ctx.error("operand '" + operand_name(ctx, i) + "' must be f8e4m3fn or f8e5m2, got " +
+                     ctx.operand(i).str());
+  return ok_status();
+}
+
+/// The `dtype` attribute, checked against the allowed result dtypes.
+StatusOr<DType> result_dtype(const InferContext& ctx, DType fallback, std::initializer_list<DType> allowed) {
+  const Attribute* a = ctx.node.attr("dtype");
+  const DType t = a ? a->as_dtype() : fallback;
+  std::string names;
+  for (DType d : allowed) {
+    if (d == t) return t;
+    names += (names.empty() ? "" : ", ") + std::string(dtype_name(d));
+  }
+  return ctx.error("attribute 'dtype' must be one of " + names + ", got " + std::string(dtype_name(t)));
+}
+
+/// Rounds to the f8 format, saturating finite overflow (and inf) to the largest finite value.
+double to_f8(DType t, double v) {
+  return t == DType::kF8E4M3FN ? f8e4m3fn_bits_to_f32(f64_to_f8e4m3fn_bits(v, true))
+                               : f8e5m2_bits_to_f32(f64_to_f8e5m2_bits(v, true));
+}
+
+Status quantize_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_dtype(ctx, 0, kFloatDTypes));
+  if (is_f8(ctx.operand(0).dtype)) return ctx.error("operand 'x' is already " + ctx.operand(0).str());
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 1));
+  KILN_ASSIGN_OR_RETURN(DType t, result_dtype(ctx, DType::kF8E4M3FN, {DType::kF8E4M3FN, DType::kF8E5M2}));
+  ctx.results = {TensorType{t, ctx.operand(0).shape}};
+  return ok_status();
+}
+
+Status quantize_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const double scale = ctx.input(1).get_f64(0);
+  Tensor& y = ctx.output();
+  for (int64_t i = 0; i < x.numel(); ++i) y.set_f64(i, to_f8(y.dtype(), x.get_f64(i) / scale));
+  return ok_status();
+}
+
+Status dequantize_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_f8(ctx, 0));
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 1));
+  KILN_ASSIGN_OR_RETURN(DType t, result_dtype(ctx, DType::kF32, {DType::kF32, DType::kBF16, DType::kF16}));
+  ctx.results = {TensorType{t, ctx.operand(0).shape}};
+  return ok_status();
+}
+
+Status dequantize_kernel(KernelContext& ctx) {
+  const Tensor& q = ctx.input(0);
+  const double scale = ctx.input(1).get_f64(0);
+  for (int64_t i = 0; i < q.numel(); ++i) ctx.output().set_f64(i, q.get_f64(i) * scale);
+  return ok_status();
+}
+
+Status scaled_matmul_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_f8(ctx, 0));
+  KILN_RETURN_IF_ERROR(require_f8(ctx, 1));
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 2));
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 3));
+  KILN_ASSIGN_OR_RETURN(DType t, result_dtype(ctx, DType::kF32, {DType::kF32, DType::kBF16, DType::kF16}));
+  const std::string fallback = ctx.node.get_string("fallback", "none");
+  if (fallback != "none" && fallback != "bf16")
+    return ctx.error("attribute 'fallback' must be none or bf16, got '" + fallback + "'");
+  const TensorType& a = ctx.operand(0);
+  const TensorType& b = ctx.operand(1);
+  if (a.rank() < 1) return ctx.error("operand 'a' must have rank >= 1, got " + a.str());
+  if (b.rank() != 2) return ctx.error("operand 'b' must be [n, k], got " + b.str());
+  const Dim& ka = a.shape.back();
+  if (ka.is_static() && b.shape[1].is_static() && ka.value() != b.shape[1].value())
+    return ctx.error("contraction dims differ: a is " + a.str() + ", b is " + b.str());
+  if (ctx.num_operands() == 5) {
+    const TensorType& bias = ctx.operand(4);
+    if (bias.dtype != t || bias.rank() != 1 ||
+        (bias.shape[0].is_static() && b.shape[0].is_static() && bias.shape[0].value() != b.shape[0].value()))
+      return ctx.error("operand 'bias' must be " + std::string(dtype_name(t)) + "[" + b.shape[0].str() + "], got " +
+                       bias.str());
+  }
+  Shape out = a.shape;
+  out.back() = b.shape[0];
+  ctx.results = {TensorType{t, out}};
+  return ok_status();
+}
+
+Status scaled_matmul_kernel(KernelContext& ctx) {
+  const std::vector<double> av = ctx.input(0).to_f64(), bv = ctx.input(1).to_f64();
+  const std::vector<double> bias = ctx.num_inputs() == 5 ? ctx.input(4).to_f64() : std::vector<double>();
+  const double scale = ctx.input(2).get_f64(0) * ctx.input(3).get_f64(0);
+  const int64_t n = ctx.input(1).shape()[0], k = ctx.input(1).shape()[1];
+  const int64_t rows = n == 0 ? 0 : ctx.output().numel() / n;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < n; ++o) {
+      double acc = 0;
+      for (int64_t i = 0; i < k; ++i) acc += av[static_cast<size_t>(r * k + i)] * bv[static_cast<size_t>(o * k + i)];
+      ctx.output().set_f64(r * n + o, acc * scale + (bias.empty() ? 0.0 : bias[static_cast<size_t>(o)]));
+    }
+  return ok_status();
+}
+
+Status amax_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_dtype(ctx, 0, kFloatDTypes));
+  ctx.results = {TensorType{DType::kF32, {}}};
+  return ok_status();
+}
+
+Status amax_kernel(KernelContext& ctx) {
+  double m = 0;
+  const Tensor& x = ctx.input(0);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double v = std::fabs(x.get_f64(i));
+    if (std::isnan(v)) {  // a nan must not hide behind the max: it poisons the scale visibly
+      m = v;
+      break;
+    }
+    m = std::max(m, v);
+  }
+  ctx.output().set_f64(0, m);
+  return ok_status();
+}
+
+}  // namespace
+
+void register_quant_ops(OpRegistry& r) {
+  add_op_or_die(r, {.name = "quantize",
+                    .summary = "q = x / scale rounded to nearest even into an f8 dtype, saturating",
+                    .traits = kTraitNone,
+                    .inputs = {"x", "scale"},
+                    .outputs = {"q"},
+                    .attrs = {attr_default("dtype", DType::kF8E4M3FN, "f8e4m3fn or f8e5m2")},
+                    .num_regions = 0,
+                    .infer = quantize_infer,
+                    .reference = quantize_kernel});
+  add_op_or_die(r, {.name = "dequantize",
+                    .summary = "y = q * scale, from an f8 dtype to f32, bf16 or f16",
+                    .traits = kTraitNone,
+                    .inputs = {"q", "scale"},
+                    .outputs = {"y"},
+                    .attrs = {attr_default("dtype", DType::kF32, "f32, bf16 or f16")},
+                    .num_regions = 0,
+                    .infer = dequantize_infer,
+                    .reference = dequantize_kernel});
+  add_op_or_die(
+      r, {.name = "scaled_matmul",
+          .summary = "y = (a * a_scale) @ (b * b_scale)^T + bias with f8 a [.., k] and b [n, k] (one FP8 GEMM)",
+          .traits = kTraitContraction,
+          .inputs = {"a", "b", "a_scale", "b_scale", "bias?"},
+          .outputs = {"y"},
+          .attrs = {attr_default("dtype", DType::kF32, "result dtype: f32, bf16 or f16"),
+                    attr_default("fallback", "none",
+                                 "on a target without FP8: none refuses, bf16 dequantizes to a 16-bit GEMM")},
+          .num_regions = 0,
+          .infer = scaled_matmul_infer,
+          .reference = scaled_matmul_kernel});
+  add_op_or_die(r, {.name = "amax",
+                    .summary = "max |x| over every element as f32[] (nan if any element is nan)",
+                    .traits = kTraitReduction,
+                    .inputs = {"x"},
+                    .outputs = {"y"},
+                    .attrs = {},
+                    .num_regions = 0,
+                    .infer = amax_infer,
+                    .reference = amax_kernel});
+}
+
+}  // namespace kiln

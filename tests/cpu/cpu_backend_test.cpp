@@ -1,0 +1,268 @@
+// The cpu backend against the reference interpreter: JIT'd elementwise ops and fused groups
+// (broadcasting, every lowered dtype), native kernels, the kernel cache and error paths.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "kiln/core/kernel_cache.h"
+#include "kiln/ir/text.h"
+#include "plugin_test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A private, empty kernel cache for the test process (set before any cpu plan is built).
+const std::string& test_cache_dir() {
+  static const std::string dir = [] {
+    fs::path p = fs::temp_directory_path() / ("kiln-cpu-test-cache-" + std::to_string(::getpid()));
+    fs::remove_all(p);
+    setenv("KILN_CACHE_DIR", p.c_str(), 1);
+    return p.string();
+  }();
+  return dir;
+}
+
+std::unique_ptr<Executable> compile_cpu(const Graph& g, int64_t threads = 2) {
+  test_cache_dir();
+  Registry& reg = test::registry_with({"kiln-plugin-backend-cpu.so", "kiln-plugin-backend-reference.so"});
+  auto info = reg.backend("cpu");
+  REQUIRE_MESSAGE(info.ok(), info.status().message());
+  Options o;
+  o.set("threads", threads);
+  auto backend = (*info)->create(o);
+  REQUIRE(backend.ok());
+  auto exe = (*backend)->compile(g);
+  REQUIRE_MESSAGE(exe.ok(), exe.status().message());
+  return std::move(exe).value();
+}
+
+/// Tolerances of PyTorch's assert_close for each dtype; integers and bools exact.
+/// `loose`: contractions, which sum K products in f32 where the reference sums in f64.
+void check_close(const Tensor& got, const Tensor& want, const std::string& what, bool loose = false) {
+  REQUIRE(got.dtype() == want.dtype());
+  REQUIRE(got.shape() == want.shape());
+  double rtol = loose ? 1e-5 : 1.3e-6, atol = loose ? 1e-4 : 1e-5;
+  if (want.dtype() == DType::kF16) rtol = 1e-3;
+  if (want.dtype() == DType::kBF16) rtol = 1.6e-2;
+  if (want.dtype() == DType::kF64) rtol = 1e-7, atol = 1e-7;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    if (!is_float(want.dtype())) {
+      REQUIRE_MESSAGE(got.get_i64(i) == want.get_i64(i), what << " element " << i);
+      continue;
+    }
+    const double a = got.get_f64(i), e = want.get_f64(i);
+    const bool ok = (std::isnan(a) && std::isnan(e)) || a == e || std::fabs(a - e) <= atol + rtol * std::fabs(e);
+    REQUIRE_MESSAGE(ok, what << " element " << i << ": got " << a << ", want " << e);
+  }
+}
+
+/// Parses `kir`, runs it on cpu and reference with the same random inputs, compares.
+void check_graph(const std::string& kir, int64_t threads = 2, bool loose = false) {
+  auto g = parse_graph(kir);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  std::mt19937 rng(7);
+  std::vector<Tensor> ins = test::random_inputs(**g, rng);
+  Registry& reg = test::registry_with({"kiln-plugin-backend-reference.so"});
+  std::vector<Tensor> want = test::run_reference(reg, **g, ins);
+  auto exe = compile_cpu(**g, threads);
+  auto got = exe->run(ins);
+  REQUIRE_MESSAGE(got.ok(), got.status().message());
+  REQUIRE(got->size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) check_close((*got)[i], want[i], kir, loose);
+}
+
+TEST_CASE("cpu: unary float ops match the reference in f32, f64, f16 and bf16") {
+  for (const char* dt : {"f32", "f64", "f16", "bf16"})
+    for (const char* op : {"neg", "abs", "exp", "tanh", "erf", "sigmoid", "relu", "silu", "sin", "cos",
+                           "floor", "ceil", "round", "sign", "softplus", "gelu", "leaky_relu"}) {
+      const std::string t = std::string(dt) + "[37, 129]";
+      check_graph("graph @g(%x: " + t + ") -> (" + t + ") {\n  %y = " + op + "(%x) : " + t +
+                  "\n  return %y\n}\n");
+    }
+  // Positive-domain ops.
+  check_graph(R"(graph @g(%x: f32[64, 70]) -> (f32[64, 70]) {
+  %a = abs(%x) : f32[64, 70]
+  %c = constant() {value = dense<f32[]>[0.5]} : f32[]
+  %p = add(%a, %c) : f32[64, 70]
+  %l = log(%p) : f32[64, 70]
+  %s = sqrt(%p) : f32[64, 70]
+  %r = rsqrt(%p) : f32[64, 70]
+  %q = reciprocal(%p) : f32[64, 70]
+  %w = pow(%p, %x) : f32[64, 70]
+  %t1 = add(%l, %s) : f32[64, 70]
+  %t2 = add(%r, %q) : f32[64, 70]
+  %t3 = add(%t1, %t2) : f32[64, 70]
+  %y = add(%t3, %w) : f32[64, 70]
+  return %y
+})");
+}
+
+TEST_CASE("cpu: binary ops broadcast like numpy") {
+  for (const char* op : {"add", "sub", "mul", "div", "maximum", "minimum"})
+    check_graph(std::string("graph @g(%a: f32[4, 1, 33], %b: f32[5, 1]) -> (f32[4, 5, 33]) {\n  %y = ") + op +
+                "(%a, %b) : f32[4, 5, 33]\n  return %y\n}\n");
+  check_graph(R"(graph @g(%a: f32[3, 64, 9, 9], %b: f32[1, 64, 1, 1]) -> (f32[3, 64, 9, 9]) {
+  %y = add(%a, %b) : f32[3, 64, 9, 9]
+  return %y
+})");
+  check_graph(R"(graph @g(%a: f32[20000], %b: f32[]) -> (f32[20000]) {
+  %y = mul(%a, %b) : f32[20000]
+  return %y
+})");
+}
+
+TEST_CASE("cpu: integer, bool, comparison, where, clip, mod and cast") {
+  for (const char* dt : {"i64", "i32", "i16", "i8"})
+    for (const char* op : {"add", "sub", "mul", "maximum", "minimum"})
+      check_graph(std::string("graph @g(%a: ") + dt + "[6, 7], %b: " + dt + "[7]) -> (" + dt +
+                  "[6, 7]) {\n  %y = " + op + "(%a, %b) : " + dt + "[6, 7]\n  return %y\n}\n");
+  check_graph(R"(graph @g(%a: i32[6, 7], %b: i32[6, 7]) -> (bool[6, 7], i32[6, 7], i32[6, 7], i32[6, 7]) {
+  %lt = less(%a, %b) : bool[6, 7]
+  %ge = greater_equal(%a, %b) : bool[6, 7]
+  %x = xor(%lt, %ge) : bool[6, 7]
+  %w = where(%lt, %a, %b) : i32[6, 7]
+  %c = clip(%a) {min = -2.5, max = 3.0} : i32[6, 7]
+  %n = abs(%a) : i32[6, 7]
+  return %x, %w, %c, %n
+})");
+  check_graph(R"(graph @g(%a: f32[8, 9], %b: f32[8, 9]) -> (f32[8, 9], f32[8, 9], bool[8, 9], i8[8, 9], f16[8, 9], u8[8, 9]) {
+  %m = mod(%a, %b) : f32[8, 9]
+  %f = mod(%a, %b) {fmod = 1} : f32[8, 9]
+  %e = not_equal(%a, %b) : bool[8, 9]
+  %k = mul(%a, %b) : f32[8, 9]
+  %i = cast(%k) {to = i8} : i8[8, 9]
+  %h = cast(%a) {to = f16} : f16[8, 9]
+  %u = cast(%i) {to = u8} : u8[8, 9]
+  return %m, %f, %e, %i, %h, %u
+})");
+}
+
+TEST_CASE("cpu: fused groups compile to one kernel each and match the reference") {
+  auto g = parse_graph(R"(graph @g(%x: f32[16, 300], %b: f32[300]) -> (f32[16, 300], f32[16, 300]) {
+  %y, %z = fused(%x, %b) : f32[16, 300], f32[16, 300] {
+    graph @fused(%p: f32[16, 300], %q: f32[300]) -> (f32[16, 300], f32[16, 300]) {
+      %h = constant() {value = dense<f32[]>[0.5]} : f32[]
+      %s = add(%p, %q) : f32[16, 300]
+      %t = tanh(%s) : f32[16, 300]
+      %u = mul(%t, %h) : f32[16, 300]
+      %v = cast(%u) {to = bf16} : bf16[16, 300]
+      %w = cast(%v) {to = f32} : f32[16, 300]
+      return %u, %w
+    }
+  }
+  return %y, %z
+})");
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  std::mt19937 rng(3);
+  std::vector<Tensor> ins = test::random_inputs(**g, rng);
+  std::vector<Tensor> want = test::run_reference(test::registry_with({}), **g, ins);
+  auto exe = compile_cpu(**g);
+  auto got = exe->run(ins);
+  REQUIRE_MESSAGE(got.ok(), got.status().message());
+  check_close((*got)[0], want[0], "fused u");
+  check_close((*got)[1], want[1], "fused w");
+}
+
+TEST_CASE("cpu: native kernels match the reference") {
+  check_graph(R"(graph @g(%a: f32[2, 3, 17, 33], %b: f32[33, 20], %c: f32[3, 20, 5]) -> (f32[2, 3, 17, 20], f32[2, 3, 17, 5]) {
+  %m = matmul(%a, %b) : f32[2, 3, 17, 20]
+  %n = matmul(%m, %c) : f32[2, 3, 17, 5]
+  return %m, %n
+})", 2, true);
+  check_graph(R"(graph @g(%x: f32[5, 40], %w: f32[24, 40], %b: f32[24]) -> (f32[5, 24]) {
+  %y = linear(%x, %w, %b) : f32[5, 24]
+  return %y
+})", 2, true);
+  check_graph(R"(graph @g(%x: f32[2, 6, 13, 11], %w: f32[8, 3, 3, 3], %b: f32[8]) -> (f32[2, 8, 7, 6], f32[2, 6, 7, 6], f32[2, 6, 7, 6]) {
+  %y = conv(%x, %w, %b) {strides = [2, 2], pads = [1, 1, 1, 1], groups = 2} : f32[2, 8, 7, 6]
+  %p = max_pool(%x) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]} : f32[2, 6, 7, 6]
+  %q = avg_pool(%x) {kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1], count_include_pad = 1} : f32[2, 6, 7, 6]
+  return %y, %p, %q
+})", 2, true);
+  check_graph(R"(graph @g(%x: f32[4, 7, 50], %s: f32[50], %b: f32[50]) -> (f32[4, 7, 50], f32[4, 7, 50], f32[4, 7, 50], f32[4, 7, 50], f32[4, 1, 50], f32[7, 50]) {
+  %a = softmax(%x) {axis = -1} : f32[4, 7, 50]
+  %l = log_softmax(%x) {axis = 1} : f32[4, 7, 50]
+  %n = layer_norm(%x, %s, %b) {axis = -1, epsilon = 1e-5} : f32[4, 7, 50]
+  %r = rms_norm(%x, %s) {axis = -1} : f32[4, 7, 50]
+  %m = reduce_max(%x) {axes = [1]} : f32[4, 1, 50]
+  %u = reduce_mean(%x) {axes = [0], keepdims = 0} : f32[7, 50]
+  return %a, %l, %n, %r, %m, %u
+})");
+  check_graph(R"(graph @g(%x: f32[4, 6, 10], %y: f32[4, 2, 10], %i: i64[3, 2]) -> (f32[10, 6, 4], f32[4, 8, 10], f32[2, 3, 3], f32[4, 3, 2, 10], f32[4, 6, 10]) {
+  %t = transpose(%x) {perm = [2, 1, 0]} : f32[10, 6, 4]
+  %c = concat(%x, %y) {axis = 1} : f32[4, 8, 10]
+  %s = slice(%x) {starts = [1, 5, 9], ends = [3, 0, 0], steps = [1, -2, -3]} : f32[2, 3, 3]
+  %g = gather(%x, %i) {axis = 1} : f32[4, 3, 2, 10]
+  %e = expand(%y) {shape = [4, 1, 1]} : f32[4, 2, 10]
+  %a, %b = split(%x) {axis = 1, sizes = [2, 4]} : f32[4, 2, 10], f32[4, 4, 10]
+  %j = concat(%e, %b) {axis = 1} : f32[4, 6, 10]
+  return %t, %c, %s, %g, %j
+})");
+}
+
+TEST_CASE("cpu: one thread gives the same results") {
+  check_graph(R"(graph @g(%a: f32[300, 200], %b: f32[200]) -> (f32[300, 200]) {
+  %s = add(%a, %b) : f32[300, 200]
+  %y = gelu(%s) {approximate = "tanh"} : f32[300, 200]
+  return %y
+})", 1);
+}
+
+TEST_CASE("cpu: the second build of a graph takes its object code from the kernel cache") {
+  const char* kir = R"(graph @g(%a: f32[33, 65]) -> (f32[33, 65]) {
+  %e = exp(%a) : f32[33, 65]
+  %y = mul(%e, %a) : f32[33, 65]
+  return %y
+})";
+  auto g = parse_graph(kir);
+  REQUIRE(g.ok());
+  std::mt19937 rng(1);
+  std::vector<Tensor> ins = test::random_inputs(**g, rng);
+  auto count = [] {
+    auto s = KernelCache(test_cache_dir()).stats();
+    REQUIRE(s.ok());
+    return s->entries;
+  };
+  REQUIRE(KernelCache(test_cache_dir()).clear().ok());
+  auto first = compile_cpu(**g)->run(ins);
+  REQUIRE(first.ok());
+  CHECK(count() == 1);
+  auto second = compile_cpu(**g)->run(ins);  // a new executable: only the cache can help it
+  REQUIRE(second.ok());
+  CHECK(count() == 1);
+  CHECK((*first)[0].identical((*second)[0]));
+}
+
+TEST_CASE("cpu: errors name what is at fault") {
+  auto g = parse_graph(R"(graph @g(%d: f32[5, 3], %i: i64[2]) -> (f32[2, 3]) {
+  %y = gather(%d, %i) : f32[2, 3]
+  return %y
+})");
+  REQUIRE(g.ok());
+  auto exe = compile_cpu(**g);
+  std::vector<Tensor> ins = {Tensor(DType::kF32, {5, 3}), Tensor::from_i64(DType::kI64, {2}, std::vector<int64_t>{1, 7})};
+  auto r = exe->run(ins);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message() == "cpu: 'gather': index 7 is out of range for axis 0 of size 5");
+
+  std::vector<Tensor> wrong = {Tensor(DType::kF32, {5}), ins[1]};
+  auto w = exe->run(wrong);
+  REQUIRE(!w.ok());
+  CHECK(w.status().message() == "cpu: input 0 must be f32[5, 3], got f32[5]");
+
+  Registry& reg = test::registry_with({"kiln-plugin-backend-cpu.so"});
+  Options o;
+  o.set("threads", int64_t{-1});
+  auto b = (*reg.backend("cpu"))->create(o);
+  REQUIRE(!b.ok());
+  CHECK(b.status().message() == "cpu: option 'threads' must be >= 0, got -1");
+}
+
+}  // namespace
+}  // namespace kiln

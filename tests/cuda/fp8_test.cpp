@@ -1,0 +1,141 @@
+// Tests of the FP8 lowering: scaled_matmul as one cuBLASLt FP8 gemm step with scale pointers,
+// the f32 bias kernel, the dequantize fallback (shapes cuBLASLt cannot take, targets without
+// FP8), the refusal naming the target, and NVRTC compilation of the q/dq kernels per target.
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln/cuda/lowering.h"
+#include "kiln/cuda/nvrtc.h"
+#include "kiln/ir/text.h"
+
+namespace kiln::cuda {
+namespace {
+
+/// quantize(x) then scaled_matmul by a constant-free weight input %w f8e4m3fn[n, k].
+std::string fp8_graph(int64_t m, int64_t n, int64_t k, const std::string& out, bool bias, const std::string& extra = "",
+                      const std::string& act = "f8e4m3fn") {
+  const std::string M = std::to_string(m), N = std::to_string(n), K = std::to_string(k);
+  const std::string yt = out + "[" + M + ", " + N + "]";
+  std::string args = "%x: " + out + "[" + M + ", " + K + "], %w: f8e4m3fn[" + N + ", " + K + "], %sx: f32[], %sw: f32[]";
+  std::string ops = "%xq, %w, %sx, %sw";
+  if (bias) args += ", %b: " + out + "[" + N + "]", ops += ", %b";
+  return "graph @g(" + args + ") -> (" + yt + ") {\n  %xq = quantize(%x, %sx) {dtype = " + act + "} : " + act + "[" +
+         M + ", " + K + "]\n  %y = scaled_matmul(" + ops + ") {dtype = " + out + extra + "} : " + yt +
+         "\n  return %y\n}\n";
+}
+
+StatusOr<LoweredGraph> try_lower(const std::string& text, const LoweringOptions& o = {}) {
+  auto g = parse_graph(text);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  return lower_graph(**g, o);
+}
+
+LoweredGraph lower(const std::string& text, const LoweringOptions& o = {}) {
+  auto l = try_lower(text, o);
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  return *l;
+}
+
+std::vector<std::string> steps(const std::string& plan) {
+  std::vector<std::string> out;
+  std::istringstream in(plan);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("step ", 0) == 0) out.push_back(line);
+  return out;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+LoweringOptions no_fp8() {
+  LoweringOptions o;
+  o.fp8 = false;
+  o.target = "cuda-sm80: target sm_80";
+  return o;
+}
+
+TEST_CASE("fp8: scaled_matmul is one cuBLASLt FP8 gemm (TN, scale pointers) after a quantize kernel") {
+  const LoweredGraph l = lower(fp8_graph(32, 64, 128, "bf16", true));
+  const std::vector<std::string> s = steps(l.plan);
+  REQUIRE(s.size() == 2);
+  CHECK(has(s[0], "kernel=k0_quantize"));
+  CHECK(has(s[1], "step gemm "));
+  for (const char* part : {" m=32 n=64 k=128 ", " trans_a=0 trans_b=1 lda=128 ldb=128 ", " dtype=bf16 compute=f32 ",
+                           " epilogue=bias ", " a_dtype=f8e4m3fn b_dtype=f8e4m3fn a_scale=b2 b_scale=b3"})
+    CHECK_MESSAGE(has(s[1], part), part);
+  CHECK(has(l.source, "#include <cuda_fp8.h>"));
+  CHECK(has(l.source, "__nv_cvt_float_to_fp8(__bfloat162float(x[i]) / s[0], __NV_SATFINITE, __NV_E4M3)"));
+}
+
+TEST_CASE("fp8: an f32 result adds its bias in a kernel (cuBLASLt's FP8 bias is bf16); e5m2 activations") {
+  const std::vector<std::string> s = steps(lower(fp8_graph(16, 32, 64, "f32", true, "", "f8e5m2")).plan);
+  REQUIRE(s.size() == 3);
+  CHECK(has(s[1], " epilogue=none "));
+  CHECK_FALSE(has(s[1], " bias="));
+  CHECK(has(s[1], " a_dtype=f8e5m2 b_dtype=f8e4m3fn "));
+  CHECK(has(s[2], "kernel=k1_bias_add"));
+}
+
+TEST_CASE("fp8: shapes cuBLASLt's FP8 kernels cannot take dequantize both operands into a 16-bit gemm") {
+  const std::vector<std::string> s = steps(lower(fp8_graph(4, 24, 40, "f16", true)).plan);
+  REQUIRE(s.size() == 4);  // quantize, dequantize w, dequantize x, gemm
+  CHECK(has(s[1], "k1_dequantize"));
+  CHECK(has(s[2], "k2_dequantize"));
+  CHECK(has(s[3], " dtype=f16 "));
+  CHECK(has(s[3], " epilogue=bias"));
+  CHECK_FALSE(has(s[3], "a_dtype"));
+}
+
+TEST_CASE("fp8: a target without FP8 refuses scaled_matmul by name unless it may fall back") {
+  auto refused = try_lower(fp8_graph(16, 32, 64, "bf16", false), no_fp8());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(has(refused.status().message(),
+            "cuda-sm80: target sm_80 has no FP8 tensor cores; scaled_matmul %y needs them (quantize with "
+            "fallback=bf16 to run a 16-bit GEMM there)"));
+  const LoweredGraph l = lower(fp8_graph(16, 32, 64, "bf16", false, ", fallback = \"bf16\""), no_fp8());
+  const std::vector<std::string> s = steps(l.plan);
+  REQUIRE(s.size() == 4);
+  CHECK(has(s[3], " dtype=bf16 "));
+  CHECK_FALSE(has(s[3], "a_scale"));
+}
+
+TEST_CASE("fp8: a constant f8 weight dequantizes at compile time on the fallback path") {
+  const std::string text =
+      "graph @g(%x: f32[2, 16]) -> (f32[2, 16]) {\n"
+      "  %sx = constant() {value = dense<f32[]>[0.5]} : f32[]\n"
+      "  %sw = constant() {value = dense<f32[]>[0.25]} : f32[]\n"
+      "  %w = constant() {value = dense<f8e4m3fn[16, 16]>[" + [] {
+        std::string v;
+        for (int i = 0; i < 256; ++i) v += (i ? ", " : "") + std::to_string(i % 7 - 3);
+        return v;
+      }() + "]} : f8e4m3fn[16, 16]\n"
+      "  %xq = quantize(%x, %sx) : f8e4m3fn[2, 16]\n"
+      "  %y = scaled_matmul(%xq, %w, %sx, %sw) {fallback = \"bf16\"} : f32[2, 16]\n"
+      "  return %y\n}\n";
+  const LoweredGraph l = lower(text, no_fp8());
+  const std::vector<std::string> s = steps(l.plan);
+  REQUIRE(s.size() == 3);  // quantize, dequantize x, gemm: the weight was dequantized here
+  CHECK(has(s[2], " dtype=f32 "));
+}
+
+TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target") {
+  const std::string text =
+      "graph @g(%x: bf16[8, 64], %s: f32[]) -> (f32[8, 64], f16[8, 64]) {\n"
+      "  %q = quantize(%x, %s) : f8e4m3fn[8, 64]\n"
+      "  %q2 = quantize(%x, %s) {dtype = f8e5m2} : f8e5m2[8, 64]\n"
+      "  %y = dequantize(%q, %s) : f32[8, 64]\n"
+      "  %z = dequantize(%q2, %s) {dtype = f16} : f16[8, 64]\n"
+      "  return %y, %z\n}\n";
+  const LoweredGraph l = lower(text);
+  CHECK(l.kernels.size() == 4);
+  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
+    CAPTURE(target);
+    auto image = compile_cuda(l.source, target, "test@0");
+    CHECK_MESSAGE(image.ok(), image.status().message());
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
