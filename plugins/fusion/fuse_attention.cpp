@@ -64,6 +64,11 @@ std::optional<Scores> match_scores(Value* v) {
       const int chain_side = match_scores(n->operand(0)) ? 0 : 1;
       s.mask = n->operand(1 - chain_side);
       v = n->operand(chain_side);
+    } else if (op == "cast") {
+      // Scores widened for the softmax (bf16 matmul, then f32 scale, mask and softmax): the
+      // fused kernel keeps them in f32 anyway.
+      if (!is_float(n->operand(0)->dtype()) || !is_float(n->result()->dtype())) return std::nullopt;
+      v = n->operand(0);
     } else if (op == "where") {
       std::optional<double> fill = scalar_value(n->operand(2));
       if (s.mask || s.where_fill || !fill || *fill > kMaskedOut) return std::nullopt;

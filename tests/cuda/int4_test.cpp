@@ -99,5 +99,19 @@ TEST_CASE("matmul_int4: every kernel variant compiles for sm_80, sm_90a and sm_1
   }
 }
 
+TEST_CASE("matmul_int4: a graph with f16 only compiles (the helpers need both half headers)") {
+  // A regression test: the shared helpers also spell bf16, so an f16-only source must still
+  // include cuda_bf16.h.
+  auto g = parse_graph(R"(graph @g(%x: f16[16, 256], %w: u8[37, 128], %s: f16[37, 2], %hb: f16[37]) -> (f16[16, 37]) {
+  %y = matmul_int4(%x, %w, %s, %hb) {group_size = 128} : f16[16, 37]
+  return %y
+})");
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto l = lower_graph(**g);
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  auto cubin = compile_cuda(l->source, "sm_90a", "test@0");
+  REQUIRE_MESSAGE(cubin.ok(), std::string(cubin.status().message()));
+}
+
 }  // namespace
 }  // namespace kiln::cuda

@@ -243,6 +243,7 @@ Status Lowerer::matmul_int4(const Node& n) {
   note_dtype(xt);
   note_dtype(st);
   note_dtype(DType::kF16);  // the nibble trick builds f16 pairs
+  note_dtype(DType::kBF16);  // the shared helpers are written for both half types
   if (m * nn == 0) return ok_status();
   if (k == 0) {
     if (!has_bias) {
