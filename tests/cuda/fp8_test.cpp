@@ -66,7 +66,13 @@ TEST_CASE("fp8: scaled_matmul is one cuBLASLt FP8 gemm (TN, scale pointers) afte
                            " epilogue=bias ", " a_dtype=f8e4m3fn b_dtype=f8e4m3fn a_scale=b2 b_scale=b3"})
     CHECK_MESSAGE(has(s[1], part), part);
   CHECK(has(l.source, "#include <cuda_fp8.h>"));
-  CHECK(has(l.source, "__nv_cvt_float_to_fp8(__bfloat162float(x[i]) / s[0], __NV_SATFINITE, __NV_E4M3)"));
+  // 32 x 128 elements: eight a thread from one 16-byte load.
+  CHECK(has(l.source, "const uint4 raw = reinterpret_cast<const uint4*>(x)[i];"));
+  CHECK(has(l.source, "__nv_cvt_float_to_fp8(v[j] / s[0], __NV_SATFINITE, __NV_E4M3)"));
+  CHECK(has(s[0], "grid=2,1,1 "));  // 4096 / 8 threads
+  // An odd count takes one element a thread.
+  const LoweredGraph odd = lower(fp8_graph(3, 16, 21, "bf16", false));
+  CHECK(has(odd.source, "__nv_cvt_float_to_fp8(__bfloat162float(x[i]) / s[0], __NV_SATFINITE, __NV_E4M3)"));
 }
 
 TEST_CASE("fp8: an f32 result adds its bias in a kernel (cuBLASLt's FP8 bias is bf16); e5m2 activations") {
@@ -93,7 +99,7 @@ TEST_CASE("fp8: a target without FP8 refuses scaled_matmul by name unless it may
   REQUIRE_FALSE(refused.ok());
   CHECK(has(refused.status().message(),
             "cuda-sm80: target sm_80 has no FP8 tensor cores; scaled_matmul %y needs them (quantize with "
-            "fallback=bf16 to run a 16-bit GEMM there)"));
+            "fallback=bf16 to run a GEMM on dequantized weights there)"));
   const LoweredGraph l = lower(fp8_graph(16, 32, 64, "bf16", false, ", fallback = \"bf16\""), no_fp8());
   const std::vector<std::string> s = steps(l.plan);
   REQUIRE(s.size() == 4);
@@ -122,14 +128,17 @@ TEST_CASE("fp8: a constant f8 weight dequantizes at compile time on the fallback
 
 TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target") {
   const std::string text =
-      "graph @g(%x: bf16[8, 64], %s: f32[]) -> (f32[8, 64], f16[8, 64]) {\n"
+      "graph @g(%x: bf16[8, 64], %s: f32[], %f: f32[3, 5]) -> (f32[8, 64], f16[8, 64], f8e4m3fn[3, 5], f8e5m2[8, 64]) {\n"
       "  %q = quantize(%x, %s) : f8e4m3fn[8, 64]\n"
+      "  %q3 = quantize(%f, %s) : f8e4m3fn[3, 5]\n"
+      "  %xf = cast(%x) {to = f32} : f32[8, 64]\n"
+      "  %q4 = quantize(%xf, %s) {dtype = f8e5m2} : f8e5m2[8, 64]\n"
       "  %q2 = quantize(%x, %s) {dtype = f8e5m2} : f8e5m2[8, 64]\n"
       "  %y = dequantize(%q, %s) : f32[8, 64]\n"
       "  %z = dequantize(%q2, %s) {dtype = f16} : f16[8, 64]\n"
-      "  return %y, %z\n}\n";
+      "  return %y, %z, %q3, %q4\n}\n";
   const LoweredGraph l = lower(text);
-  CHECK(l.kernels.size() == 4);
+  CHECK(l.kernels.size() == 7);
   for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
     CAPTURE(target);
     auto image = compile_cuda(l.source, target, "test@0");

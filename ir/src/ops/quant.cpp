@@ -172,7 +172,7 @@ void register_quant_ops(OpRegistry& r) {
           .outputs = {"y"},
           .attrs = {attr_default("dtype", DType::kF32, "result dtype: f32, bf16 or f16"),
                     attr_default("fallback", "none",
-                                 "on a target without FP8: none refuses, bf16 dequantizes to a 16-bit GEMM")},
+                                 "on a target without FP8: none refuses, bf16 runs a GEMM in the result dtype on dequantized operands")},
           .num_regions = 0,
           .infer = scaled_matmul_infer,
           .reference = scaled_matmul_kernel});

@@ -185,7 +185,7 @@ PassInfo quantize_fp8_pass_info() {
       {"history", OptionType::kInt, int64_t{16}, "delayed mode: amax history length"},
       {"interval", OptionType::kInt, int64_t{1}, "delayed mode: recompute scales every N steps"},
       {"fallback", OptionType::kString, std::string("none"),
-       "targets without FP8 (sm_80): none refuses, bf16 dequantizes weights to a 16-bit GEMM"},
+       "targets without FP8 (sm_80): none refuses, bf16 runs a GEMM on dequantized weights (bf16 for bf16 models)"},
       {"min-size", OptionType::kInt, int64_t{0}, "smallest weight (elements) worth quantizing"},
       {"include", OptionType::kStringList, std::vector<std::string>{},
        "only nodes whose weight or result name contains one of these (empty: all)"},
