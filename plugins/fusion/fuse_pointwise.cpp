@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fusion.h"
+#include "fusion_policy.h"
 
 namespace kiln::fusion {
 
@@ -80,6 +81,9 @@ class Grouper {
       order_.push_back(n);
     }
     group_of_.assign(order_.size(), -1);
+    movement_.assign(order_.size(), 0);
+    for (size_t i = 0; i < order_.size(); ++i)
+      movement_[i] = !is_member_candidate(*order_[i]) && is_movement_member(*order_[i]);
     mark_.assign(order_.size(), 0);
     seen_.assign(order_.size(), 0);
   }
@@ -115,6 +119,7 @@ class Grouper {
       }
       group_of_[static_cast<size_t>(i)] = mine;
     }
+    absorb();
     return groups_;
   }
 
@@ -134,7 +139,69 @@ class Grouper {
 
   bool inside(const Node* n) const { return n && mark_[static_cast<size_t>(pos_.at(n))]; }
 
+  /// Pulls into each group the producers whose every use is in the group: data-movement ops
+  /// (which the CUDA lowering turns into index arithmetic of the group's kernel) and, through
+  /// them, elementwise groups the greedy pass could not reach. A movement op used anywhere
+  /// else stays out: a transpose feeding a matmul is fold-layout's (gemm trans flags), and a
+  /// view that escapes would be materialized. Groups are only ever seeded by elementwise ops.
+  void absorb() {
+    for (size_t gid = groups_.size(); gid-- > 0;) {
+      // A group of identities alone would only wrap the movement ops in a kernel of their own.
+      const bool computes = std::any_of(groups_[gid].begin(), groups_[gid].end(), [&](int m) {
+        return order_[static_cast<size_t>(m)]->op()->has(kTraitElementwise);
+      });
+      for (bool grew = computes; grew && !groups_[gid].empty();) {
+        grew = false;
+        std::vector<int> candidates;
+        for (int m : groups_[gid]) mark_[static_cast<size_t>(m)] = 1;
+        for (int m : groups_[gid])
+          for (const Value* v : order_[static_cast<size_t>(m)]->operands()) {
+            const Node* p = v->producer();
+            if (!p || inside(p)) continue;
+            const int q = pos_.at(p);
+            if (!movement_[static_cast<size_t>(q)] && group_of_[static_cast<size_t>(q)] < 0) continue;
+            const auto& uses = p->result()->uses();
+            if (std::all_of(uses.begin(), uses.end(), [&](const Use& u) { return inside(u.user); }))
+              candidates.push_back(q);
+          }
+        for (int m : groups_[gid]) mark_[static_cast<size_t>(m)] = 0;
+        for (int q : candidates) {
+          const int other = group_of_[static_cast<size_t>(q)];
+          if (other == static_cast<int>(gid)) continue;
+          std::vector<int> merged = groups_[gid];
+          if (other < 0)
+            merged.push_back(q);
+          else
+            merged.insert(merged.end(), groups_[static_cast<size_t>(other)].begin(),
+                          groups_[static_cast<size_t>(other)].end());
+          if (!valid(merged)) continue;
+          if (other >= 0) groups_[static_cast<size_t>(other)].clear();
+          std::sort(merged.begin(), merged.end());
+          for (int m : merged) group_of_[static_cast<size_t>(m)] = static_cast<int>(gid);
+          groups_[gid] = std::move(merged);
+          grew = true;
+          break;
+        }
+      }
+    }
+  }
+
+  /// Elementwise-only sets need their result shapes to broadcast to one shape (the plain
+  /// pointwise kernel indexes every value by the output's index); with movement ops each value
+  /// is computed at its own index, so only the values leaving the group must share one shape.
   bool shapes_agree(const std::vector<int>& members) const {
+    if (std::any_of(members.begin(), members.end(), [&](int m) { return movement_[static_cast<size_t>(m)]; })) {
+      const Shape* first = nullptr;
+      for (int m : members) {
+        const Value* v = order_[static_cast<size_t>(m)]->result();
+        const bool escapes = std::any_of(v->uses().begin(), v->uses().end(),
+                                         [&](const Use& u) { return !inside(u.user); });
+        if (!escapes) continue;
+        if (first && v->shape() != *first) return false;
+        first = &v->shape();
+      }
+      return true;
+    }
     std::optional<Shape> s = Shape{};
     for (int m : members) {
       s = strict_join(*s, order_[static_cast<size_t>(m)]->result()->shape());
@@ -185,6 +252,7 @@ class Grouper {
   std::vector<Node*> order_;
   std::unordered_map<const Node*, int> pos_;
   std::vector<int> group_of_;
+  std::vector<char> movement_;  // data-movement ops, members only through absorb()
   std::vector<std::vector<int>> groups_;
   std::vector<char> mark_;
   std::vector<int> seen_;

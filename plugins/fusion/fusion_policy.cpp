@@ -80,6 +80,18 @@ GroupKind group_kind(const Node& n) {
   return GroupKind::kPointwise;
 }
 
+bool is_movement_member(const Node& n) {
+  static const std::set<std::string> kMovement = {"transpose", "slice",   "concat",    "expand",  "reshape",
+                                                  "flatten",   "squeeze", "unsqueeze", "identity"};
+  if (!n.op() || !kMovement.count(n.op_name()) || n.num_results() != 1 || n.num_operands() < 1 ||
+      n.num_regions() > 0 || has_side_effects(n))
+    return false;
+  auto is_static = [](const Value* v) {
+    return std::all_of(v->shape().begin(), v->shape().end(), [](const Dim& d) { return d.is_static(); });
+  };
+  return is_static(n.result()) && std::all_of(n.operands().begin(), n.operands().end(), is_static);
+}
+
 bool can_join_rows(const Node& n, const RowSpace& space) {
   if (std::optional<RowSpace> s = row_anchor(n)) return *s == space;
   if (group_kind(n) != GroupKind::kPointwise || !static_float(n.result())) return false;

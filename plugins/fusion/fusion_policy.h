@@ -42,6 +42,12 @@ GroupKind group_kind(const Node& n);
 /// broadcast into it.
 bool can_join_rows(const Node& n, const RowSpace& space);
 
+/// Whether `n` is a data-movement op (transpose, slice, concat, expand, reshape, flatten,
+/// squeeze, unsqueeze, identity) that a pointwise group may absorb: the CUDA lowering computes
+/// it as index arithmetic inside the group's kernel. Needs static shapes throughout; whether
+/// its users allow it (only group members) is the grouper's decision.
+bool is_movement_member(const Node& n);
+
 /// Whether `producer` and `consumer` can be in one kernel, given the row space of the group
 /// they would form (nullopt for a pointwise group).
 bool can_fuse(const Node& producer, const Node& consumer, const std::optional<RowSpace>& space);

@@ -270,6 +270,9 @@ class PlanParser {
     } else if (toks[1] == "gemm") {
       s.kind = PlanStep::Kind::kGemm;
       if (!gemm(toks, &s.attrs)) return false;
+    } else if (toks[1] == "conv") {
+      s.kind = PlanStep::Kind::kConv;
+      if (!conv(toks, &s.attrs)) return false;
     } else if (toks[1] == "copy" || toks[1] == "memset") {
       const bool copy = toks[1] == "copy";
       s.kind = copy ? PlanStep::Kind::kCopy : PlanStep::Kind::kMemset;
@@ -346,6 +349,79 @@ class PlanParser {
       if (overflow || (span + 7) / 8 > buf.bytes)
         return fail("gemm: operand " + std::string(op.name) + " spans more than buffer " + std::to_string(id) + "'s " +
                     std::to_string(buf.bytes) + " bytes");
+    }
+    out->insert(a.begin(), a.end());
+    return true;
+  }
+
+  /// A comma list of 1 to 3 integers of at least `min` ("3,3").
+  bool dims(const Attrs& a, std::string_view key, int64_t min, std::vector<int64_t>* out) {
+    const std::string& v = a.find(key)->second;
+    for (std::string_view t : split(v, ',')) {
+      int64_t d = 0;
+      if (!parse_num(t, &d) || d < min || d > (int64_t{1} << 31) - 1)
+        return fail("conv: " + std::string(key) + "='" + v + "' is not a list of integers >= " + std::to_string(min));
+      out->push_back(d);
+    }
+    if (out->size() > 3) return fail("conv: " + std::string(key) + "='" + v + "' has more than 3 spatial dims");
+    return true;
+  }
+
+  /// Checks a conv's attributes (NC + 1 to 3 spatial dims, symmetric padding) and that x, w, y,
+  /// bias and z each fit their buffer and have the conv's dtype.
+  bool conv(const std::vector<std::string_view>& toks, std::map<std::string, std::string>* out) {
+    Attrs a;
+    if (!attrs(toks, 2, &a,
+               {"x", "w", "y", "n", "c", "k", "spatial", "kernel", "pad", "stride", "dilation", "groups", "dtype",
+                "math", "activation"},
+               {"bias", "z"}))
+      return false;
+    auto one_of = [&](std::string_view key, std::initializer_list<std::string_view> allowed) {
+      if (std::find(allowed.begin(), allowed.end(), a[std::string(key)]) != allowed.end()) return true;
+      return fail("conv: " + std::string(key) + "='" + a[std::string(key)] + "' is not allowed");
+    };
+    if (!one_of("dtype", {"f32", "f16", "bf16"}) || !one_of("math", {"f32", "tf32"}) ||
+        !one_of("activation", {"none", "relu"}))
+      return false;
+    if (a["math"] == "tf32" && a["dtype"] != "f32") return fail("conv: math=tf32 needs dtype=f32");
+    uint64_t n = 0, c = 0, k = 0, groups = 0;
+    if (!num(a, "n", &n) || !num(a, "c", &c) || !num(a, "k", &k) || !num(a, "groups", &groups)) return false;
+    if (n == 0 || c == 0 || k == 0 || groups == 0) return fail("conv: n, c, k and groups must be positive");
+    if (c % groups || k % groups)
+      return fail("conv: groups=" + std::to_string(groups) + " does not divide c=" + std::to_string(c) + " and k=" +
+                  std::to_string(k));
+    std::vector<int64_t> in, ker, pad, stride, dil;
+    if (!dims(a, "spatial", 1, &in) || !dims(a, "kernel", 1, &ker) || !dims(a, "pad", 0, &pad) ||
+        !dims(a, "stride", 1, &stride) || !dims(a, "dilation", 1, &dil))
+      return false;
+    if (ker.size() != in.size() || pad.size() != in.size() || stride.size() != in.size() || dil.size() != in.size())
+      return fail("conv: spatial, kernel, pad, stride and dilation must have the same number of dims");
+    // Elements of x, w and y; the output extent follows from the others.
+    uint64_t xe = n * c, we = k * (c / groups), ye = n * k;
+    bool overflow = false;
+    for (size_t d = 0; d < in.size(); ++d) {
+      const int64_t span = dil[d] * (ker[d] - 1) + 1, padded = in[d] + 2 * pad[d];
+      if (padded < span)
+        return fail("conv: kernel dim " + std::to_string(d) + " (" + std::to_string(span) + " with dilation) exceeds the " +
+                    "padded input (" + std::to_string(padded) + ")");
+      const uint64_t o = static_cast<uint64_t>((padded - span) / stride[d] + 1);
+      overflow |= __builtin_mul_overflow(xe, static_cast<uint64_t>(in[d]), &xe) ||
+                  __builtin_mul_overflow(we, static_cast<uint64_t>(ker[d]), &we) || __builtin_mul_overflow(ye, o, &ye);
+    }
+    if (overflow) return fail("conv: tensor sizes overflow");
+    const uint64_t es = a["dtype"] == "f32" ? 4 : 2;
+    const std::pair<const char*, uint64_t> operands[] = {{"x", xe}, {"w", we}, {"y", ye}, {"z", ye}, {"bias", k}};
+    for (const auto& [key, elems] : operands) {
+      if (!a.count(key)) continue;
+      int id = -1;
+      if (!buffer_ref(a[key], &id)) return false;
+      const PlanBuffer& buf = p_.buffers[static_cast<size_t>(id)];
+      if (buf.dtype != a["dtype"])
+        return fail("conv: " + std::string(key) + " buffer " + std::to_string(id) + " is " + buf.dtype + ", the conv is " +
+                    a["dtype"]);
+      if (elems > buf.bytes / es)
+        return fail("conv: " + std::string(key) + " needs " + std::to_string(elems) + " elements, buffer " +
+                    std::to_string(id) + " has " + std::to_string(buf.bytes) + " bytes");
     }
     out->insert(a.begin(), a.end());
     return true;
@@ -651,7 +727,7 @@ std::string describe(const Artifact& a, bool json) {
     for (const auto& [name, id] : *list) o << "  " << name << ": " << buffer_type(p.buffers[static_cast<size_t>(id)]) << "\n";
   }
   std::map<std::string, int> step_kinds;
-  static const char* kStepNames[] = {"launch", "gemm", "copy", "memset"};
+  static const char* kStepNames[] = {"launch", "gemm", "copy", "memset", "conv"};
   for (const PlanStep& s : p.steps) ++step_kinds[kStepNames[static_cast<int>(s.kind)]];
   std::vector<std::string> counts;
   for (const auto& [k, n] : step_kinds) counts.push_back(std::to_string(n) + " " + k);

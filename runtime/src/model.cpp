@@ -184,6 +184,10 @@ kiln_status* prepare_steps(kiln_model* m) {
         if (!m->cublas) KILN_CUBLAS_TRY(cublasLtCreate(&m->cublas));
         KILN_RT_TRY(GemmStep::create(ps, buffer_of, m->cublas, m->workspace_bytes, &s.gemm));
         break;
+      case PlanStep::Kind::kConv:
+        if (!m->cudnn) KILN_RT_TRY(CudnnContext::create(ps, m->stream, &m->cudnn));
+        KILN_RT_TRY(ConvStep::create(ps, buffer_of, *m->cudnn, m->workspace, m->workspace_bytes, &s.conv));
+        break;
       case PlanStep::Kind::kCopy:
         s.src = buffer_of(buffer_ref(ps, "src"))->ptr;
         [[fallthrough]];
@@ -213,6 +217,9 @@ kiln_status* enqueue_step(kiln_model* m, kiln_model::Step& s) {
       break;
     case PlanStep::Kind::kGemm:
       KILN_RT_TRY(s.gemm->run(m->cublas, m->workspace, m->workspace_bytes, m->stream));
+      break;
+    case PlanStep::Kind::kConv:
+      KILN_RT_TRY(s.conv->run(m->workspace, m->workspace_bytes));
       break;
     case PlanStep::Kind::kCopy:
       if (s.bytes) KILN_CUDA_TRY(cudaMemcpyAsync(s.dst, s.src, s.bytes, cudaMemcpyDeviceToDevice, m->stream));
@@ -305,7 +312,7 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
 
   CachingAllocator& alloc = *runtime->allocator;
   bool has_gemm = false;
-  for (const PlanStep& s : plan.steps) has_gemm |= s.kind == PlanStep::Kind::kGemm;
+  for (const PlanStep& s : plan.steps) has_gemm |= s.kind == PlanStep::Kind::kGemm || s.kind == PlanStep::Kind::kConv;
   m->workspace_bytes = plan.workspace_bytes ? plan.workspace_bytes : has_gemm ? kDefaultGemmWorkspace : 0;
   KILN_RT_TRY(alloc.allocate(m->artifact->weights.size(), MemoryCategory::kWeights, &m->weights));
   KILN_RT_TRY(alloc.allocate(plan.arena_bytes, MemoryCategory::kActivations, &m->arena));
@@ -453,7 +460,8 @@ kiln_model::~kiln_model() {
   if (graph) (void)cudaGraphExecDestroy(graph);
   if (steps_begin) (void)cudaEventDestroy(steps_begin);
   if (steps_end) (void)cudaEventDestroy(steps_end);
-  steps.clear();  // gemm descriptors before their handle
+  steps.clear();  // gemm and conv descriptors before their handles
+  cudnn.reset();
   if (cublas) (void)cublasLtDestroy(cublas);
   if (stream) (void)cudaStreamDestroy(stream);
   if (library) (void)cudaLibraryUnload(library);

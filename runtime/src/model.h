@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "allocator.h"
+#include "conv.h"
 #include "device.h"
 #include "gemm.h"
 #include "kiln/artifact_reader.h"
@@ -42,6 +43,8 @@ struct kiln_model {
     std::vector<void*> arg_ptrs;       ///< into arg_values, as cudaLaunchKernel wants
     // gemm
     std::unique_ptr<kiln::rt::GemmStep> gemm;
+    // conv
+    std::unique_ptr<kiln::rt::ConvStep> conv;
     // copy, memset
     void* dst = nullptr;
     const void* src = nullptr;
@@ -69,6 +72,7 @@ struct kiln_model {
   uint64_t staging_bytes = 0;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t cublas = nullptr;
+  std::unique_ptr<kiln::rt::CudnnContext> cudnn;  ///< only when the plan has conv steps
   std::vector<Step> steps;
   cudaGraphExec_t graph = nullptr;  ///< with enable_timing: the steps only, copies apart
   cudaEvent_t steps_begin = nullptr, steps_end = nullptr;  ///< with enable_timing

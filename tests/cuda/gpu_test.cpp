@@ -200,6 +200,65 @@ const Case kCases[] = {
   %at = transpose(%a) : f32[96, 32]
   %b2 = matmul(%at, %a) : f32[96, 96]
   return %s, %b2 })"},
+    // Pointwise groups holding data-movement ops, one kernel each (pointwise_index.cpp): the
+    // Llama RoPE (view, head transpose, rotate-half slices, neg, concat, cos/sin mul/add).
+    {"fused-rope-bf16", R"(graph @g(%q: bf16[2, 16, 128], %cos: bf16[1, 1, 16, 32], %sin: bf16[1, 1, 16, 32]) -> (bf16[2, 4, 16, 32]) {
+  %y = fused(%q, %cos, %sin) : bf16[2, 4, 16, 32] {
+    graph @body(%x: bf16[2, 16, 128], %c: bf16[1, 1, 16, 32], %s: bf16[1, 1, 16, 32]) -> (bf16[2, 4, 16, 32]) {
+      %v = reshape(%x) {shape = [2, 16, 4, 32]} : bf16[2, 16, 4, 32]
+      %t = transpose(%v) {perm = [0, 2, 1, 3]} : bf16[2, 4, 16, 32]
+      %lo = slice(%t) {axes = [3], starts = [0], ends = [16]} : bf16[2, 4, 16, 16]
+      %hi = slice(%t) {axes = [3], starts = [16], ends = [9223372036854775807]} : bf16[2, 4, 16, 16]
+      %n = neg(%hi) : bf16[2, 4, 16, 16]
+      %rot = concat(%n, %lo) {axis = -1} : bf16[2, 4, 16, 32]
+      %a = mul(%t, %c) : bf16[2, 4, 16, 32]
+      %b = mul(%rot, %s) : bf16[2, 4, 16, 32]
+      %y = add(%a, %b) : bf16[2, 4, 16, 32]
+      return %y
+    }
+  }
+  return %y })"},
+    {"fused-rope-f32", R"(graph @g(%q: f32[1, 8, 64], %cos: f32[8, 16], %sin: f32[8, 16]) -> (f32[1, 4, 8, 16]) {
+  %y = fused(%q, %cos, %sin) : f32[1, 4, 8, 16] {
+    graph @body(%x: f32[1, 8, 64], %c: f32[8, 16], %s: f32[8, 16]) -> (f32[1, 4, 8, 16]) {
+      %v = reshape(%x) {shape = [1, 8, 4, 16]} : f32[1, 8, 4, 16]
+      %t = transpose(%v) {perm = [0, 2, 1, 3]} : f32[1, 4, 8, 16]
+      %lo = slice(%t) {axes = [3], starts = [0], ends = [8]} : f32[1, 4, 8, 8]
+      %hi = slice(%t) {axes = [3], starts = [8], ends = [16]} : f32[1, 4, 8, 8]
+      %n = neg(%hi) : f32[1, 4, 8, 8]
+      %rot = concat(%n, %lo) {axis = 3} : f32[1, 4, 8, 16]
+      %c4 = unsqueeze(%c) {axes = [0, 1]} : f32[1, 1, 8, 16]
+      %s4 = unsqueeze(%s) {axes = [0, 1]} : f32[1, 1, 8, 16]
+      %a = mul(%t, %c4) : f32[1, 4, 8, 16]
+      %b = mul(%rot, %s4) : f32[1, 4, 8, 16]
+      %y = add(%a, %b) : f32[1, 4, 8, 16]
+      return %y
+    }
+  }
+  return %y })"},
+    // Transpose + add, a concat of computed values, slices with steps 2 and -2, an expand and a
+    // reshape that merges dims, in one group with two outputs.
+    {"fused-movement-mix", R"(graph @g(%x: f32[3, 4], %y: f32[4, 3], %z: f32[4, 6], %b: f32[4, 1], %r: f32[2, 6]) -> (f32[4, 3], f32[4, 3]) {
+  %o1, %o2 = fused(%x, %y, %z, %b, %r) : f32[4, 3], f32[4, 3] {
+    graph @body(%x: f32[3, 4], %y: f32[4, 3], %z: f32[4, 6], %b: f32[4, 1], %r: f32[2, 6]) -> (f32[4, 3], f32[4, 3]) {
+      %t = transpose(%x) : f32[4, 3]
+      %s = add(%t, %y) : f32[4, 3]
+      %e = exp(%y) : f32[4, 3]
+      %two = constant() {value = dense<f32[]>[2]} : f32[]
+      %m = mul(%t, %two) : f32[4, 3]
+      %c = concat(%e, %m) {axis = 1} : f32[4, 6]
+      %st = slice(%c) {axes = [1], starts = [5], ends = [-7], steps = [-2]} : f32[4, 3]
+      %zs = slice(%z) {axes = [1], starts = [0], ends = [6], steps = [2]} : f32[4, 3]
+      %x2 = expand(%b) {shape = [4, 3]} : f32[4, 3]
+      %rr = reshape(%r) {shape = [4, 3]} : f32[4, 3]
+      %u = add(%st, %zs) : f32[4, 3]
+      %w = mul(%x2, %rr) : f32[4, 3]
+      %o1 = add(%u, %w) : f32[4, 3]
+      %o2 = sub(%s, %o1) : f32[4, 3]
+      return %o1, %o2
+    }
+  }
+  return %o1, %o2 })"},
     {"batch-norm", R"(graph @g(%x: f32[2, 3, 4], %s: f32[3], %b: f32[3], %m: f32[3], %v: f32[3]) -> (f32[2, 3, 4]) {
   %av = abs(%v) : f32[3]
   %y = batch_norm(%x, %s, %b, %m, %av) : f32[2, 3, 4]

@@ -103,7 +103,7 @@ graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 3, 
   %c = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 0, 1], dilations = [2, 2]} : f32[2, 6, 3, 3]
   %y = relu(%c) : f32[2, 6, 3, 3]
   return %y
-})");
+})", {.conv = "gemm"});
   // Output dims: (8 + 1 + 0 - (2 * 2 + 1)) / 2 + 1 = 3 and (8 + 1 + 1 - 5) / 2 + 1 = 3; K = 2 * 9 = 18 rows per group, P = 9.
   CHECK(l.kernels == std::vector<std::string>{"k0_im2col", "k1_conv_bias"});
   const auto launches = lines_starting(l.plan, "step launch");
@@ -136,7 +136,7 @@ graph @g(%x: bf16[2, 4, 5, 5], %w: bf16[8, 4, 1, 1], %s: bf16[2, 4, 10], %v: bf1
   %d = conv(%s, %v) : bf16[2, 3, 8]
   %e = conv(%t, %u) : f32[1, 3, 3, 3, 3]
   return %c, %d, %e
-})");
+})", {.conv = "gemm"});
   CHECK(l.kernels == std::vector<std::string>{"k0_im2col", "k1_conv"});
   const auto g = lines_starting(l.plan, "step gemm");
   REQUIRE(g.size() == 2);

@@ -45,7 +45,7 @@ graph @c(%x: f32[2, 4, 9, 9], %w: f32[6, 2, 3, 3], %b: f32[6], %h: bf16[2, 4, 9,
   return %r, %d, %e, %f
 })");
   REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g);
+  auto l = lower_graph(**g, {.conv = "gemm"});
   REQUIRE_MESSAGE(l.ok(), l.status().message());
   CHECK(l->kernels == std::vector<std::string>{"k0_im2col", "k1_conv_bias", "k2_im2col", "k3_conv_bias", "k4_im2col",
                                                "k5_conv"});

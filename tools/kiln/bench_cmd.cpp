@@ -330,6 +330,9 @@ std::string step_label(const artifact::PlanStep& s) {
              " " + attr("epilogue");
     case artifact::PlanStep::Kind::kCopy: return "copy " + attr("bytes") + " bytes";
     case artifact::PlanStep::Kind::kMemset: return "memset " + attr("bytes") + " bytes";
+    case artifact::PlanStep::Kind::kConv:
+      return "conv " + attr("n") + "x" + attr("c") + "x" + attr("spatial") + " k " + attr("k") + " kernel " +
+             attr("kernel") + " " + attr("dtype") + " " + attr("activation");
   }
   return "?";
 }

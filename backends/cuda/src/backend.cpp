@@ -62,6 +62,7 @@ class CudaBackend final : public Backend {
   CudaBackend(Capabilities caps, const Options& o)
       : caps_(std::move(caps)), keep_source_(!o.has("keep-source") || o.get_bool("keep-source")) {
     opts_.allow_tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
+    if (o.has("conv")) opts_.conv = o.get_string("conv");
     opts_.fp8 = caps_.fp8;
     opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
   }
@@ -169,8 +170,12 @@ Status register_backend(Registry& r, const Capabilities& caps) {
   info.summary = caps.summary;
   info.targets = caps.targets;
   info.options = {{"allow-tf32", OptionType::kBool, false, "f32 matmuls may use tf32 tensor cores"},
-                  {"keep-source", OptionType::kBool, true, "store the generated CUDA source in artifacts"}};
+                  {"keep-source", OptionType::kBool, true, "store the generated CUDA source in artifacts"},
+                  {"conv", OptionType::kString, std::string("cudnn"),
+                   "convolutions through cudnn (needs libcudnn.so.9 at run time) or gemm (im2col + cuBLASLt)"}};
   info.create = [caps](const Options& o) -> StatusOr<std::unique_ptr<Backend>> {
+    if (o.has("conv") && o.get_string("conv") != "cudnn" && o.get_string("conv") != "gemm")
+      return invalid_argument(caps.plugin + ": option conv='" + o.get_string("conv") + "' is not cudnn or gemm");
     return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(caps, o));
   };
   return r.add_backend(std::move(info));

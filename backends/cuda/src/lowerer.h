@@ -254,7 +254,14 @@ class Lowerer {
   /// A fused row group (fuse-rows: row reductions with their elementwise prologue and
   /// epilogue) as one kernel (fused_rows.cpp); false when the body needs node-by-node lowering.
   StatusOr<bool> fused_rows(const Node& fused);
+  /// A fused pointwise group holding data-movement ops (transpose, slice, concat, expand,
+  /// views) as one kernel over its outputs' index space (pointwise_index.cpp); false when the
+  /// body does not qualify and needs node-by-node lowering.
+  StatusOr<bool> indexed_pointwise(const Node& fused);
   Status conv(const Node& n);
+  /// conv as one cuDNN plan step (conv_cudnn.cpp) absorbing a residual add and a relu; false
+  /// when the conv is not eligible (option conv=gemm, asymmetric pads, other dtypes or ranks).
+  StatusOr<bool> conv_cudnn(const Node& n);
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);

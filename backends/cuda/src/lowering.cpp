@@ -91,6 +91,8 @@ Status Lowerer::lower_node(const Node& n) {
       return pointwise("fused", nodes, {ins.begin(), ins.end()}, {body.outputs().begin(), body.outputs().end()},
                        in_bufs, out_bufs);
     }
+    KILN_ASSIGN_OR_RETURN(const bool indexed, indexed_pointwise(n));
+    if (indexed) return ok_status();
     KILN_ASSIGN_OR_RETURN(const bool rows, fused_rows(n));
     if (rows) return ok_status();
     // Not one kernel's worth: lower the group's nodes one by one.
@@ -814,6 +816,8 @@ Status Lowerer::conv_gemm(const Node& n) {
 }
 
 Status Lowerer::conv(const Node& n) {
+  KILN_ASSIGN_OR_RETURN(const bool cudnn, conv_cudnn(n));
+  if (cudnn) return ok_status();
   if (conv_as_gemm(n)) return conv_gemm(n);
   const Value* x = n.operand(0);
   const DType t = x->dtype();

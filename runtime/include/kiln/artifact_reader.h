@@ -34,7 +34,7 @@ struct LaunchArg {
 };
 
 struct PlanStep {
-  enum class Kind { kLaunch, kGemm, kCopy, kMemset };
+  enum class Kind { kLaunch, kGemm, kCopy, kMemset, kConv };
   Kind kind = Kind::kLaunch;
   // launch
   std::string kernel;
@@ -42,7 +42,7 @@ struct PlanStep {
   uint32_t block[3] = {1, 1, 1};
   uint32_t smem = 0;
   std::vector<LaunchArg> args;
-  // gemm, copy, memset: named attributes as written (a, b, d, m, n, ... src, dst, bytes)
+  // gemm, copy, memset, conv: named attributes as written (a, b, d, m, n, ... src, dst, bytes)
   std::map<std::string, std::string> attrs;
   int line = 0;  ///< line in the plan text, for messages
 };

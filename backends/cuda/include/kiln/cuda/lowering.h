@@ -27,8 +27,11 @@ struct Capabilities {
 struct LoweringOptions {
   bool allow_tf32 = false;  ///< f32 GEMMs may use tf32 tensor cores
   /// Every target has FP8 tensor cores. When false, scaled_matmul is refused unless its
-  /// `fallback` attribute is bf16 (then it runs as a 16-bit GEMM on dequantized operands).
+  /// `fallback` attribute is bf16 (then it runs as a GEMM in the result dtype on dequantized operands).
   bool fp8 = true;
+  /// How convs lower: "cudnn" (a plan conv step run by cuDNN, absorbing bias, residual add
+  /// and relu) or "gemm" (im2col + cuBLASLt GEMMs, or a direct kernel).
+  std::string conv = "cudnn";
   /// Who is lowering, for messages: "cuda-sm80: target sm_80".
   std::string target = "cuda";
 };

@@ -1,0 +1,90 @@
+// Plan `conv` steps on cuDNN 9's legacy convolution API, loaded with dlopen only when a plan
+// has conv steps, so that the runtime loads and runs every other artifact without cuDNN.
+#pragma once
+
+#include <cudnn.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gemm.h"
+#include "kiln/artifact_reader.h"
+#include "status.h"
+
+namespace kiln::rt {
+
+/// The cuDNN functions the conv steps call, resolved with dlsym.
+#define KILN_CUDNN_FUNCTIONS(X)                                                                         \
+  X(cudnnGetVersion) X(cudnnGetErrorString) X(cudnnCreate) X(cudnnDestroy) X(cudnnSetStream)            \
+  X(cudnnCreateTensorDescriptor) X(cudnnSetTensorNdDescriptor) X(cudnnDestroyTensorDescriptor)          \
+  X(cudnnCreateFilterDescriptor) X(cudnnSetFilterNdDescriptor) X(cudnnDestroyFilterDescriptor)          \
+  X(cudnnCreateConvolutionDescriptor) X(cudnnSetConvolutionNdDescriptor)                                \
+  X(cudnnSetConvolutionGroupCount) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)  \
+  X(cudnnCreateActivationDescriptor) X(cudnnSetActivationDescriptor)                                    \
+  X(cudnnDestroyActivationDescriptor) X(cudnnFindConvolutionForwardAlgorithmEx)                         \
+  X(cudnnConvolutionForward) X(cudnnConvolutionBiasActivationForward) X(cudnnAddTensor)                 \
+  X(cudnnActivationForward)
+
+struct CudnnApi {
+#define KILN_CUDNN_POINTER(f) decltype(&::f) f = nullptr;
+  KILN_CUDNN_FUNCTIONS(KILN_CUDNN_POINTER)
+#undef KILN_CUDNN_POINTER
+  size_t version = 0;  ///< cudnnGetVersion(): major * 10000 + minor * 100 + patch
+};
+
+/// The library conv steps load: $KILN_CUDNN_LIBRARY when set (tests use it to simulate a
+/// machine without cuDNN), else "libcudnn.so.9".
+std::string cudnn_library_name();
+
+/// Loads cuDNN once per library name and process (never unloaded; thread-safe). On failure
+/// returns nullptr and sets `error` (dlerror's text, a missing symbol, or a version that is not 9).
+const CudnnApi* load_cudnn(std::string* error);
+
+/// A cuDNN handle bound to a model's stream.
+class CudnnContext {
+ public:
+  ~CudnnContext();
+  /// Loads cuDNN for the plan's first conv `step`; without it the status reads
+  /// "plan:LINE: conv needs cuDNN 9 (libcudnn.so.9): <why>".
+  static kiln_status* create(const artifact::PlanStep& step, cudaStream_t stream,
+                             std::unique_ptr<CudnnContext>* out);
+  const CudnnApi& api() const { return *api_; }
+  cudnnHandle_t handle() const { return handle_; }
+
+ private:
+  CudnnContext() = default;
+  const CudnnApi* api_ = nullptr;
+  cudnnHandle_t handle_ = nullptr;
+};
+
+/// One prepared convolution: y = act(conv(x, w) + z + bias), NCHW (1 to 3 spatial dims).
+class ConvStep {
+ public:
+  ~ConvStep();
+  /// Builds the descriptors and picks the fastest algorithm that fits `workspace_bytes` by
+  /// timing them on the real buffers (this writes y; load time only). With relu and a bias the
+  /// step uses cuDNN's fused conv-bias-activation when cuDNN accepts it, else separate calls.
+  static kiln_status* create(const artifact::PlanStep& step,
+                             const std::function<const DeviceBuffer*(int)>& buffer,
+                             const CudnnContext& cudnn, void* workspace, uint64_t workspace_bytes,
+                             std::unique_ptr<ConvStep>* out);
+  /// Enqueues the convolution on the context's stream (capturable in a CUDA graph).
+  kiln_status* run(void* workspace, uint64_t workspace_bytes) const;
+
+ private:
+  ConvStep() = default;
+  kiln_status* enqueue(bool fused, void* workspace, uint64_t workspace_bytes) const;
+  const CudnnContext* cudnn_ = nullptr;
+  cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr, bias_desc_ = nullptr;
+  cudnnFilterDescriptor_t w_desc_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
+  cudnnActivationDescriptor_t act_desc_ = nullptr;
+  cudnnConvolutionFwdAlgo_t algo_{};
+  const void *x_ = nullptr, *w_ = nullptr, *z_ = nullptr, *bias_ = nullptr;
+  void* y_ = nullptr;
+  bool relu_ = false, fused_ = false;
+  int line_ = 0;
+};
+
+}  // namespace kiln::rt

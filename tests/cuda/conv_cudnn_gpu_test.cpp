@@ -1,0 +1,161 @@
+// GPU check of cuDNN conv steps against the reference interpreter: f32 (strict and tf32), f16
+// and bf16; stride, padding, dilation, groups (depthwise too), 1x1, 1-D and 3-D; bias, relu
+// and a residual (plain add and a fuse-pointwise group); each with CUDA graphs on and off.
+// Needs libcudnn.so.9 on the loader path. Exits 77 (skip) without a GPU.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kiln/core/artifact.h"
+#include "kiln/core/driver.h"
+#include "kiln/ir/text.h"
+#include "kiln/runtime.h"
+
+namespace {
+
+using namespace kiln;
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  return s;
+}
+
+// T is replaced by the dtype.
+const char* kCases[][2] = {
+    {"bias-relu-groups-stride", R"(graph @g(%x: T[2, 4, 9, 9], %w: T[6, 2, 3, 3], %b: T[6]) -> (T[2, 6, 5, 5], T[2, 6, 4, 4]) {
+  %c = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 1, 1]} : T[2, 6, 5, 5]
+  %y = relu(%c) : T[2, 6, 5, 5]
+  %d = conv(%x, %w) {groups = 2, strides = [2, 2], dilations = [2, 2], pads = [1, 1, 1, 1]} : T[2, 6, 4, 4]
+  return %y, %d })"},
+    {"residual-1x1-depthwise", R"(graph @g(%x: T[2, 8, 8, 8], %w: T[8, 8, 3, 3], %b: T[8], %v: T[16, 8, 1, 1], %dw: T[8, 1, 3, 3]) -> (T[2, 8, 8, 8], T[2, 16, 8, 8], T[2, 8, 8, 8]) {
+  %c = conv(%x, %w, %b) {pads = [1, 1, 1, 1]} : T[2, 8, 8, 8]
+  %s = add(%c, %x) : T[2, 8, 8, 8]
+  %y = relu(%s) : T[2, 8, 8, 8]
+  %p = conv(%x, %v) : T[2, 16, 8, 8]
+  %d = conv(%x, %dw) {groups = 8, pads = [1, 1, 1, 1]} : T[2, 8, 8, 8]
+  return %y, %p, %d })"},
+    {"fused-residual-downsample", R"(graph @g(%x: T[2, 4, 8, 8], %w: T[8, 4, 3, 3], %b: T[8], %v: T[8, 4, 1, 1], %e: T[8]) -> (T[2, 8, 4, 4]) {
+  %c = conv(%x, %w, %b) {strides = [2, 2], pads = [1, 1, 1, 1]} : T[2, 8, 4, 4]
+  %d = conv(%x, %v, %e) {strides = [2, 2]} : T[2, 8, 4, 4]
+  %y = fused(%c, %d) : T[2, 8, 4, 4] {
+    graph @fused(%p: T[2, 8, 4, 4], %q: T[2, 8, 4, 4]) -> (T[2, 8, 4, 4]) {
+      %s = add(%p, %q) : T[2, 8, 4, 4]
+      %r = relu(%s) : T[2, 8, 4, 4]
+      return %r
+    }
+  }
+  return %y })"},
+    {"1d-3d", R"(graph @g(%s: T[2, 4, 12], %sw: T[3, 4, 3], %sb: T[3], %t: T[1, 2, 5, 5, 5], %tw: T[3, 2, 2, 2, 2]) -> (T[2, 3, 6], T[1, 3, 3, 3, 3]) {
+  %d = conv(%s, %sw, %sb) {strides = [2], pads = [1, 1]} : T[2, 3, 6]
+  %e = conv(%t, %tw) {strides = [2, 2, 2], pads = [1, 1, 1, 1, 1, 1]} : T[1, 3, 3, 3, 3]
+  return %d, %e })"},
+};
+
+/// PyTorch's assert_close defaults; tf32 rounds operands to 10 mantissa bits (1e-2 both ways
+/// for these sums of at most 72 products of [-1, 1) values). The half types get atol = rtol:
+/// cuDNN rounds conv + residual + bias once where the reference rounds the conv first.
+void tolerances(const std::string& t, bool tf32, double& rtol, double& atol) {
+  rtol = 1.3e-6, atol = 1e-5;
+  if (tf32) rtol = atol = 1e-2;
+  if (t == "f16") rtol = atol = 1e-3;
+  if (t == "bf16") rtol = atol = 1.6e-2;
+}
+
+/// Builds the cuda-sm90 artifact for `g` with the given backend options.
+StatusOr<std::string> build(const Graph& g, Registry& reg, bool tf32) {
+  KILN_ASSIGN_OR_RETURN(const BackendInfo* info, reg.backend("cuda-sm90"));
+  KILN_ASSIGN_OR_RETURN(Options opts, resolve_options(info->options,
+                                                      {{"conv", std::string("cudnn")}, {"allow-tf32", tf32}},
+                                                      "cuda-sm90"));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, info->create(opts));
+  ArtifactContents art;
+  std::string targets;
+  for (const std::string& t : info->targets) targets += (targets.empty() ? "" : ",") + t;
+  art.meta = {{"created_by", "conv_cudnn_gpu_test"}, {"targets", targets}};
+  KILN_RETURN_IF_ERROR(backend->build_artifact(g, info->targets, art));
+  if (art.plan.find("step conv ") == std::string::npos) return internal_error("the plan has no conv step");
+  return serialize_artifact(art);
+}
+
+/// Loads and runs the artifact with CUDA graphs on or off; "" or why it failed.
+std::string run(const std::string& bytes, bool graphs, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) {
+  kiln_runtime_options o;
+  kiln_runtime_options_initialize(&o);
+  o.use_cuda_graphs = graphs ? 1 : 0;
+  kiln_runtime* rt = nullptr;
+  kiln_model* model = nullptr;
+  std::string why;
+  auto check = [&](kiln_status* st) {
+    if (st && why.empty()) why = kiln_status_get_message(st);
+    kiln_status_release(st);
+    return why.empty();
+  };
+  if (check(kiln_runtime_create(&o, &rt)) && check(kiln_model_load_memory(rt, bytes.data(), bytes.size(), &model))) {
+    std::vector<kiln_host_tensor> in, out;
+    for (const Tensor& t : inputs) in.push_back({const_cast<std::byte*>(t.data()), t.nbytes()});
+    for (Tensor& t : outputs) out.push_back({t.mutable_data(), t.nbytes()});
+    // Twice: the second run replays the captured graph.
+    for (int i = 0; i < 2 && why.empty(); ++i) check(kiln_model_run(model, in.data(), in.size(), out.data(), out.size()));
+  }
+  if (model) kiln_model_release(model);
+  if (rt) kiln_runtime_release(rt);
+  return why;
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
+    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+    return 77;
+  }
+  Registry& reg = Registry::global();
+  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
+    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
+    return 1;
+  }
+  int failures = 0, cases = 0;
+  struct Config { const char* dtype; bool tf32; };
+  for (const Config& cfg : {Config{"f32", false}, Config{"f32", true}, Config{"f16", false}, Config{"bf16", false}})
+    for (const auto& c : kCases)
+      for (bool graphs : {true, false}) {
+        const std::string name = std::string(c[0]) + " " + cfg.dtype + (cfg.tf32 ? " tf32" : "") +
+                                 (graphs ? " graphs" : " eager");
+        std::string why;
+        auto g = parse_graph(replace_all(c[1], "T[", std::string(cfg.dtype) + "["), "conv");
+        if (!g.ok()) {
+          why = g.status().message();
+        } else {
+          InputBindings b;
+          b.random = true;
+          b.seed = 5;
+          auto inputs = bind_inputs(**g, b);
+          auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
+          auto bytes = build(**g, reg, cfg.tf32);
+          if (!want.ok()) why = "reference: " + want.status().message();
+          else if (!bytes.ok()) why = bytes.status().message();
+          std::vector<Tensor> got;
+          for (const Value* v : (*g)->outputs()) got.emplace_back(v->dtype(), static_sizes(v->shape()));
+          if (why.empty()) why = run(*bytes, graphs, *inputs, got);
+          double rtol, atol;
+          tolerances(cfg.dtype, cfg.tf32, rtol, atol);
+          for (size_t i = 0; why.empty() && i < got.size(); ++i)
+            for (int64_t k = 0; why.empty() && k < got[i].numel(); ++k) {
+              const double w = (*want)[i].get_f64(k), v = got[i].get_f64(k);
+              if (!(std::fabs(w - v) <= atol + rtol * std::fabs(w)))
+                why = "output " + std::to_string(i) + " element " + std::to_string(k) + ": got " + std::to_string(v) +
+                      ", expected " + std::to_string(w);
+            }
+        }
+        std::printf("%s %s%s%s\n", why.empty() ? "PASS" : "FAIL", name.c_str(), why.empty() ? "" : ": ", why.c_str());
+        failures += !why.empty();
+        ++cases;
+      }
+  std::printf("%d of %d cases failed\n", failures, cases);
+  return failures == 0 ? 0 : 1;
+}

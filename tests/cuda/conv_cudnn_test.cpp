@@ -1,0 +1,169 @@
+// Plan text of convs lowered to cuDNN conv steps: bias, relu and residual absorption (plain and
+// fused groups), groups, 1-D/3-D, tf32, and the fallbacks (asymmetric pads, option conv=gemm).
+#include <doctest/doctest.h>
+
+#include <sstream>
+
+#include "kiln/core/options.h"
+#include "kiln/cuda/backend.h"
+#include "kiln/cuda/lowering.h"
+#include "kiln/ir/text.h"
+
+namespace kiln::cuda {
+namespace {
+
+LoweredGraph lower_conv(const std::string& text, LoweringOptions opts = {}) {
+  auto g = parse_graph(text);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto l = lower_graph(**g, opts);
+  REQUIRE_MESSAGE(l.ok(), l.status().message());
+  return *l;
+}
+
+std::vector<std::string> lines(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(line);
+  return out;
+}
+
+const char* kBiasRelu = R"(
+graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 4, 4]) {
+  %c = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 1, 1], dilations = [1, 1]} : f32[2, 6, 4, 4]
+  %y = relu(%c) : f32[2, 6, 4, 4]
+  return %y
+})";
+
+TEST_CASE("conv with bias, groups and stride is one cudnn step that applies the relu") {
+  const LoweredGraph l = lower_conv(kBiasRelu);
+  CHECK(l.kernels.empty());
+  CHECK(lines(l.plan, "step").size() == 1);
+  CHECK(lines(l.plan, "step conv")[0] ==
+        "step conv x=b0 w=b1 y=b3 bias=b2 n=2 c=4 k=6 spatial=8,8 kernel=3,3 pad=1,1 stride=2,2 dilation=1,1 "
+        "groups=2 dtype=f32 math=f32 activation=relu");
+  // y is the graph output (named after the relu), and cuDNN gets the plan's workspace.
+  CHECK(lines(l.plan, "buffer 3")[0].find("kind=output dtype=f32 shape=2x6x4x4") != std::string::npos);
+  CHECK(lines(l.plan, "buffer 3")[0].find("name=y") != std::string::npos);
+  CHECK(lines(l.plan, "workspace")[0] == "workspace bytes=33554432");
+}
+
+TEST_CASE("allow_tf32 gives f32 convs math=tf32, half types keep math=f32") {
+  LoweringOptions tf32;
+  tf32.allow_tf32 = true;
+  CHECK(lines(lower_conv(kBiasRelu, tf32).plan, "step conv")[0].find(" dtype=f32 math=tf32 ") != std::string::npos);
+  const LoweredGraph h = lower_conv(R"(
+graph @g(%x: bf16[1, 4, 6, 6], %w: bf16[4, 4, 1, 1], %v: f16[1, 4, 6, 6], %u: f16[4, 4, 3, 3]) -> (bf16[1, 4, 6, 6], f16[1, 4, 6, 6]) {
+  %c = conv(%x, %w) : bf16[1, 4, 6, 6]
+  %d = conv(%v, %u) {pads = [1, 1, 1, 1]} : f16[1, 4, 6, 6]
+  return %c, %d
+})", tf32);
+  const auto steps = lines(h.plan, "step conv");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].find("kernel=1,1 pad=0,0 stride=1,1 dilation=1,1 groups=1 dtype=bf16 math=f32 activation=none") !=
+        std::string::npos);
+  CHECK(steps[1].find("dtype=f16 math=f32 activation=none") != std::string::npos);
+}
+
+TEST_CASE("a residual add and its relu fold into the conv as z") {
+  const LoweredGraph l = lower_conv(R"(
+graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3], %b: f32[4]) -> (f32[1, 4, 6, 6]) {
+  %c = conv(%x, %w, %b) {pads = [1, 1, 1, 1]} : f32[1, 4, 6, 6]
+  %s = add(%c, %x) : f32[1, 4, 6, 6]
+  %y = relu(%s) : f32[1, 4, 6, 6]
+  return %y
+})");
+  CHECK(l.kernels.empty());
+  REQUIRE(lines(l.plan, "step").size() == 1);
+  CHECK(lines(l.plan, "step conv")[0].find("step conv x=b0 w=b1 y=b3 bias=b2 z=b0 ") == 0);
+  CHECK(lines(l.plan, "step conv")[0].find(" activation=relu") != std::string::npos);
+  // Without a relu the add still folds; a relu before the add does not make it a residual.
+  const LoweredGraph a = lower_conv(R"(
+graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3]) -> (f32[1, 4, 6, 6], f32[1, 4, 6, 6]) {
+  %c = conv(%x, %w) {pads = [1, 1, 1, 1]} : f32[1, 4, 6, 6]
+  %s = add(%x, %c) : f32[1, 4, 6, 6]
+  %d = conv(%x, %w) {pads = [1, 1, 1, 1]} : f32[1, 4, 6, 6]
+  %r = relu(%d) : f32[1, 4, 6, 6]
+  %t = add(%r, %x) : f32[1, 4, 6, 6]
+  return %s, %t
+})");
+  const auto steps = lines(a.plan, "step conv");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].find(" z=b0 ") != std::string::npos);
+  CHECK(steps[0].find(" activation=none") != std::string::npos);
+  CHECK(steps[1].find(" z=") == std::string::npos);
+  CHECK(steps[1].find(" activation=relu") != std::string::npos);
+  CHECK(a.kernels.size() == 1);  // the add after the relu
+}
+
+TEST_CASE("fuse-pointwise's add+relu group after a conv folds in, a later-computed residual waits for its conv") {
+  // As in ResNet's downsampling block: conv2's residual (the 1x1 downsample conv) is computed
+  // after it, so the downsample conv is the one that absorbs the group, with conv2 as its z.
+  const LoweredGraph l = lower_conv(R"(
+graph @g(%x: f32[2, 4, 8, 8], %w: f32[8, 4, 3, 3], %b: f32[8], %v: f32[8, 4, 1, 1], %e: f32[8]) -> (f32[2, 8, 4, 4]) {
+  %c = conv(%x, %w, %b) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[2, 8, 4, 4]
+  %d = conv(%x, %v, %e) {strides = [2, 2]} : f32[2, 8, 4, 4]
+  %y = fused(%c, %d) : f32[2, 8, 4, 4] {
+    graph @fused(%p: f32[2, 8, 4, 4], %q: f32[2, 8, 4, 4]) -> (f32[2, 8, 4, 4]) {
+      %s = add(%p, %q) : f32[2, 8, 4, 4]
+      %r = relu(%s) : f32[2, 8, 4, 4]
+      return %r
+    }
+  }
+  return %y
+})");
+  CHECK(l.kernels.empty());
+  const auto steps = lines(l.plan, "step");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].find("step conv x=b0 w=b1 y=b5 bias=b2 n=2 ") == 0);
+  CHECK(steps[0].find(" activation=none") != std::string::npos);
+  CHECK(steps[1].find("step conv x=b0 w=b3 y=b6 bias=b4 z=b5 n=2 c=4 k=8 spatial=8,8 kernel=1,1 pad=0,0 stride=2,2 ") ==
+        0);
+  CHECK(steps[1].find(" activation=relu") != std::string::npos);
+  CHECK(lines(l.plan, "buffer 6")[0].find("kind=output") != std::string::npos);
+}
+
+TEST_CASE("1-D and 3-D convs are conv steps, asymmetric pads and conv=gemm keep the im2col path") {
+  const std::string text = R"(
+graph @g(%s: f16[2, 4, 10], %v: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3, 2, 2, 2, 2], %x: f32[1, 2, 5, 5], %w: f32[2, 2, 3, 3]) -> (f16[2, 3, 3], f32[1, 3, 3, 3, 3], f32[1, 2, 3, 4]) {
+  %d = conv(%s, %v) {strides = [2], dilations = [2]} : f16[2, 3, 3]
+  %e = conv(%t, %u) : f32[1, 3, 3, 3, 3]
+  %f = conv(%x, %w) {pads = [0, 1, 0, 0]} : f32[1, 2, 3, 4]
+  return %d, %e, %f
+})";
+  const LoweredGraph l = lower_conv(text);
+  const auto steps = lines(l.plan, "step conv");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].find("n=2 c=4 k=3 spatial=10 kernel=3 pad=0 stride=2 dilation=2 groups=1 dtype=f16") != std::string::npos);
+  CHECK(steps[1].find("n=1 c=2 k=3 spatial=4,4,4 kernel=2,2,2 pad=0,0,0 stride=1,1,1 dilation=1,1,1") != std::string::npos);
+  CHECK(l.kernels == std::vector<std::string>{"k0_im2col"});
+  CHECK(lines(l.plan, "step gemm").size() == 1);
+
+  const LoweredGraph g = lower_conv(text, {.conv = "gemm"});
+  CHECK(lines(g.plan, "step conv").empty());
+  CHECK(g.kernels == std::vector<std::string>{"k0_im2col", "k1_conv", "k2_im2col"});
+  CHECK(lines(lower_conv(kBiasRelu, {.conv = "gemm"}).plan, "step gemm").size() == 2);
+}
+
+TEST_CASE("the backend's conv option takes cudnn or gemm and names a bad value") {
+  Registry r;
+  Capabilities caps;
+  caps.plugin = "cuda-test";
+  caps.targets = {"sm_90a"};
+  REQUIRE(register_backend(r, caps).ok());
+  auto info = r.backend("cuda-test");
+  REQUIRE(info.ok());
+  for (const char* value : {"cudnn", "gemm"}) {
+    auto opts = resolve_options((*info)->options, {{"conv", std::string(value)}}, "cuda-test");
+    REQUIRE(opts.ok());
+    CHECK((*info)->create(*opts).ok());
+  }
+  auto bad = resolve_options((*info)->options, {{"conv", std::string("winograd")}}, "cuda-test");
+  REQUIRE(bad.ok());
+  auto b = (*info)->create(*bad);
+  REQUIRE(!b.ok());
+  CHECK(b.status().message() == "cuda-test: option conv='winograd' is not cudnn or gemm");
+}
+
+}  // namespace
+}  // namespace kiln::cuda
