@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -226,8 +227,10 @@ std::string take(kiln_status* st) {
 }
 
 /// Loads the model on a fresh runtime, warms up and times the runs in one graph mode.
+/// The infos' names are copied into `names` (whose elements never move): the runtime's own
+/// name strings are freed with the model.
 ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, std::vector<kiln_tensor_info>* inputs_out,
-                   std::vector<kiln_tensor_info>* outputs_out) {
+                   std::vector<kiln_tensor_info>* outputs_out, std::deque<std::string>* names) {
   ModeResult r;
   const char* mode = graphs ? "graphs on" : "graphs off";
   kiln_runtime* rt = nullptr;
@@ -272,6 +275,8 @@ ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, s
     r.error = take(kiln_model_input_info(m, i, &info));
     fill_random(info, rng, f.int_max, in_data[i]);
     ins.push_back({in_data[i].data(), info.bytes});
+    names->push_back(info.name ? info.name : "");
+    info.name = names->back().c_str();
     inputs_out->push_back(info);
   }
   for (size_t i = 0; i < out_data.size() && r.error.empty(); ++i) {
@@ -279,6 +284,8 @@ ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, s
     r.error = take(kiln_model_output_info(m, i, &info));
     out_data[i].assign(info.bytes, 0);
     outs.push_back({out_data[i].data(), info.bytes});
+    names->push_back(info.name ? info.name : "");
+    info.name = names->back().c_str();
     outputs_out->push_back(info);
   }
 
@@ -414,9 +421,10 @@ int cmd_bench(Args& args) {
 
   std::string device = "?";
   std::vector<kiln_tensor_info> inputs, outputs;
+  std::deque<std::string> names;
   std::vector<std::pair<bool, ModeResult>> results;
   for (bool graphs : f.graph_modes) {
-    results.emplace_back(graphs, measure(f, graphs, &device, &inputs, &outputs));
+    results.emplace_back(graphs, measure(f, graphs, &device, &inputs, &outputs, &names));
     // Without a device no mode can run: one message is enough.
     if (!results.back().second.error.empty() && results.back().second.error.starts_with("no CUDA device")) break;
   }
