@@ -20,7 +20,9 @@ namespace kiln::cpu {
 using Sizes = std::vector<int64_t>;
 
 /// A fixed set of worker threads that split index ranges. One parallel_for at a time (the
-/// plan runs its steps in order); the calling thread takes a share of the work too.
+/// plan runs its steps in order); the calling thread takes a share of the work too. Idle
+/// workers spin briefly before sleeping: a plan's steps come microseconds apart, and a
+/// futex wake-up per step costs more than small steps take.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);
@@ -35,16 +37,17 @@ class ThreadPool {
 
  private:
   void worker(int id);
+  void run_chunks(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t chunks);
   int threads_;
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t n_ = 0, chunks_ = 0;
   std::atomic<int64_t> next_{0};
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 /// One elementwise kernel: the JIT'd function computes rows [rb, re) of its collapsed
@@ -97,10 +100,19 @@ std::string host_cpu_description();
 // the caller falls back to the reference kernel.
 bool run_matmul(ThreadPool& tp, const Tensor& a, const Tensor& b, Tensor& y);
 bool run_linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+/// Memory a step's kernel keeps across runs: transformed constant weights, and the weights'
+/// address they came from.
+struct StepCache {
+  const void* source = nullptr;
+  std::vector<float> data;
+};
+/// `cache` (null unless the weights are a constant of the plan) keeps Winograd's weights.
 bool run_conv(ThreadPool& tp, const Node& n, const Tensor& x, const Tensor& w, const Tensor* bias,
-              Tensor& y);
+              Tensor& y, StepCache* cache);
 bool run_pool(ThreadPool& tp, const Node& n, const Tensor& x, Tensor& y, bool is_max);
 bool run_softmax(ThreadPool& tp, const Node& n, const Tensor& x, Tensor& y, bool log);
+/// Attention (f32): per (batch, head), scores through sgemm, masked softmax rows, then ·v.
+bool run_attention(ThreadPool& tp, const Node& n, std::span<const Tensor> in, Tensor& y);
 bool run_norm(ThreadPool& tp, const Node& n, std::span<const Tensor> in, Tensor& y, bool rms);
 bool run_reduce(ThreadPool& tp, const Node& n, const Tensor& x, Tensor& y);
 /// Data movement for any dtype of at least one byte: transpose, slice, expand, concat, split,

@@ -32,6 +32,8 @@ struct Step {
   std::string fn_name;
   ElemFn fn = nullptr;
   int64_t rows = 0, cols = 0;
+  bool const_weights = false;        ///< operand 1 is a constant of the plan
+  mutable StepCache cache;           ///< kept across runs (a plan runs under its executable's lock)
 };
 
 /// Memory that a plan reuses across runs, so steps neither allocate nor zero their results.
@@ -58,7 +60,7 @@ bool has_native(const std::string& op) {
                                      "softmax", "log_softmax", "layer_norm", "rms_norm",
                                      "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
                                      "reduce_prod", "transpose", "slice", "expand", "concat",
-                                     "split", "gather"};
+                                     "split", "gather", "attention"};
   for (const char* o : kOps)
     if (op == o) return true;
   return false;
@@ -242,6 +244,7 @@ Status CpuExecutable::plan_nodes(Builder& b, const Graph& g) {
       s.out.push_back(b.id.at(n.result(i)));
     }
     if (s.kind == StepKind::kAlias) b.root[static_cast<size_t>(s.out[0])] = b.root[static_cast<size_t>(s.in[0])];
+    s.const_weights = s.in.size() > 1 && plan.constants.count(s.in[1]) > 0;
     plan.steps.push_back(std::move(s));
   }
   return ok_status();
@@ -271,8 +274,8 @@ void CpuExecutable::plan_memory(Plan& p, const std::vector<TensorType>& types, c
   for (size_t i = 0; i < p.steps.size(); ++i) {
     Step& s = p.steps[i];
     s.out_buffer.assign(s.out.size(), -1);
-    if (s.kind != StepKind::kJit && s.kind != StepKind::kNative) continue;
-    for (size_t j = 0; j < s.out.size(); ++j) {
+    const bool arena = s.kind == StepKind::kJit || s.kind == StepKind::kNative;
+    for (size_t j = 0; arena && j < s.out.size(); ++j) {
       const size_t v = static_cast<size_t>(s.out[j]);
       int64_t numel = 1;
       for (int64_t d : static_sizes(types[v].shape)) numel *= d;
@@ -316,7 +319,7 @@ Status CpuExecutable::run_native(const Step& s, std::vector<Tensor>& in, std::ve
   const Tensor* bias = in.size() > 2 ? &in[2] : nullptr;
   if (o == "matmul") done = run_matmul(pool_, in[0], in[1], out[0]);
   else if (o == "linear") done = run_linear(pool_, in[0], in[1], bias, out[0]);
-  else if (o == "conv") done = run_conv(pool_, n, in[0], in[1], bias, out[0]);
+  else if (o == "conv") done = run_conv(pool_, n, in[0], in[1], bias, out[0], s.const_weights ? &s.cache : nullptr);
   else if (o == "max_pool" || o == "avg_pool") done = run_pool(pool_, n, in[0], out[0], o == "max_pool");
   else if (o == "softmax" || o == "log_softmax") done = run_softmax(pool_, n, in[0], out[0], o == "log_softmax");
   else if (o == "layer_norm" || o == "rms_norm") done = run_norm(pool_, n, in, out[0], o == "rms_norm");
@@ -326,6 +329,7 @@ Status CpuExecutable::run_native(const Step& s, std::vector<Tensor>& in, std::ve
   else if (o == "expand") done = run_expand(pool_, in[0], out[0]);
   else if (o == "concat") done = run_concat(pool_, n, in, out[0]);
   else if (o == "split") done = run_split(pool_, n, in[0], out);
+  else if (o == "attention") done = run_attention(pool_, n, in, out[0]);
   else if (o == "gather") {
     KILN_ASSIGN_OR_RETURN(done, run_gather(pool_, n, in[0], in[1], out[0]));
   }

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,14 @@
 
 #include "cpu.h"
 #include "kiln/ir/op.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/// Compiled for AVX-512, AVX2 and the baseline, picked at load time (the plugin is built
+/// for the baseline ISA so that it runs anywhere).
+#define KILN_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KILN_CPU_CLONES
+#endif
 
 namespace kiln::cpu {
 namespace {
@@ -86,6 +95,20 @@ void strided_copy(ThreadPool& tp, size_t es, const std::byte* src, std::byte* ds
 // ---------------------------------------------------------------------------------------
 // thread pool
 
+namespace {
+
+/// Spin-wait hint; ~100 cycles on recent x86.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/// How long an idle worker polls for the next job before sleeping (~0.1 ms).
+constexpr int kSpinRounds = 2000;
+
+}  // namespace
+
 ThreadPool::ThreadPool(int threads) : threads_(std::max(1, threads)) {
   for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
@@ -99,6 +122,11 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
+void ThreadPool::run_chunks(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int64_t chunks) {
+  for (int64_t c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < chunks;)
+    fn(n * c / chunks, n * (c + 1) / chunks);
+}
+
 void ThreadPool::parallel_for(int64_t n, int64_t grain,
                               const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
@@ -110,34 +138,37 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     return;
   }
   {
+    // Published under the lock so that a worker about to sleep sees the new generation.
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &fn;
     n_ = n;
     chunks_ = chunks;
-    next_ = 0;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+    next_.store(0, std::memory_order_relaxed);
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  for (int64_t c; (c = next_++) < chunks;) fn(n * c / chunks, n * (c + 1) / chunks);
-  std::unique_lock<std::mutex> lk(mu_);
-  done_.wait(lk, [&] { return pending_ == 0; });
+  run_chunks(fn, n, chunks);
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpinRounds) cpu_relax();
+    else std::this_thread::yield();  // a worker lost its core: let it run
+  }
   job_ = nullptr;
 }
 
 void ThreadPool::worker(int) {
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
+    for (int i = 0; i < kSpinRounds && generation_.load(std::memory_order_acquire) == seen && !stop_; ++i)
+      cpu_relax();
+    if (generation_.load(std::memory_order_acquire) == seen && !stop_) {
+      std::unique_lock<std::mutex> lk(mu_);
+      wake_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
+    }
     if (stop_) return;
-    seen = generation_;
-    const auto* job = job_;
-    const int64_t n = n_, chunks = chunks_;
-    lk.unlock();
-    for (int64_t c; (c = next_++) < chunks;) (*job)(n * c / chunks, n * (c + 1) / chunks);
-    lk.lock();
-    if (--pending_ == 0) done_.notify_all();
+    seen = generation_.load(std::memory_order_acquire);
+    run_chunks(*job_, n_, chunks_);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -211,7 +242,8 @@ void gemm(ThreadPool& tp, bool trans_b, int64_t m, int64_t n, int64_t k, const f
                static_cast<int>(ldb), beta, y + m0 * ldy + n0, static_cast<int>(ldy));
   };
   const int64_t t = tp.threads();
-  // Below ~64k multiply-adds the wake-up of a worker costs more than it saves.
+  // Below ~64k multiply-adds the wake-up of a worker costs more than it saves. (Row vectors
+  // too: splitting the MLP's 512x512 gemv halves its time, each core streaming half the weights.)
   if (t == 1 || m * n * k < (int64_t{1} << 16)) return call(0, m, 0, n);
   if (n >= 16 * t || n >= m) {
     const int64_t blocks = (n + 15) / 16;  // whole 16-column panels per worker
@@ -332,8 +364,121 @@ bool read_window2(const Node& n, int64_t kh, int64_t kw, Window2& w) {
 
 }  // namespace
 
+namespace {
+
+/// $KILN_CPU_NO_WINOGRAD turns Winograd off (to compare with im2col).
+bool no_winograd() {
+  static const bool off = std::getenv("KILN_CPU_NO_WINOGRAD") != nullptr;
+  return off;
+}
+
+/// 3x3 convolution, stride 1, padding 1, one image, by Winograd F(2x2, 3x3): each 4x4 input
+/// tile and 3x3 filter go to a 4x4 transform domain where the product is elementwise, so the
+/// contraction is 16 GEMMs [c_out, c_in] x [c_in, tiles] with 2.25x fewer multiply-adds than
+/// im2col's and a 4x (not 9x) expanded input. Transformed constant weights are kept in `cache`.
+void conv3x3_winograd(ThreadPool& tp, const float* x, int64_t c_in, int64_t h, int64_t wd,
+                      const float* w, const float* bias, int64_t c_out, float* y, StepCache* cache) {
+  const int64_t th = (h + 1) / 2, tw = (wd + 1) / 2, tiles = th * tw, kc = c_out * c_in;
+  const Blas& bl = blas();
+  std::vector<float> local;
+  std::vector<float>& u = cache ? cache->data : local;
+  if (!cache || cache->source != w || u.size() != static_cast<size_t>(16 * kc)) {
+    u.resize(static_cast<size_t>(16 * kc));
+    float* up = u.data();
+    tp.parallel_for(kc, 256, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float* g = w + i * 9;
+        float t[4][3];  // G·g
+        for (int c = 0; c < 3; ++c) {
+          const float g0 = g[c], g1 = g[3 + c], g2 = g[6 + c];
+          t[0][c] = g0, t[1][c] = 0.5f * (g0 + g1 + g2), t[2][c] = 0.5f * (g0 - g1 + g2), t[3][c] = g2;
+        }
+        for (int r = 0; r < 4; ++r) {  // (G·g)·Gᵀ
+          const float a = t[r][0], b1 = t[r][1], c2 = t[r][2];
+          const float v[4] = {a, 0.5f * (a + b1 + c2), 0.5f * (a - b1 + c2), c2};
+          for (int c = 0; c < 4; ++c) up[(r * 4 + c) * kc + i] = v[c];
+        }
+      }
+    });
+    if (cache) cache->source = w;
+  }
+  // The 16 transform planes, padded apart: at a multiple of 4 KiB (e.g. 64 x 784 floats) the
+  // 16 streams of a tile's values would fight over one L1 set.
+  const int64_t vstep = c_in * tiles + 48, mstep = c_out * tiles + 48;
+  thread_local std::vector<float> vbuf, mbuf;
+  if (vbuf.size() < static_cast<size_t>(16 * vstep)) vbuf.resize(static_cast<size_t>(16 * vstep));
+  if (mbuf.size() < static_cast<size_t>(16 * mstep)) mbuf.resize(static_cast<size_t>(16 * mstep));
+  float* const vp = vbuf.data();  // [16][c_in][tiles]
+  float* const mp = mbuf.data();  // [16][c_out][tiles]
+  tp.parallel_for(c_in * th, 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t ic = r / th, ty = r % th;
+      const float* in = x + ic * h * wd;
+      for (int64_t tx = 0; tx < tw; ++tx) {
+        float d[4][4];
+        const int64_t y0 = 2 * ty - 1, x0 = 2 * tx - 1;
+        if (y0 >= 0 && y0 + 4 <= h && x0 >= 0 && x0 + 4 <= wd) {
+          for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) d[i][j] = in[(y0 + i) * wd + x0 + j];
+        } else {  // a border tile: zero padding
+          for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) {
+              const int64_t iy = y0 + i, ix = x0 + j;
+              d[i][j] = iy < 0 || iy >= h || ix < 0 || ix >= wd ? 0.0f : in[iy * wd + ix];
+            }
+        }
+        float t[4][4];  // Bᵀ·d
+        for (int j = 0; j < 4; ++j) {
+          t[0][j] = d[0][j] - d[2][j], t[1][j] = d[1][j] + d[2][j];
+          t[2][j] = d[2][j] - d[1][j], t[3][j] = d[1][j] - d[3][j];
+        }
+        float* o = vp + ic * tiles + ty * tw + tx;
+        const int64_t step = vstep;
+        for (int i = 0; i < 4; ++i) {  // (Bᵀ·d)·B
+          o[(i * 4 + 0) * step] = t[i][0] - t[i][2];
+          o[(i * 4 + 1) * step] = t[i][1] + t[i][2];
+          o[(i * 4 + 2) * step] = t[i][2] - t[i][1];
+          o[(i * 4 + 3) * step] = t[i][1] - t[i][3];
+        }
+      }
+    }
+  });
+  const float* up = u.data();
+  tp.parallel_for(16, 1, [&](int64_t b, int64_t e) {
+    for (int64_t xi = b; xi < e; ++xi)
+      bl.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(c_out), static_cast<int>(tiles),
+               static_cast<int>(c_in), 1.0f, up + xi * kc, static_cast<int>(c_in), vp + xi * vstep,
+               static_cast<int>(tiles), 0.0f, mp + xi * mstep, static_cast<int>(tiles));
+  });
+  tp.parallel_for(c_out * th, 4, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t oc = r / th, ty = r % th;
+      const float bv = bias ? bias[oc] : 0.0f;
+      float* out = y + oc * h * wd;
+      const int64_t step = mstep;
+      for (int64_t tx = 0; tx < tw; ++tx) {
+        const float* m = mp + oc * tiles + ty * tw + tx;
+        float t[2][4];  // Aᵀ·m
+        for (int j = 0; j < 4; ++j) {
+          const float m0 = m[j * step], m1 = m[(4 + j) * step], m2 = m[(8 + j) * step], m3 = m[(12 + j) * step];
+          t[0][j] = m0 + m1 + m2, t[1][j] = m1 - m2 - m3;
+        }
+        for (int i = 0; i < 2; ++i) {  // (Aᵀ·m)·A
+          const int64_t oy = 2 * ty + i;
+          if (oy >= h) break;
+          const float v0 = t[i][0] + t[i][1] + t[i][2] + bv, v1 = t[i][1] - t[i][2] - t[i][3] + bv;
+          out[oy * wd + 2 * tx] = v0;
+          if (2 * tx + 1 < wd) out[oy * wd + 2 * tx + 1] = v1;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
 bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w, const Tensor* bias,
-              Tensor& y) {
+              Tensor& y, StepCache* cache) {
   if (!is_f32(x) || !is_f32(w) || (bias && !is_f32(*bias)) || x.rank() != 4 || !have_blas()) return false;
   Window2 win;
   if (!read_window2(node, w.shape()[2], w.shape()[3], win)) return false;
@@ -344,9 +489,23 @@ bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w
   const int64_t kk = cg_in * win.kh * win.kw, plane = oh * ow;
   float* yp = out_as<float>(y);
   if (y.numel() == 0) return true;
+  // Winograd where it pays: 3x3, stride 1, "same" padding, enough channels and tiles.
+  const bool wino = groups == 1 && win.kh == 3 && win.kw == 3 && win.sh == 1 && win.sw == 1 &&
+                    win.dh == 1 && win.dw == 1 && win.ph0 == 1 && win.pw0 == 1 && win.ph1 == 1 &&
+                    win.pw1 == 1 && oh == h && ow == wd && c_in >= 16 && c_out >= 16 && h * wd >= 196 &&
+                    !no_winograd();
+  if (wino) {
+    for (int64_t b = 0; b < nb; ++b)
+      conv3x3_winograd(tp, x.data_as<float>() + b * c_in * h * wd, c_in, h, wd, w.data_as<float>(),
+                       bias ? bias->data_as<float>() : nullptr, c_out, yp + b * c_out * h * wd, cache);
+    return true;
+  }
   const bool direct = win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph0 == 0 &&
                       win.pw0 == 0 && win.ph1 == 0 && win.pw1 == 0;
-  std::vector<float> col(direct ? 0 : static_cast<size_t>(kk * plane));
+  // The im2col matrix: reused across calls and never zeroed (every element is written).
+  thread_local std::vector<float> col;
+  if (!direct && col.size() < static_cast<size_t>(kk * plane)) col.resize(static_cast<size_t>(kk * plane));
+  float* const colp = col.data();  // the workers filling it see their own `col`
   const float* xp = x.data_as<float>();
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t g = 0; g < groups; ++g) {
@@ -360,7 +519,7 @@ bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w
         tp.parallel_for(kk, 8, [&](int64_t rb, int64_t re) {
           for (int64_t r = rb; r < re; ++r) {
             const int64_t ic = r / (win.kh * win.kw), ky = (r / win.kw) % win.kh, kx = r % win.kw;
-            float* out = col.data() + r * plane;
+            float* out = colp + r * plane;
             const float* in = xg + ic * h * wd;
             // Output columns whose tap lands inside the row: [ox0, ox1).
             const int64_t off = kx * win.dw - win.pw0;
@@ -384,12 +543,48 @@ bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w
             }
           }
         });
-        src = col.data();
+        src = colp;
       }
       gemm(tp, false, cg_out, plane, kk, w.data_as<float>() + g * cg_out * kk, kk, src, plane, 1.0f, yg, plane);
     }
   return true;
 }
+
+namespace {
+
+/// max(a, b) where a NaN in either wins; a select, so that loops of it vectorize.
+inline float nan_max(float a, float b) { return b > a || b != b ? b : a; }
+
+/// One plane of an undilated max pool; `col` holds `w` floats of scratch. A window that
+/// covers no input gives -inf, as the reference.
+KILN_CPU_CLONES void max_pool_plane(const float* in, float* out, float* col, int64_t h, int64_t w,
+                                    int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh,
+                                    int64_t sw, int64_t ph, int64_t pw) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    const int64_t y0 = oy * sh - ph;
+    const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + kh, h);
+    for (int64_t x = 0; x < w; ++x) col[x] = ninf;
+    for (int64_t iy = ya; iy < yb; ++iy) {
+      const float* row = in + iy * w;
+      for (int64_t x = 0; x < w; ++x) col[x] = nan_max(col[x], row[x]);
+    }
+    for (int64_t ox = 0; ox < ow; ++ox) {
+      const int64_t x0 = ox * sw - pw;
+      const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + kw, w);
+      // maxss and a NaN flag: a compare-and-branch here mispredicts on real data.
+      float m = ninf;
+      bool nan = false;
+      for (int64_t x = xa; x < xb; ++x) {
+        m = std::max(m, col[x]);
+        nan |= col[x] != col[x];
+      }
+      out[oy * ow + ox] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+    }
+  }
+}
+
+}  // namespace
 
 bool run_pool(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, bool is_max) {
   if (!is_f32(x) || x.rank() != 4) return false;
@@ -404,31 +599,13 @@ bool run_pool(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, bool
   const float* xp = x.data_as<float>();
   float* yp = out_as<float>(y);
   if (is_max && win.dh == 1 && win.dw == 1) {
-    // Undilated max: clamp the window to the input once per output, no per-tap tests.
-    const float ninf = -std::numeric_limits<float>::infinity();
+    // Undilated max, separable: the max over the window's rows for every column (contiguous,
+    // vectorized), then over the window's columns.
     tp.parallel_for(planes, 1, [&](int64_t pb, int64_t pe) {
-      for (int64_t p = pb; p < pe; ++p) {
-        const float* in = xp + p * h * wd;
-        float* out = yp + p * oh * ow;
-        for (int64_t oy = 0; oy < oh; ++oy) {
-          const int64_t y0 = oy * win.sh - win.ph0;
-          const int64_t ya = std::max<int64_t>(y0, 0), yb = std::min(y0 + win.kh, h);
-          for (int64_t ox = 0; ox < ow; ++ox) {
-            const int64_t x0 = ox * win.sw - win.pw0;
-            const int64_t xa = std::max<int64_t>(x0, 0), xb = std::min(x0 + win.kw, wd);
-            // Branch-free (random data mispredicts a compare-and-branch); a NaN wins.
-            float m = ninf;
-            bool nan = false;
-            for (int64_t iy = ya; iy < yb; ++iy)
-              for (int64_t ix = xa; ix < xb; ++ix) {
-                const float v = in[iy * wd + ix];
-                m = std::max(m, v);
-                nan |= v != v;
-              }
-            out[oy * ow + ox] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
-          }
-        }
-      }
+      std::vector<float> col(static_cast<size_t>(wd));
+      for (int64_t p = pb; p < pe; ++p)
+        max_pool_plane(xp + p * h * wd, yp + p * oh * ow, col.data(), h, wd, oh, ow, win.kh, win.kw,
+                       win.sh, win.sw, win.ph0, win.pw0);
     });
     return true;
   }
@@ -470,6 +647,61 @@ bool run_pool(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, bool
 // ---------------------------------------------------------------------------------------
 // row kernels
 
+namespace {
+
+/// e^x in f32 that vectorizes: Cody-Waite reduction by ln 2 and a degree-7 Taylor polynomial
+/// on [-ln2/2, ln2/2] (a few ulps off expf), scaled by 2^n in two halves so that results
+/// underflow gradually and overflow to +inf as expf does; NaN stays NaN.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -104.0f), 88.8f);  // NaN passes both
+  const float t = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 rounds to an integer
+  const float n = t - 12582912.0f;
+  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t h = ni >> 1;
+  return p * std::bit_cast<float>(static_cast<uint32_t>(h + 127) << 23) *
+         std::bit_cast<float>(static_cast<uint32_t>(ni - h + 127) << 23);
+}
+
+/// Softmax (or log-softmax) of one contiguous row; `out` may be `in`.
+KILN_CPU_CLONES void softmax_row(const float* in, float* out, int64_t len, bool log) {
+  // Reductions in independent lanes, so that they vectorize without reassociation flags
+  // (one running max or sum is a chain of dependent scalar ops).
+  constexpr int kLanes = 16;
+  float mx[kLanes];
+  double acc[kLanes] = {};
+  std::fill(mx, mx + kLanes, -std::numeric_limits<float>::infinity());
+  const int64_t body = len / kLanes * kLanes;
+  for (int64_t i = 0; i < body; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) mx[j] = std::max(mx[j], in[i + j]);
+  for (int64_t i = body; i < len; ++i) mx[0] = std::max(mx[0], in[i]);
+  float m = mx[0];
+  for (int j = 1; j < kLanes; ++j) m = std::max(m, mx[j]);
+  for (int64_t i = 0; i < len; ++i) out[i] = fast_exp(in[i] - m);
+  for (int64_t i = 0; i < body; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += out[i + j];
+  for (int64_t i = body; i < len; ++i) acc[0] += out[i];
+  double sum = 0;
+  for (int j = 0; j < kLanes; ++j) sum += acc[j];
+  if (log) {
+    const float sub = m + static_cast<float>(std::log(sum));
+    for (int64_t i = 0; i < len; ++i) out[i] = in[i] - sub;
+  } else {
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < len; ++i) out[i] *= inv;
+  }
+}
+
+}  // namespace
+
 bool run_softmax(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, bool log) {
   if (!is_f32(x) || x.rank() == 0) return false;
   const int64_t axis = norm_axis(node.get_int("axis", -1), x.rank());
@@ -479,6 +711,12 @@ bool run_softmax(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, b
   if (len == 0 || x.numel() == 0) return true;
   const float* xp = x.data_as<float>();
   float* yp = out_as<float>(y);
+  if (inner == 1) {
+    tp.parallel_for(outer, std::max<int64_t>(1, 4096 / len), [&](int64_t rb, int64_t re) {
+      for (int64_t r = rb; r < re; ++r) softmax_row(xp + r * len, yp + r * len, len, log);
+    });
+    return true;
+  }
   tp.parallel_for(outer * inner, std::max<int64_t>(1, 4096 / len), [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       const float* in = xp + (r / inner) * len * inner + r % inner;
@@ -503,6 +741,99 @@ bool run_softmax(ThreadPool& tp, const Node& node, const Tensor& x, Tensor& y, b
   return true;
 }
 
+bool run_attention(ThreadPool& tp, const Node& node, std::span<const Tensor> in, Tensor& y) {
+  const Tensor &q = in[0], &k = in[1], &v = in[2];
+  const Tensor* mask = in.size() > 3 ? &in[3] : nullptr;
+  if (!is_f32(q) || !is_f32(k) || !is_f32(v) || (mask && !is_f32(*mask)) || !have_blas()) return false;
+  const int64_t B = q.shape()[0], Hq = q.shape()[1], Sq = q.shape()[2], D = q.shape()[3];
+  const int64_t Hkv = k.shape()[1], Skv = k.shape()[2], Dv = v.shape()[3];
+  if (Hkv == 0 || Hq % Hkv != 0 || (mask && mask->rank() > 4)) return false;
+  if (y.numel() == 0) return true;
+  const float scale = static_cast<float>(node.get_float("scale"));
+  const bool causal = node.get_int("causal") != 0;
+  // Mask strides over [B, Hq, Sq, Skv]: right-aligned, 0 where the mask broadcasts.
+  Sizes ms(4, 0);
+  if (mask) {
+    const Sizes cs = contiguous_strides(mask->shape());
+    const size_t lead = 4 - mask->shape().size();
+    for (size_t d = 0; d < mask->shape().size(); ++d) ms[lead + d] = mask->shape()[d] == 1 ? 0 : cs[d];
+  }
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const float* qp = q.data_as<float>();
+  const float* kp = k.data_as<float>();
+  const float* vp = v.data_as<float>();
+  const float* mp = mask ? mask->data_as<float>() : nullptr;
+  float* yp = out_as<float>(y);
+  const Blas& bl = blas();
+  // One (batch, head) per task: scores = q·kᵀ·scale (+ mask, causal), softmax rows, ·v.
+  tp.parallel_for(B * Hq, 1, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> scores;
+    if (scores.size() < static_cast<size_t>(Sq * Skv)) scores.resize(static_cast<size_t>(Sq * Skv));
+    float* sp = scores.data();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / Hq, h = t % Hq, hk = h / (Hq / Hkv);
+      const float* kb = kp + (b * Hkv + hk) * Skv * D;
+      const float* vb = vp + (b * Hkv + hk) * Skv * Dv;
+      if (D > 0)
+        bl.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(Sq), static_cast<int>(Skv),
+                 static_cast<int>(D), scale, qp + t * Sq * D, static_cast<int>(D), kb, static_cast<int>(D),
+                 0.0f, sp, static_cast<int>(Skv));
+      else
+        std::fill(sp, sp + Sq * Skv, 0.0f);
+      for (int64_t i = 0; i < Sq; ++i) {
+        float* row = sp + i * Skv;
+        if (mp)
+          for (int64_t j = 0; j < Skv; ++j) row[j] += mp[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]];
+        if (causal)
+          for (int64_t j = std::max<int64_t>(0, i + (Skv - Sq) + 1); j < Skv; ++j) row[j] = ninf;
+        softmax_row(row, row, Skv, false);  // a row that sees no key becomes NaN, as the reference
+      }
+      float* yb = yp + t * Sq * Dv;
+      if (Skv > 0)
+        bl.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(Sq), static_cast<int>(Dv),
+                 static_cast<int>(Skv), 1.0f, sp, static_cast<int>(Skv), vb, static_cast<int>(Dv), 0.0f,
+                 yb, static_cast<int>(Dv));
+      else
+        std::fill(yb, yb + Sq * Dv, std::numeric_limits<float>::quiet_NaN());
+    }
+  });
+  return true;
+}
+
+namespace {
+
+/// Layer norm (or RMS norm: no mean) of one contiguous row, statistics in f64 lanes.
+KILN_CPU_CLONES void norm_row(const float* __restrict row, float* __restrict out, int64_t len,
+                              const float* sc, const float* bi, double eps, bool rms) {
+  constexpr int kLanes = 8;
+  const int64_t body = len / kLanes * kLanes;
+  double mean = 0;
+  if (!rms) {
+    double acc[kLanes] = {};
+    for (int64_t i = 0; i < body; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) acc[j] += row[i + j];
+    for (int64_t i = body; i < len; ++i) acc[0] += row[i];
+    for (int j = 0; j < kLanes; ++j) mean += acc[j];
+    mean /= static_cast<double>(len);
+  }
+  double sq[kLanes] = {};
+  for (int64_t i = 0; i < body; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) sq[j] += (row[i + j] - mean) * (row[i + j] - mean);
+  for (int64_t i = body; i < len; ++i) sq[0] += (row[i] - mean) * (row[i] - mean);
+  double var = 0;
+  for (int j = 0; j < kLanes; ++j) var += sq[j];
+  const float inv = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(len) + eps));
+  const float mf = static_cast<float>(mean);
+  if (sc && bi)
+    for (int64_t j = 0; j < len; ++j) out[j] = (row[j] - mf) * inv * sc[j] + bi[j];
+  else if (sc)
+    for (int64_t j = 0; j < len; ++j) out[j] = (row[j] - mf) * inv * sc[j];
+  else
+    for (int64_t j = 0; j < len; ++j) out[j] = (row[j] - mf) * inv;
+}
+
+}  // namespace
+
 bool run_norm(ThreadPool& tp, const Node& node, std::span<const Tensor> in, Tensor& y, bool rms) {
   const Tensor& x = in[0];
   if (!is_f32(x) || x.rank() == 0) return false;
@@ -518,25 +849,7 @@ bool run_norm(ThreadPool& tp, const Node& node, std::span<const Tensor> in, Tens
   const float* xp = x.data_as<float>();
   float* yp = out_as<float>(y);
   tp.parallel_for(x.numel() / len, std::max<int64_t>(1, 4096 / len), [&](int64_t rb, int64_t re) {
-    for (int64_t r = rb; r < re; ++r) {
-      const float* row = xp + r * len;
-      float* out = yp + r * len;
-      double mean = 0;
-      if (!rms) {
-        for (int64_t j = 0; j < len; ++j) mean += row[j];
-        mean /= static_cast<double>(len);
-      }
-      double sq = 0;
-      for (int64_t j = 0; j < len; ++j) sq += (row[j] - mean) * (row[j] - mean);
-      const float inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(len) + eps));
-      const float mf = static_cast<float>(mean);
-      for (int64_t j = 0; j < len; ++j) {
-        float v = (row[j] - mf) * inv;
-        if (sc) v *= sc[j];
-        if (bi) v += bi[j];
-        out[j] = v;
-      }
-    }
+    for (int64_t r = rb; r < re; ++r) norm_row(xp + r * len, yp + r * len, len, sc, bi, eps, rms);
   });
   return true;
 }

@@ -161,7 +161,7 @@ TEST_CASE("cpu: fused groups compile to one kernel each and match the reference"
   REQUIRE_MESSAGE(g.ok(), g.status().message());
   std::mt19937 rng(3);
   std::vector<Tensor> ins = test::random_inputs(**g, rng);
-  std::vector<Tensor> want = test::run_reference(test::registry_with({}), **g, ins);
+  std::vector<Tensor> want = test::run_reference(test::registry_with({"kiln-plugin-backend-reference.so"}), **g, ins);
   auto exe = compile_cpu(**g);
   auto got = exe->run(ins);
   REQUIRE_MESSAGE(got.ok(), got.status().message());
@@ -204,6 +204,167 @@ TEST_CASE("cpu: native kernels match the reference") {
   %j = concat(%e, %b) {axis = 1} : f32[4, 6, 10]
   return %t, %c, %s, %g, %j
 })");
+}
+
+TEST_CASE("cpu: contractions split across the pool match the reference") {
+  // Row vectors (gemv), wide and tall products split by columns or rows, batched products
+  // one per worker, and a 1x1 convolution with no im2col.
+  check_graph(R"(graph @g(%x: f32[1, 512], %w: f32[256, 512], %b: f32[256], %m: f32[300, 70], %n: f32[70, 400]) -> (f32[1, 256], f32[300, 400], f32[1, 400]) {
+  %y = linear(%x, %w, %b) : f32[1, 256]
+  %p = matmul(%m, %n) : f32[300, 400]
+  %s = slice(%m) {starts = [0], ends = [1], axes = [0]} : f32[1, 70]
+  %v = matmul(%s, %n) : f32[1, 400]
+  return %y, %p, %v
+})", 2, true);
+  check_graph(R"(graph @g(%a: f32[12, 40, 24], %b: f32[12, 24, 40], %c: f32[600, 12], %d: f32[12, 3]) -> (f32[12, 40, 40], f32[600, 3]) {
+  %p = matmul(%a, %b) : f32[12, 40, 40]
+  %q = matmul(%c, %d) : f32[600, 3]
+  return %p, %q
+})", 2, true);
+  check_graph(R"(graph @g(%x: f32[1, 16, 20, 30], %w: f32[64, 16, 1, 1], %v: f32[8, 16, 3, 3]) -> (f32[1, 64, 20, 30], f32[1, 8, 10, 15]) {
+  %y = conv(%x, %w) : f32[1, 64, 20, 30]
+  %z = conv(%x, %v) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[1, 8, 10, 15]
+  return %y, %z
+})", 2, true);
+}
+
+TEST_CASE("cpu: 3x3 convolutions by Winograd match the reference") {
+  // Odd sizes (partial tiles), a batch of 2, bias; weights as an input and as a constant
+  // (whose transform the plan keeps: the second run must reuse it correctly).
+  check_graph(R"(graph @g(%x: f32[2, 16, 15, 17], %w: f32[24, 16, 3, 3], %b: f32[24]) -> (f32[2, 24, 15, 17]) {
+  %y = conv(%x, %w, %b) {pads = [1, 1, 1, 1]} : f32[2, 24, 15, 17]
+  return %y
+})", 2, true);
+  std::string w;
+  for (int i = 0; i < 16 * 16 * 9; ++i) w += (i ? ", " : "") + std::to_string(std::sin(i * 0.37) * 0.3);
+  auto g = parse_graph("graph @g(%x: f32[1, 16, 14, 14]) -> (f32[1, 16, 14, 14]) {\n"
+                       "  %w = constant() {value = dense<f32[16, 16, 3, 3]>[" + w + "]} : f32[16, 16, 3, 3]\n"
+                       "  %y = conv(%x, %w) {pads = [1, 1, 1, 1]} : f32[1, 16, 14, 14]\n  return %y\n}\n");
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  std::mt19937 rng(9);
+  auto exe = compile_cpu(**g);
+  Registry& reg = test::registry_with({"kiln-plugin-backend-reference.so"});
+  for (int run = 0; run < 2; ++run) {
+    std::vector<Tensor> ins = test::random_inputs(**g, rng);
+    auto got = exe->run(ins);
+    REQUIRE(got.ok());
+    check_close((*got)[0], test::run_reference(reg, **g, ins)[0], "winograd run " + std::to_string(run), true);
+  }
+}
+
+TEST_CASE("cpu: max_pool keeps NaN and -inf as the reference does") {
+  auto g = parse_graph(R"(graph @g(%x: f32[1, 1, 4, 4]) -> (f32[1, 1, 2, 2]) {
+  %p = max_pool(%x) {kernel_shape = [2, 2], strides = [2, 2]} : f32[1, 1, 2, 2]
+  return %p
+})");
+  REQUIRE(g.ok());
+  const double inf = INFINITY;
+  std::vector<double> v = {1, NAN, -inf, -inf, 2, 5, -inf, -inf, 0, 0, 7, 7, -1, 0, 7, NAN};
+  std::vector<Tensor> ins = {Tensor::from_f64(DType::kF32, {1, 1, 4, 4}, v)};
+  auto got = compile_cpu(**g)->run(ins);
+  REQUIRE(got.ok());
+  const Tensor want = test::run_reference(test::registry_with({"kiln-plugin-backend-reference.so"}), **g, ins)[0];
+  check_close((*got)[0], want, "max_pool");
+  CHECK(std::isnan((*got)[0].get_f64(0)));
+  CHECK((*got)[0].get_f64(1) == -inf);
+}
+
+TEST_CASE("cpu: softmax handles masked (-inf) and large entries as the reference does") {
+  auto g = parse_graph(R"(graph @g(%x: f32[3, 37]) -> (f32[3, 37], f32[3, 37]) {
+  %s = softmax(%x) {axis = -1} : f32[3, 37]
+  %l = log_softmax(%x) {axis = -1} : f32[3, 37]
+  return %s, %l
+})");
+  REQUIRE(g.ok());
+  std::vector<double> v(3 * 37);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<double>(i)) * 30.0;
+  for (size_t i = 20; i < 37; ++i) v[i] = -INFINITY;   // a causal mask
+  v[40] = 88.0, v[41] = 87.5, v[80] = -200.0;          // beyond expf's range once shifted
+  std::vector<Tensor> ins = {Tensor::from_f64(DType::kF32, {3, 37}, v)};
+  auto got = compile_cpu(**g)->run(ins);
+  REQUIRE(got.ok());
+  const auto want = test::run_reference(test::registry_with({"kiln-plugin-backend-reference.so"}), **g, ins);
+  check_close((*got)[0], want[0], "softmax");
+  check_close((*got)[1], want[1], "log_softmax");
+  CHECK((*got)[0].get_f64(30) == 0.0);
+}
+
+TEST_CASE("cpu: attention matches the reference (causal, grouped heads, broadcast mask)") {
+  check_graph(R"(graph @g(%q: f32[2, 4, 5, 8], %k: f32[2, 2, 7, 8], %v: f32[2, 2, 7, 6], %m: f32[5, 7]) -> (f32[2, 4, 5, 6], f32[2, 4, 5, 6]) {
+  %y = attention(%q, %k, %v) {scale = 0.35, causal = 1} : f32[2, 4, 5, 6]
+  %z = attention(%q, %k, %v, %m) {scale = 0.5} : f32[2, 4, 5, 6]
+  return %y, %z
+})", 2, true);
+  // Sq > Skv with causal: the first query rows see no key and are NaN, as in the reference.
+  check_graph(R"(graph @g(%q: f32[1, 2, 6, 4], %k: f32[1, 2, 3, 4], %v: f32[1, 2, 3, 4]) -> (f32[1, 2, 6, 4]) {
+  %y = attention(%q, %k, %v) {scale = 0.5, causal = 1} : f32[1, 2, 6, 4]
+  return %y
+})", 2, true);
+}
+
+TEST_CASE("cpu: small integer powers match the reference") {
+  check_graph(R"(graph @g(%x: f32[40, 50]) -> (f32[40, 50]) {
+  %y = fused(%x) : f32[40, 50] {
+    graph @fused(%p: f32[40, 50]) -> (f32[40, 50]) {
+      %c1 = constant() {value = dense<f32[]>[1.0]} : f32[]
+      %c2 = constant() {value = dense<f32[]>[2.0]} : f32[]
+      %c3 = constant() {value = dense<f32[]>[3.0]} : f32[]
+      %c4 = constant() {value = dense<f32[]>[4.0]} : f32[]
+      %a = pow(%p, %c1) : f32[40, 50]
+      %b = pow(%p, %c2) : f32[40, 50]
+      %c = pow(%p, %c3) : f32[40, 50]
+      %d = pow(%p, %c4) : f32[40, 50]
+      %e = add(%a, %b) : f32[40, 50]
+      %f = add(%c, %d) : f32[40, 50]
+      %g = add(%e, %f) : f32[40, 50]
+      return %g
+    }
+  }
+  return %y
+})");
+}
+
+TEST_CASE("cpu: a fused group with a reduction inside runs its body node by node") {
+  // The shape fuse-rows gives a softmax-like row group: not one elementwise kernel.
+  check_graph(R"(graph @g(%x: f32[6, 130], %b: f32[130]) -> (f32[6, 130], f32[6, 1]) {
+  %y, %m = fused(%x, %b) : f32[6, 130], f32[6, 1] {
+    graph @fused(%p: f32[6, 130], %q: f32[130]) -> (f32[6, 130], f32[6, 1]) {
+      %s = add(%p, %q) : f32[6, 130]
+      %mx = reduce_max(%s) {axes = [1]} : f32[6, 1]
+      %d = sub(%s, %mx) : f32[6, 130]
+      %e = exp(%d) : f32[6, 130]
+      %z = reduce_sum(%e) {axes = [1]} : f32[6, 1]
+      %r = div(%e, %z) : f32[6, 130]
+      return %r, %mx
+    }
+  }
+  return %y, %m
+})");
+}
+
+TEST_CASE("cpu: results outlive the next run (the plan reuses its buffers)") {
+  // %r aliases %e's buffer and is an output; %t is an intermediate whose buffer is reused.
+  auto g = parse_graph(R"(graph @g(%a: f32[8, 16]) -> (f32[128], f32[8, 16]) {
+  %t = exp(%a) : f32[8, 16]
+  %e = mul(%t, %a) : f32[8, 16]
+  %r = reshape(%e) {shape = [128]} : f32[128]
+  %y = add(%e, %a) : f32[8, 16]
+  return %r, %y
+})");
+  REQUIRE(g.ok());
+  std::mt19937 rng(5);
+  std::vector<Tensor> in1 = test::random_inputs(**g, rng), in2 = test::random_inputs(**g, rng);
+  Registry& reg = test::registry_with({"kiln-plugin-backend-reference.so"});
+  std::vector<Tensor> want1 = test::run_reference(reg, **g, in1), want2 = test::run_reference(reg, **g, in2);
+  auto exe = compile_cpu(**g);
+  auto got1 = exe->run(in1);
+  REQUIRE(got1.ok());
+  auto got2 = exe->run(in2);
+  REQUIRE(got2.ok());
+  for (size_t i = 0; i < 2; ++i) {
+    check_close((*got1)[i], want1[i], "first run");
+    check_close((*got2)[i], want2[i], "second run");
+  }
 }
 
 TEST_CASE("cpu: one thread gives the same results") {
