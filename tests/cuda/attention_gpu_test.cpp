@@ -11,6 +11,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
+#include "gpu_test_start.h"
 
 namespace {
 
@@ -65,17 +66,8 @@ std::string compare(const Tensor& want, const Tensor& got) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
-    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
-    return 77;
-  }
+  if (const int rc = start_gpu_test(); rc != 0) return rc;
   Registry& reg = Registry::global();
-  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
-    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
-    return 1;
-  }
   std::vector<Case> cases;
   for (const char* dt : {"bf16", "f16"})
     for (int d : {64, 128}) {

@@ -13,6 +13,7 @@
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
 #include "kiln/runtime.h"
+#include "gpu_test_start.h"
 
 namespace {
 
@@ -108,17 +109,8 @@ std::string run(const std::string& bytes, bool graphs, const std::vector<Tensor>
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
-    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
-    return 77;
-  }
+  if (const int rc = start_gpu_test(); rc != 0) return rc;
   Registry& reg = Registry::global();
-  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
-    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
-    return 1;
-  }
   int failures = 0, cases = 0;
   struct Config { const char* dtype; bool tf32; };
   for (const Config& cfg : {Config{"f32", false}, Config{"f32", true}, Config{"f16", false}, Config{"bf16", false}})

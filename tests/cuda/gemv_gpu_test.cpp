@@ -11,6 +11,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
+#include "gpu_test_start.h"
 
 namespace {
 
@@ -58,17 +59,8 @@ std::string compare(const Tensor& want, const Tensor& got) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
-    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
-    return 77;
-  }
+  if (const int rc = start_gpu_test(); rc != 0) return rc;
   Registry& reg = Registry::global();
-  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
-    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
-    return 1;
-  }
   // (N, K): odd both ways, K % 8 == 0 (16-byte loads for every dtype), and K over the 512
   // columns of x that one block stages at M = 16.
   const int shapes[][2] = {{77, 130}, {130, 77}, {96, 128}, {64, 1100}};

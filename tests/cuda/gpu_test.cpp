@@ -9,6 +9,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
+#include "gpu_test_start.h"
 
 namespace {
 
@@ -290,17 +291,8 @@ std::string compare(const Tensor& want, const Tensor& got) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
-    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
-    return 77;
-  }
+  if (const int rc = start_gpu_test(); rc != 0) return rc;
   Registry& reg = Registry::global();
-  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
-    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
-    return 1;
-  }
   int failures = 0;
   for (const Case& c : kCases) {
     auto g = parse_graph(c.text, c.name);

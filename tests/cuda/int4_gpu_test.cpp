@@ -10,6 +10,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
+#include "gpu_test_start.h"
 
 namespace {
 
@@ -42,17 +43,8 @@ double rel_error(const Tensor& want, const Tensor& got) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
-    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
-    return 77;
-  }
+  if (const int rc = start_gpu_test(); rc != 0) return rc;
   Registry& reg = Registry::global();
-  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
-    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
-    return 1;
-  }
   int failures = 0, cases = 0;
   const int64_t ms[] = {1, 5, 16, 33, 64, 200};
   const int64_t gs[] = {32, 64, 128};
