@@ -238,4 +238,11 @@ int64_t Graph::total_node_count() const {
   return n;
 }
 
+const Tensor* constant_tensor(const Value* v) {
+  const Node* p = v ? v->producer() : nullptr;
+  if (p == nullptr || p->op_name() != "constant") return nullptr;
+  const Attribute* a = p->attr("value");
+  return a && a->kind() == AttrKind::kTensor ? &a->as_tensor() : nullptr;
+}
+
 }  // namespace kiln

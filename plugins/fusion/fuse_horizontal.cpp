@@ -21,17 +21,15 @@ namespace {
 const Tensor* projection_weight(const Node& n, bool& transposed) {
   const bool lin = n.op_name() == "linear" && n.num_operands() == 2;
   if (!lin && n.op_name() != "matmul") return nullptr;
-  const Node* c = n.operand(1)->producer();
-  if (!c || c->op_name() != "constant" || n.num_results() != 1) return nullptr;
-  const Attribute* v = c->attr("value");
-  if (!v || v->kind() != AttrKind::kTensor || v->as_tensor().rank() != 2) return nullptr;
+  const Tensor* w = constant_tensor(n.operand(1));
+  if (!w || n.num_results() != 1 || w->rank() != 2) return nullptr;
   const DType t = n.result()->dtype();
   if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return nullptr;
-  if (n.operand(0)->dtype() != t || v->as_tensor().dtype() != t || n.operand(0)->shape().size() < 2) return nullptr;
+  if (n.operand(0)->dtype() != t || w->dtype() != t || n.operand(0)->shape().size() < 2) return nullptr;
   for (const Dim& d : n.operand(0)->shape())
     if (!d.is_static()) return nullptr;
   transposed = lin;
-  return &v->as_tensor();
+  return w;
 }
 
 class FuseHorizontal final : public Pass {

@@ -342,6 +342,24 @@ void reorder(Graph& g) {
   }
 }
 
+StatusOr<bool> fuse_groups(Graph& g, const std::vector<std::vector<Node*>>& groups, int64_t min_size) {
+  std::vector<Node*> scalar_constants;
+  for (Node* n : g.node_list())
+    if (is_scalar_constant(n) && n->result()->has_uses()) scalar_constants.push_back(n);
+  bool fused_any = false;
+  for (const std::vector<Node*>& members : groups) {
+    if (members.empty() || static_cast<int64_t>(members.size()) < min_size) continue;
+    KILN_ASSIGN_OR_RETURN(bool f, build_fused(g, members));
+    fused_any |= f;
+  }
+  if (!fused_any) return false;
+  // Constants now copied into every region that used them.
+  for (Node* c : scalar_constants)
+    if (!c->result()->has_uses()) KILN_RETURN_IF_ERROR(g.erase_node(c));
+  reorder(g);
+  return true;
+}
+
 namespace {
 
 class FusePointwise final : public Pass {
@@ -358,24 +376,13 @@ class FusePointwise final : public Pass {
           changed |= c;
         }
     Grouper grouper(g, max_size_);
-    const std::vector<std::vector<int>> groups = grouper.run();
-    std::vector<Node*> scalar_constants;
-    for (Node* n : g.node_list())
-      if (is_scalar_constant(n) && n->result()->has_uses()) scalar_constants.push_back(n);
-    bool fused_any = false;
-    for (const std::vector<int>& group : groups) {
-      if (group.empty() || static_cast<int64_t>(group.size()) < min_size_) continue;
-      std::vector<Node*> members;
-      for (int i : group) members.push_back(grouper.order()[static_cast<size_t>(i)]);
-      KILN_ASSIGN_OR_RETURN(bool f, build_fused(g, members));
-      fused_any |= f;
+    std::vector<std::vector<Node*>> groups;
+    for (const std::vector<int>& group : grouper.run()) {
+      groups.emplace_back();
+      for (int i : group) groups.back().push_back(grouper.order()[static_cast<size_t>(i)]);
     }
-    if (!fused_any) return changed;
-    // Constants now copied into every region that used them.
-    for (Node* c : scalar_constants)
-      if (!c->result()->has_uses()) KILN_RETURN_IF_ERROR(g.erase_node(c));
-    reorder(g);
-    return true;
+    KILN_ASSIGN_OR_RETURN(bool fused_any, fuse_groups(g, groups, min_size_));
+    return changed || fused_any;
   }
 
  private:

@@ -106,20 +106,8 @@ class FuseRows final : public Pass {
           KILN_ASSIGN_OR_RETURN(bool c, run(n->region(r)));
           changed |= c;
         }
-    std::vector<Node*> scalar_constants;
-    for (Node* n : g.node_list())
-      if (is_scalar_constant(n) && n->result()->has_uses()) scalar_constants.push_back(n);
-    bool fused_any = false;
-    for (const std::vector<Node*>& members : RowGrouper(g, max_size_).run()) {
-      if (static_cast<int64_t>(members.size()) < min_size_) continue;
-      KILN_ASSIGN_OR_RETURN(bool f, build_fused(g, members));
-      fused_any |= f;
-    }
-    if (!fused_any) return changed;
-    for (Node* c : scalar_constants)
-      if (!c->result()->has_uses()) KILN_RETURN_IF_ERROR(g.erase_node(c));
-    reorder(g);
-    return true;
+    KILN_ASSIGN_OR_RETURN(bool fused_any, fuse_groups(g, RowGrouper(g, max_size_).run(), min_size_));
+    return changed || fused_any;
   }
 
  private:

@@ -38,5 +38,8 @@ bool is_scalar_constant(const Node* n);
 StatusOr<bool> build_fused(Graph& g, const std::vector<Node*>& members);
 /// Restores a topological order after fused nodes were placed at their last member.
 void reorder(Graph& g);
+/// Builds a fused node from each group of at least `min_size` members (build_fused), then drops
+/// the scalar constants the regions copied and restores a topological order; whether anything fused.
+StatusOr<bool> fuse_groups(Graph& g, const std::vector<std::vector<Node*>>& groups, int64_t min_size);
 
 }  // namespace kiln::fusion

@@ -148,12 +148,7 @@ StatusOr<Tensor> NodeCtx::attr_tensor(const std::string& name) const {
   return t;
 }
 
-const Tensor* NodeCtx::constant_of(const Value* v) {
-  if (v == nullptr || v->producer() == nullptr || v->producer()->op_name() != "constant")
-    return nullptr;
-  const Attribute* a = v->producer()->attr("value");
-  return a ? &a->as_tensor() : nullptr;
-}
+const Tensor* NodeCtx::constant_of(const Value* v) { return constant_tensor(v); }
 
 StatusOr<Tensor> NodeCtx::const_input(int i, const std::string& role) const {
   Value* v = in(i);

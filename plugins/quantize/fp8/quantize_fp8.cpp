@@ -32,13 +32,6 @@ double max_finite(DType t) { return t == DType::kF8E4M3FN ? 448.0 : 57344.0; }
 /// The per-tensor scale for a tensor whose largest magnitude is `amax`; all-zero tensors get 1.
 double scale_for(double amax, DType t) { return amax > 0 && std::isfinite(amax) ? amax / max_finite(t) : 1.0; }
 
-const Tensor* constant_value(const Value* v) {
-  const Node* p = v->producer();
-  if (p == nullptr || p->op_name() != "constant") return nullptr;
-  const Attribute* a = p->attr("value");
-  return a && a->kind() == AttrKind::kTensor ? &a->as_tensor() : nullptr;
-}
-
 class QuantizeFp8 : public Pass {
  public:
   explicit QuantizeFp8(Config c) : c_(std::move(c)) {}
@@ -71,7 +64,7 @@ class QuantizeFp8 : public Pass {
   StatusOr<bool> rewrite(Graph& g, Node& n) {
     const bool linear = n.op_name() == "linear";
     if ((!linear && n.op_name() != "matmul") || n.num_results() != 1) return false;
-    const Tensor* w = constant_value(n.operand(1));
+    const Tensor* w = constant_tensor(n.operand(1));
     Value* x = n.operand(0);
     const DType xt = x->dtype();
     if (w == nullptr || w->rank() != 2 || x->shape().empty() || !selected(n)) return false;

@@ -98,13 +98,6 @@ Quantized quantize(const std::vector<double>& w, int64_t n, int64_t k, const Con
   return q;
 }
 
-const Tensor* constant_value(const Value* v) {
-  const Node* p = v->producer();
-  if (p == nullptr || p->op_name() != "constant") return nullptr;
-  const Attribute* a = p->attr("value");
-  return a && a->kind() == AttrKind::kTensor ? &a->as_tensor() : nullptr;
-}
-
 class QuantizeInt4 : public Pass {
  public:
   explicit QuantizeInt4(Config c) : c_(std::move(c)) {}
@@ -135,7 +128,7 @@ class QuantizeInt4 : public Pass {
   StatusOr<bool> rewrite(Graph& g, Node& n) {
     const bool linear = n.op_name() == "linear";
     if ((!linear && n.op_name() != "matmul") || n.num_results() != 1) return false;
-    const Tensor* w = constant_value(n.operand(1));
+    const Tensor* w = constant_tensor(n.operand(1));
     const DType xt = n.operand(0)->dtype();
     if (w == nullptr || w->rank() != 2 || n.operand(0)->shape().empty() || excluded(n)) return false;
     if (xt != DType::kF32 && xt != DType::kF16 && xt != DType::kBF16) return false;

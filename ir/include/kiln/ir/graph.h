@@ -181,4 +181,7 @@ class Graph {
   std::list<std::unique_ptr<Node>> nodes_;
 };
 
+/// The tensor of `v` when a `constant` node produces it; null otherwise (also for null `v`).
+const Tensor* constant_tensor(const Value* v);
+
 }  // namespace kiln
