@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/plugin_test_util.h"
+#include "quant_test_util.h"
 #include "kiln/core/driver.h"
 #include "kiln/core/npy.h"
 #include "kiln/ir/text.h"
@@ -25,9 +25,7 @@ Registry& reg() {
 
 /// Runs `passes` (one-line form, e.g. "quantize-int4{group-size=64}") on `g`.
 Status run_passes(Graph& g, const std::string& passes) {
-  Pipeline p;
-  KILN_ASSIGN_OR_RETURN(p.passes, parse_pass_list(passes, reg()));
-  return run_pipeline_passes(g, p, reg(), {});
+  return test::run_passes(g, passes, reg());
 }
 
 /// A graph of `op` ("linear" or "matmul") of x f32[rows, k] by a constant Gaussian weight
@@ -47,39 +45,9 @@ std::string gaussian_kir(const std::string& op, int64_t rows, int64_t n, int64_t
          "\n  return %y\n}\n";
 }
 
-std::unique_ptr<Graph> parse(const std::string& text) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  return std::move(g).value();
-}
-
-std::vector<std::string> op_names(const Graph& g) {
-  std::vector<std::string> out;
-  for (const auto& n : g.nodes()) out.push_back(n->op_name());
-  return out;
-}
-
-/// 10 log10(sum ref^2 / sum (ref - got)^2) over every output element.
-double sqnr_db(const std::vector<Tensor>& ref, const std::vector<Tensor>& got) {
-  double signal = 0, noise = 0;
-  for (size_t o = 0; o < ref.size(); ++o)
-    for (int64_t i = 0; i < ref[o].numel(); ++i) {
-      const double r = ref[o].get_f64(i), d = r - got[o].get_f64(i);
-      signal += r * r;
-      noise += d * d;
-    }
-  return 10 * std::log10(signal / noise);
-}
-
 /// SQNR of `passes` on the graph `text` over seeded random inputs.
 double graph_sqnr(const std::string& text, const std::string& passes) {
-  auto g = parse(text);
-  std::mt19937 rng(11);
-  const std::vector<Tensor> inputs = random_inputs(*g, rng);
-  const std::vector<Tensor> ref = run_reference(reg(), *g, inputs);
-  Status s = run_passes(*g, passes);
-  REQUIRE_MESSAGE(s.ok(), s.message());
-  return sqnr_db(ref, run_reference(reg(), *g, inputs));
+  return test::graph_sqnr(reg(), text, passes, 11);
 }
 
 TEST_CASE("quantize-int4 replaces a constant-weight linear by matmul_int4 and drops the float weight") {
