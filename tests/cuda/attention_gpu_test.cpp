@@ -11,7 +11,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
-#include "gpu_test_start.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -67,7 +67,6 @@ std::string compare(const Tensor& want, const Tensor& got) {
 
 int main() {
   if (const int rc = start_gpu_test(); rc != 0) return rc;
-  Registry& reg = Registry::global();
   std::vector<Case> cases;
   for (const char* dt : {"bf16", "f16"})
     for (int d : {64, 128}) {
@@ -88,23 +87,7 @@ int main() {
     char name[160];
     std::snprintf(name, sizeof name, "%s b=%d hq=%d hkv=%d sq=%d skv=%d d=%d dv=%d causal=%d mask=%s", c.dtype, c.b,
                   c.hq, c.hkv, c.sq, c.skv, c.d, c.dv, c.causal, *c.mask ? c.mask : "none");
-    auto g = parse_graph(text, "attention");
-    std::string why;
-    if (!g.ok()) {
-      why = g.status().message();
-    } else {
-      InputBindings b;
-      b.random = true;
-      b.seed = 5;
-      auto inputs = bind_inputs(**g, b);
-      auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
-      auto got = inputs.ok() ? compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
-      if (!want.ok()) why = "reference: " + want.status().message();
-      else if (!got.ok()) why = got.status().message();
-      else why = compare((*want)[0], (*got)[0]);
-    }
-    std::printf("%s %s%s%s\n", why.empty() ? "PASS" : "FAIL", name, why.empty() ? "" : ": ", why.c_str());
-    failures += !why.empty();
+    failures += report_case(name, gpu_matches_reference(text, "attention", 5, compare));
   }
   std::printf("%d of %zu cases failed\n", failures, cases.size());
   return failures == 0 ? 0 : 1;

@@ -13,7 +13,7 @@
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
 #include "kiln/runtime.h"
-#include "gpu_test_start.h"
+#include "gpu_test_util.h"
 
 namespace {
 

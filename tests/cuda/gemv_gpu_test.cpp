@@ -11,7 +11,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
-#include "gpu_test_start.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -60,7 +60,6 @@ std::string compare(const Tensor& want, const Tensor& got) {
 
 int main() {
   if (const int rc = start_gpu_test(); rc != 0) return rc;
-  Registry& reg = Registry::global();
   // (N, K): odd both ways, K % 8 == 0 (16-byte loads for every dtype), and K over the 512
   // columns of x that one block stages at M = 16.
   const int shapes[][2] = {{77, 130}, {130, 77}, {96, 128}, {64, 1100}};
@@ -70,26 +69,7 @@ int main() {
       for (const auto& nk : shapes) {
         const std::string name = std::string(dt) + " m=" + std::to_string(m) + " n=" + std::to_string(nk[0]) +
                                  " k=" + std::to_string(nk[1]);
-        auto g = parse_graph(case_text(dt, m, nk[0], nk[1]), "gemv");
-        std::string why;
-        if (!g.ok()) {
-          why = g.status().message();
-        } else {
-          InputBindings b;
-          b.random = true;
-          b.seed = 11;
-          auto inputs = bind_inputs(**g, b);
-          auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
-          auto got = inputs.ok() ? compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
-          if (!want.ok()) why = "reference: " + want.status().message();
-          else if (!got.ok()) why = got.status().message();
-          for (size_t i = 0; why.empty() && i < want->size(); ++i) {
-            why = compare((*want)[i], (*got)[i]);
-            if (!why.empty()) why = "output " + std::to_string(i) + ": " + why;
-          }
-        }
-        std::printf("%s %s%s%s\n", why.empty() ? "PASS" : "FAIL", name.c_str(), why.empty() ? "" : ": ", why.c_str());
-        failures += !why.empty();
+        failures += report_case(name, gpu_matches_reference(case_text(dt, m, nk[0], nk[1]), "gemv", 11, compare));
         ++cases;
       }
   std::printf("%d of %d cases failed\n", failures, cases);

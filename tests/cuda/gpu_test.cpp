@@ -9,7 +9,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
-#include "gpu_test_start.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -292,30 +292,8 @@ std::string compare(const Tensor& want, const Tensor& got) {
 
 int main() {
   if (const int rc = start_gpu_test(); rc != 0) return rc;
-  Registry& reg = Registry::global();
   int failures = 0;
-  for (const Case& c : kCases) {
-    auto g = parse_graph(c.text, c.name);
-    std::string why;
-    if (!g.ok()) {
-      why = g.status().message();
-    } else {
-      InputBindings b;
-      b.random = true;
-      b.seed = 7;
-      auto inputs = bind_inputs(**g, b);
-      auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
-      auto got = inputs.ok() ? compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
-      if (!want.ok()) why = "reference: " + want.status().message();
-      else if (!got.ok()) why = got.status().message();
-      for (size_t i = 0; why.empty() && i < want->size(); ++i) {
-        why = compare((*want)[i], (*got)[i]);
-        if (!why.empty()) why = "output " + std::to_string(i) + ": " + why;
-      }
-    }
-    std::printf("%s %s%s%s\n", why.empty() ? "PASS" : "FAIL", c.name, why.empty() ? "" : ": ", why.c_str());
-    failures += !why.empty();
-  }
+  for (const Case& c : kCases) failures += report_case(c.name, gpu_matches_reference(c.text, c.name, 7, compare));
   std::printf("%d of %zu cases failed\n", failures, sizeof(kCases) / sizeof(kCases[0]));
   return failures == 0 ? 0 : 1;
 }

@@ -10,7 +10,7 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
-#include "gpu_test_start.h"
+#include "gpu_test_util.h"
 
 namespace {
 
@@ -44,7 +44,6 @@ double rel_error(const Tensor& want, const Tensor& got) {
 
 int main() {
   if (const int rc = start_gpu_test(); rc != 0) return rc;
-  Registry& reg = Registry::global();
   int failures = 0, cases = 0;
   const int64_t ms[] = {1, 5, 16, 33, 64, 200};
   const int64_t gs[] = {32, 64, 128};
@@ -56,26 +55,13 @@ int main() {
         const bool bias = (i + j) % 2 == 0;
         const std::string name = "m=" + std::to_string(m) + " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt +
                                  (bias ? " bias" : "");
-        auto gr = parse_graph(graph(m, n, k, g, asym, dt, bias), "int4");
-        std::string why;
-        if (!gr.ok()) {
-          why = gr.status().message();
-        } else {
-          InputBindings b;
-          b.random = true;
-          b.seed = 11 + cases;
-          auto inputs = bind_inputs(**gr, b);
-          auto want = inputs.ok() ? compile_and_run(**gr, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
-          auto got = inputs.ok() ? compile_and_run(**gr, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
-          if (!want.ok()) why = "reference: " + want.status().message();
-          else if (!got.ok()) why = got.status().message();
-          else {
-            const double err = rel_error((*want)[0], (*got)[0]), limit = dt == "bf16" ? 1e-2 : 2e-3;
-            if (!(err <= limit)) why = "relative error " + std::to_string(err) + " > " + std::to_string(limit);
-          }
-        }
-        std::printf("%s %s%s%s\n", why.empty() ? "PASS" : "FAIL", name.c_str(), why.empty() ? "" : ": ", why.c_str());
-        failures += !why.empty();
+        const double limit = dt == "bf16" ? 1e-2 : 2e-3;
+        auto within = [&](const Tensor& want, const Tensor& got) -> std::string {
+          const double err = rel_error(want, got);
+          return err <= limit ? "" : "relative error " + std::to_string(err) + " > " + std::to_string(limit);
+        };
+        failures += report_case(name, gpu_matches_reference(graph(m, n, k, g, asym, dt, bias), "int4",
+                                                            static_cast<uint64_t>(11 + cases), within));
         ++cases;
       }
   std::printf("%d of %d cases failed\n", failures, cases);
