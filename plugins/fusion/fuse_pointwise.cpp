@@ -119,7 +119,27 @@ class Grouper {
       }
       group_of_[static_cast<size_t>(i)] = mine;
     }
+    // A copy fed by other copies (the heads of q, k or v cut from one fused QKV projection and
+    // transposed) becomes one kernel: such a copy seeds a group that absorb() grows upwards.
+    for (int i = 0; i < static_cast<int>(order_.size()); ++i)
+      if (movement_[static_cast<size_t>(i)] && group_of_[static_cast<size_t>(i)] < 0 &&
+          is_copy(*order_[static_cast<size_t>(i)]) && copies_input(*order_[static_cast<size_t>(i)])) {
+        group_of_[static_cast<size_t>(i)] = static_cast<int>(groups_.size());
+        groups_.push_back({i});
+      }
     absorb();
+    // Groups without arithmetic are only worth a kernel when they merge two copies or more.
+    for (std::vector<int>& members : groups_) {
+      const bool computes = std::any_of(members.begin(), members.end(), [&](int m) {
+        return order_[static_cast<size_t>(m)]->op()->has(kTraitElementwise);
+      });
+      const auto copies = std::count_if(members.begin(), members.end(),
+                                        [&](int m) { return is_copy(*order_[static_cast<size_t>(m)]); });
+      if (!computes && copies < 2) {
+        for (int m : members) group_of_[static_cast<size_t>(m)] = -1;
+        members.clear();
+      }
+    }
     return groups_;
   }
 
@@ -139,18 +159,37 @@ class Grouper {
 
   bool inside(const Node* n) const { return n && mark_[static_cast<size_t>(pos_.at(n))]; }
 
+  /// Movement ops that move bytes when they run alone (the others are views of their input).
+  static bool is_copy(const Node& n) {
+    const std::string& op = n.op_name();
+    return op == "transpose" || op == "slice" || op == "concat" || op == "expand";
+  }
+
+  /// Whether `n`'s input comes, through views, from another copy used nowhere else.
+  bool copies_input(const Node& n) const {
+    const Node* p = n.operand(0)->producer();
+    while (p && p->num_results() == 1 && p->result()->uses().size() == 1 &&
+           movement_[static_cast<size_t>(pos_.at(p))]) {
+      if (is_copy(*p)) return true;
+      p = p->operand(0)->producer();
+    }
+    return false;
+  }
+
   /// Pulls into each group the producers whose every use is in the group: data-movement ops
   /// (which the CUDA lowering turns into index arithmetic of the group's kernel) and, through
   /// them, elementwise groups the greedy pass could not reach. A movement op used anywhere
   /// else stays out: a transpose feeding a matmul is fold-layout's (gemm trans flags), and a
-  /// view that escapes would be materialized. Groups are only ever seeded by elementwise ops.
+  /// view that escapes would be materialized. Groups are seeded by elementwise ops, or by a copy
+  /// fed by copies (see run()).
   void absorb() {
     for (size_t gid = groups_.size(); gid-- > 0;) {
       // A group of identities alone would only wrap the movement ops in a kernel of their own.
       const bool computes = std::any_of(groups_[gid].begin(), groups_[gid].end(), [&](int m) {
         return order_[static_cast<size_t>(m)]->op()->has(kTraitElementwise);
       });
-      for (bool grew = computes; grew && !groups_[gid].empty();) {
+      const bool seeded_by_copy = groups_[gid].size() == 1 && movement_[static_cast<size_t>(groups_[gid][0])];
+      for (bool grew = computes || seeded_by_copy; grew && !groups_[gid].empty();) {
         grew = false;
         std::vector<int> candidates;
         for (int m : groups_[gid]) mark_[static_cast<size_t>(m)] = 1;
@@ -362,12 +401,50 @@ StatusOr<bool> fuse_groups(Graph& g, const std::vector<std::vector<Node*>>& grou
 
 namespace {
 
+/// Replaces each static `split` whose pieces all feed movement ops by one `slice` per piece, so
+/// the grouper can merge each piece's copy with the copies that follow it.
+StatusOr<bool> split_to_slices(Graph& g) {
+  bool changed = false;
+  for (Node* n : g.node_list()) {
+    if (n->op_name() != "split" || n->num_operands() != 1 || has_side_effects(*n)) continue;
+    const Shape& in = n->operand(0)->shape();
+    if (has_unknown_dim(in) || !std::all_of(in.begin(), in.end(), [](const Dim& d) { return d.is_static(); })) continue;
+    bool movement_users = true;
+    for (const Value* r : n->results()) {
+      movement_users &= r->has_uses();
+      for (const Use& u : r->uses()) movement_users &= u.user && is_movement_member(*u.user);
+    }
+    if (!movement_users) continue;
+    const int64_t rank = static_cast<int64_t>(in.size());
+    int64_t axis = n->get_int("axis");
+    if (axis < 0) axis += rank;
+    int64_t start = 0;
+    for (int i = 0; i < n->num_results(); ++i) {
+      Value* piece = n->result(i);
+      const int64_t size = piece->shape()[static_cast<size_t>(axis)].value();
+      const std::string name = piece->name();
+      piece->set_name("");
+      KILN_ASSIGN_OR_RETURN(Node * slice, g.create_node("slice", {n->operand(0)}, {piece->type()},
+                                                        {{"starts", std::vector<int64_t>{start}},
+                                                         {"ends", std::vector<int64_t>{start + size}},
+                                                         {"axes", std::vector<int64_t>{axis}}},
+                                                        n, {name}));
+      slice->set_loc(n->loc());
+      piece->replace_all_uses_with(slice->result());
+      start += size;
+    }
+    KILN_RETURN_IF_ERROR(g.erase_node(n));
+    changed = true;
+  }
+  return changed;
+}
+
 class FusePointwise final : public Pass {
  public:
   FusePointwise(int64_t max_size, int64_t min_size) : max_size_(max_size), min_size_(min_size) {}
 
   StatusOr<bool> run(Graph& g) override {
-    bool changed = false;
+    KILN_ASSIGN_OR_RETURN(bool changed, split_to_slices(g));
     // Regions of other nodes are graphs of their own; fused bodies are already one group.
     for (Node* n : g.node_list())
       if (n->op_name() != "fused")

@@ -1,5 +1,6 @@
 // The canonicalize pass: constant folding and local algebraic simplification to a fixed point.
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -223,7 +224,123 @@ class Canonicalize final : public Pass {
         if (c && all_equal(*c, unit)) return forward(n, keep);
       }
     }
+    std::string approximate;
+    if (Value* src = gelu_source(n, &approximate)) return raise_gelu(n, src, approximate);
+    if (n->num_operands() == 1 && n->op()->has(kTraitElementwise)) return sink_reshape(n);
     return false;
+  }
+
+  /// Whether `v` is a one-element constant equal to `expect` up to its dtype's rounding.
+  bool is_scalar(const Value* v, double expect) const {
+    auto c = constant_value(v);
+    if (!c || c->numel() != 1) return false;
+    const double tol = c->dtype() == DType::kF16 ? 1e-3 : c->dtype() == DType::kBF16 ? 8e-3 : 1e-6;
+    return std::abs(c->get_f64(0) - expect) <= tol * std::abs(expect);
+  }
+
+  /// The non-constant operand of a binary `op` node whose other operand is the scalar `c`.
+  Value* with_scalar(const Value* v, const std::string& op, double c) const {
+    const Node* p = v->producer();
+    if (!p || p->op_name() != op || p->num_operands() != 2) return nullptr;
+    for (int side = 0; side < 2; ++side)
+      if (is_scalar(p->operand(side), c)) return p->operand(1 - side);
+    return nullptr;
+  }
+
+  /// The x of x·x·x (either association), else null.
+  static Value* cube_of(const Value* v) {
+    const Node* p = v->producer();
+    if (!p || p->op_name() != "mul" || p->num_operands() != 2) return nullptr;
+    for (int side = 0; side < 2; ++side) {
+      const Node* sq = p->operand(side)->producer();
+      Value* x = p->operand(1 - side);
+      if (sq && sq->op_name() == "mul" && sq->operand(0) == x && sq->num_operands() == 2 && sq->operand(1) == x)
+        return x;
+    }
+    return nullptr;
+  }
+
+  /// For GELU spelled out as exporters emit it, the x it applies to (and whether it is the
+  /// tanh approximation): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) or 0.5·x·(1 + erf(x/√2)),
+  /// the 0.5 on either product. A backend then sees one op (a GEMM epilogue can apply it).
+  Value* gelu_source(const Node* n, std::string* approximate) const {
+    if (n->op_name() != "mul" || n->num_operands() != 2) return nullptr;
+    const TensorType& type = n->result(0)->type();
+    for (int side = 0; side < 2; ++side) {
+      const Value* a = n->operand(side);
+      const Value* b = n->operand(1 - side);
+      Value* x = with_scalar(a, "mul", 0.5);  // (0.5·x)·(1 + f)
+      const Value* one_plus = b;
+      if (!x) {  // (x·(1 + f))·0.5
+        if (!is_scalar(b, 0.5) || !a->producer() || a->producer()->op_name() != "mul") continue;
+        const Node* p = a->producer();
+        for (int s = 0; s < 2 && !x; ++s)
+          if (p->operand(s)->producer() && p->operand(s)->producer()->op_name() == "add") {
+            x = p->operand(1 - s);
+            one_plus = p->operand(s);
+          }
+        if (!x) continue;
+      }
+      if (x->type() != type) continue;
+      const Value* f = with_scalar(one_plus, "add", 1.0);
+      const Node* fn = f ? f->producer() : nullptr;
+      if (!fn || fn->num_operands() != 1) continue;
+      if (fn->op_name() == "erf") {
+        const Value* arg = fn->operand(0);
+        if (with_scalar(arg, "div", std::sqrt(2.0)) == x || with_scalar(arg, "mul", std::sqrt(0.5)) == x) {
+          *approximate = "none";
+          return x;
+        }
+        continue;
+      }
+      if (fn->op_name() != "tanh") continue;
+      const Value* inner = with_scalar(fn->operand(0), "mul", std::sqrt(2.0 / 3.141592653589793));
+      const Node* sum = inner ? inner->producer() : nullptr;
+      if (!sum || sum->op_name() != "add" || sum->num_operands() != 2) continue;
+      for (int s = 0; s < 2; ++s) {
+        if (sum->operand(s) != x) continue;
+        const Value* cubed = with_scalar(sum->operand(1 - s), "mul", 0.044715);
+        if (!cubed) continue;
+        const Node* c = cubed->producer();
+        const bool is_cube = (c && c->op_name() == "pow" && c->operand(0) == x && is_scalar(c->operand(1), 3.0)) ||
+                             cube_of(cubed) == x;
+        if (is_cube) {
+          *approximate = "tanh";
+          return x;
+        }
+      }
+    }
+    return nullptr;
+  }
+
+  static StatusOr<bool> raise_gelu(Node* n, Value* x, const std::string& approximate) {
+    KILN_ASSIGN_OR_RETURN(Node * g, n->graph()->create_node("gelu", {x}, {n->result(0)->type()},
+                                                            {{"approximate", approximate}}, n));
+    g->set_loc(n->loc());
+    const std::string name = n->result(0)->name();
+    n->result(0)->set_name("");
+    g->result(0)->set_name(name);
+    return forward(n, g->result(0));
+  }
+
+  /// u(reshape(x)) -> reshape(u(x)) for a unary elementwise u and a reshape used only there:
+  /// the op then sits right after x's producer, where a GEMM epilogue can absorb it, and the
+  /// reshape meets the next one.
+  static StatusOr<bool> sink_reshape(Node* n) {
+    Node* r = n->operand(0)->producer();
+    if (!r || r->op_name() != "reshape" || r->num_operands() != 1 || n->operand(0)->uses().size() != 1) return false;
+    Value* x = r->operand(0);
+    const TensorType& out = n->result(0)->type();
+    if (has_unknown_dim(out) || has_unknown_dim(x->type())) return false;
+    KILN_ASSIGN_OR_RETURN(Node * u, n->graph()->create_node(n->op_name(), {x}, {TensorType{out.dtype, x->shape()}},
+                                                            n->attrs(), n));
+    u->set_loc(n->loc());
+    KILN_ASSIGN_OR_RETURN(Node * view, n->graph()->create_node("reshape", {u->result(0)}, {out}, r->attrs(), n));
+    view->set_loc(r->loc());
+    const std::string name = n->result(0)->name();
+    n->result(0)->set_name("");
+    view->result(0)->set_name(name);
+    return forward(n, view->result(0));
   }
 
   int64_t max_iterations_;
