@@ -134,6 +134,7 @@ class CpuExecutable final : public Executable {
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   const Plan* last_ = nullptr;
+  Interpreter interp_;  ///< variable/assign state, kept across runs (guarded by mu_)
 };
 
 StatusOr<std::unique_ptr<Plan>> CpuExecutable::build(std::span<const Tensor> inputs) {
@@ -340,7 +341,9 @@ StatusOr<std::vector<Tensor>> CpuExecutable::execute(const Plan& p, std::span<co
   std::vector<Tensor> vals(static_cast<size_t>(p.num_values));
   for (size_t i = 0; i < inputs.size(); ++i) vals[i] = inputs[i];
   for (const auto& [v, t] : p.constants) vals[static_cast<size_t>(v)] = t;
-  Interpreter interp;
+  // Reference kernels run on the executable's interpreter: it holds the variables' state.
+  Interpreter& interp = interp_;
+  interp.discard_assigns();
   std::vector<void*> bufs;
   std::vector<Tensor> in, out;
   std::map<std::string, double> prof;
@@ -391,6 +394,7 @@ StatusOr<std::vector<Tensor>> CpuExecutable::execute(const Plan& p, std::span<co
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   for (const auto& [k, ms] : prof) std::fprintf(stderr, "kiln cpu: %-24s %9.3f ms\n", k.c_str(), ms);
+  interp.commit_assigns();  // every step ran: this run's assigns take effect for the next
   std::vector<Tensor> outs;
   for (size_t i = 0; i < p.outputs.size(); ++i) {
     const Tensor& t = vals[static_cast<size_t>(p.outputs[i])];

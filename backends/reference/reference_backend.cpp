@@ -1,5 +1,6 @@
 // The reference backend: "compiles" a graph by keeping a copy and runs it with the interpreter.
 #include <memory>
+#include <mutex>
 
 #include "kiln/ir/interpreter.h"
 #include "kiln/ir/verifier.h"
@@ -7,16 +8,20 @@
 
 namespace {
 
-/// Owns a private copy of the graph, so it outlives whatever the caller compiled from.
+/// Owns a private copy of the graph, so it outlives whatever the caller compiled from, and one
+/// interpreter, whose variable state (variable/assign) persists from one run to the next.
 class ReferenceExecutable final : public kiln::Executable {
  public:
   explicit ReferenceExecutable(std::unique_ptr<kiln::Graph> g) : graph_(std::move(g)) {}
   kiln::StatusOr<std::vector<kiln::Tensor>> run(std::span<const kiln::Tensor> inputs) override {
-    return kiln::Interpreter().run(*graph_, inputs);
+    std::lock_guard<std::mutex> lock(mu_);  // runs of one model are steps: one at a time
+    return interp_.run(*graph_, inputs);
   }
 
  private:
   std::unique_ptr<kiln::Graph> graph_;
+  std::mutex mu_;
+  kiln::Interpreter interp_;
 };
 
 class ReferenceBackend final : public kiln::Backend {

@@ -7,6 +7,9 @@ efficient, cudnn, via torch.nn.attention.sdpa_kernel; CUDA events, median of N) 
 the fastest; Kiln compiles a one-node .kir graph (`kiln compile --target sm_90a`) and times it
 with `kiln bench --report-json` (device time of the plan, median). Writes attention.md (a
 Markdown table with TFLOP/s and the Kiln/torch ratio) and attention.json to --out.
+With --layout bshd Kiln's graph takes q/k/v as [B, S, H, D] and returns [B, S, H, D] through the
+transposes exporters write (the CUDA lowering reads and writes those layouts in place; torch
+still times SDPA alone).
 
     /opt/torch/.venv/bin/python3 bench/peer/attention.py --kiln build/bin/kiln --out bench/results
 """
@@ -19,11 +22,16 @@ import sys
 import tempfile
 
 
-def kir_text(b, h, s, d):
+def kir_text(b, h, s, d, layout="bhsd"):
     t = f"bf16[{b}, {h}, {s}, {d}]"
-    return (f"graph @attention(%q: {t}, %k: {t}, %v: {t}) -> ({t}) {{\n"
-            f"  %y = attention(%q, %k, %v) {{scale = {1 / math.sqrt(d)!r}, causal = 1}} : {t}\n"
-            f"  return %y\n}}\n")
+    attn = f"attention(%q, %k, %v) {{scale = {1 / math.sqrt(d)!r}, causal = 1}} : {t}"
+    if layout == "bhsd":
+        return f"graph @attention(%q: {t}, %k: {t}, %v: {t}) -> ({t}) {{\n  %y = {attn}\n  return %y\n}}\n"
+    # The result stays [B, S, H, D]: a reshaped output would be a view, which the plan copies.
+    x = f"bf16[{b}, {s}, {h}, {d}]"
+    body = "".join(f"  %{n} = transpose(%{n}x) {{perm = [0, 2, 1, 3]}} : {t}\n" for n in "qkv")
+    return (f"graph @attention(%qx: {x}, %kx: {x}, %vx: {x}) -> ({x}) {{\n{body}  %a = {attn}\n"
+            f"  %y = transpose(%a) {{perm = [0, 2, 1, 3]}} : {x}\n  return %y\n}}\n")
 
 
 def causal_flops(b, h, s, d):
@@ -59,12 +67,12 @@ def time_torch(torch, b, h, s, d, iters):
     return out
 
 
-def time_kiln(kiln, work, b, h, s, d, iters, target):
+def time_kiln(kiln, work, b, h, s, d, iters, target, layout):
     kir = os.path.join(work, f"attn_{s}.kir")
     art = os.path.join(work, f"attn_{s}.kiln")
     rep = os.path.join(work, f"attn_{s}.json")
     with open(kir, "w") as f:
-        f.write(kir_text(b, h, s, d))
+        f.write(kir_text(b, h, s, d, layout))
     subprocess.run([kiln, "compile", kir, "--target", target, "-o", art], check=True)
     subprocess.run([kiln, "bench", art, "--iterations", str(iters), "--graphs", "on", "--report-json", rep],
                    check=True, stdout=subprocess.DEVNULL)
@@ -83,6 +91,8 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--target", default="sm_90a")
+    ap.add_argument("--layout", choices=["bhsd", "bshd"], default="bhsd",
+                    help="Kiln's q/k/v/result layout: [B, H, S, D], or [B, S, H, D] through transposes")
     a = ap.parse_args()
     import torch
     os.makedirs(a.out, exist_ok=True)
@@ -93,7 +103,7 @@ def main():
             t = time_torch(torch, b, h, s, d, a.iterations)
             runs = {k: v for k, v in t.items() if v is not None}
             best = min(runs, key=runs.get) if runs else None
-            k_ms, k_dev = time_kiln(a.kiln, work, b, h, s, d, a.iterations, a.target)
+            k_ms, k_dev = time_kiln(a.kiln, work, b, h, s, d, a.iterations, a.target, a.layout)
             fl = causal_flops(b, h, s, d)
             row = {"seq": s, "torch_ms": t, "torch_best": best, "kiln_ms": k_ms, "kiln_device_time": k_dev,
                    "kiln_tflops": fl / k_ms / 1e9,
@@ -102,7 +112,8 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     fmt = lambda v, p=3: "n/a" if v is None else f"{v:.{p}f}"
-    lines = [f"# Fused attention: Kiln vs PyTorch SDPA (B=1, {h} heads, head dim {d}, causal, bf16)", "",
+    lines = [f"# Fused attention: Kiln vs PyTorch SDPA (B=1, {h} heads, head dim {d}, causal, bf16, "
+             f"Kiln layout {a.layout})", "",
              f"torch {torch.__version__}, {torch.cuda.get_device_name()}; Kiln: `kiln bench` device time of the "
              "plan (CUDA events, graphs on), median; torch: CUDA events around one SDPA call, median. "
              "TFLOP/s count the visible half of the causal score matrix (4·B·H·S²·D/2). "

@@ -6,7 +6,9 @@ torch.matmul(x, W^T) in bf16 with CUDA events, and Kiln's one-node graph
     %y = matmul_int4(%x, %w, %s) {group_size = G}
 (x bf16[M, K], w u8[N, K/2], s f16[N, K/G], all graph inputs so the .kir stays small) through
 `kiln compile X.kir --target sm_90a` and `kiln bench X.kiln --report-json F` (device time of the
-plan's steps, CUDA graphs on, median). Writes a Markdown table of device times and speedups to --out.
+plan's steps, CUDA graphs on, median). Writes a Markdown table of device times, speedups and the
+weight bytes (packed + scales, + zeros) per second to --out; --group 32,64,128 writes one table per
+group size, --asymmetric uses zero points.
 
     /opt/torch/.venv/bin/python3 bench/peer/int4.py --kiln BUILD/bin/kiln --out bench/results/int4.md
 """
@@ -48,7 +50,7 @@ def kiln_ms(kiln, m, n, k, g, symmetric, work):
         attrs += ", asymmetric = 1"
     text = (f"graph @int4({args}) -> (bf16[{m}, {n}]) {{\n  %y = matmul_int4({ops}) {{{attrs}}} : bf16[{m}, {n}]\n"
             f"  return %y\n}}\n")
-    base = os.path.join(work, f"int4-m{m}")
+    base = os.path.join(work, f"int4-m{m}-g{g}-{'sym' if symmetric else 'asym'}")
     with open(base + ".kir", "w") as f:
         f.write(text)
     subprocess.run([kiln, "compile", base + ".kir", "--target", "sm_90a", "-o", base + ".kiln"], check=True)
@@ -67,28 +69,37 @@ def main():
     p.add_argument("--m", default="1,2,4,8,16,32,64")
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--k", type=int, default=8192)
-    p.add_argument("--group", type=int, default=128)
+    p.add_argument("--group", default="128", help="group size, or a comma list (one table each), e.g. 32,64,128")
     p.add_argument("--asymmetric", action="store_true")
     p.add_argument("--iters", type=int, default=200)
     a = p.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as work:
-        for m in [int(v) for v in a.m.split(",")]:
-            t = torch_ms(m, a.n, a.k, a.iters)
-            try:
-                kms = kiln_ms(a.kiln, m, a.n, a.k, a.group, not a.asymmetric, work)
-                rows.append((m, t, kms, t / kms))
-            except (subprocess.CalledProcessError, KeyError, TypeError) as e:
-                rows.append((m, t, None, None))
-                print(f"M={m}: kiln failed: {e}", file=sys.stderr)
-            print(rows[-1], flush=True)
+    ms = [int(v) for v in a.m.split(",")]
     kind = "asymmetric" if a.asymmetric else "symmetric"
-    lines = [f"# INT4 weight-only GEMM vs cuBLAS bf16, weights {a.n}x{a.k}, group {a.group}, {kind}", "",
-             "Device time, median (ms). Speedup = cuBLAS / Kiln; the issue asks M=1 >= 3.0x, M=16 >= 2.5x, "
-             "and >= 1.0x for all M <= 64.", "",
-             "| M | cuBLAS bf16 (torch.matmul) | Kiln matmul_int4 | speedup |", "|---|---|---|---|"]
-    for m, t, k, s in rows:
-        lines.append(f"| {m} | {t:.4f} | {'failed' if k is None else f'{k:.4f}'} | {'-' if s is None else f'{s:.2f}x'} |")
+    lines = []
+    with tempfile.TemporaryDirectory() as work:
+        torch_times = {m: torch_ms(m, a.n, a.k, a.iters) for m in ms}
+        for g in [int(v) for v in a.group.split(",")]:
+            rows = []
+            for m in ms:
+                t = torch_times[m]
+                try:
+                    kms = kiln_ms(a.kiln, m, a.n, a.k, g, not a.asymmetric, work)
+                    rows.append((m, t, kms, t / kms))
+                except (subprocess.CalledProcessError, KeyError, TypeError) as e:
+                    rows.append((m, t, None, None))
+                    print(f"M={m} group={g}: kiln failed: {e}", file=sys.stderr)
+                print(g, rows[-1], flush=True)
+            lines += [f"# INT4 weight-only GEMM vs cuBLAS bf16, weights {a.n}x{a.k}, group {g}, {kind}", "",
+                      "Device time, median (ms). Speedup = cuBLAS / Kiln; the issue asks M=1 >= 3.0x, M=16 >= 2.5x, "
+                      "and >= 1.0x for all M <= 64.", "",
+                      "| M | cuBLAS bf16 (torch.matmul) | Kiln matmul_int4 | speedup | Kiln weight GB/s |",
+                      "|---|---|---|---|---|"]
+            wbytes = a.n * a.k // 2 + a.n * (a.k // g) * 2 * (2 if a.asymmetric else 1)
+            for m, t, k, s in rows:
+                bw = "-" if k is None else f"{wbytes / (k * 1e-3) / 1e9:.0f}"
+                lines.append(f"| {m} | {t:.4f} | {'failed' if k is None else f'{k:.4f}'} | "
+                             f"{'-' if s is None else f'{s:.2f}x'} | {bw} |")
+            lines.append("")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -71,7 +71,32 @@ StatusOr<Tensor> allocate(const Node& n, const TensorType& type, int result) {
 
 }  // namespace
 
+const Tensor* Interpreter::variable_value(const std::string& name) const {
+  auto it = state_.find(name);
+  return it == state_.end() ? nullptr : &it->second;
+}
+
+void Interpreter::stage_assign(const std::string& name, Tensor value) { staged_[name] = std::move(value); }
+
+void Interpreter::commit_assigns() {
+  for (auto& [name, t] : staged_) state_[name] = std::move(t);
+  staged_.clear();
+}
+
 StatusOr<std::vector<Tensor>> Interpreter::run(const Graph& g, std::span<const Tensor> inputs) {
+  // Regions (fused bodies run by their node's kernel) hold no state: only a top-level run
+  // starts and ends a step.
+  if (g.parent_node() != nullptr) return evaluate(g, inputs);
+  staged_.clear();
+  StatusOr<std::vector<Tensor>> out = evaluate(g, inputs);
+  if (out.ok())
+    commit_assigns();
+  else
+    staged_.clear();
+  return out;
+}
+
+StatusOr<std::vector<Tensor>> Interpreter::evaluate(const Graph& g, std::span<const Tensor> inputs) {
   KILN_RETURN_IF_ERROR(check_inputs(g, inputs));
   std::unordered_map<const Value*, Tensor> env;
   std::unordered_map<const Value*, int64_t> remaining_uses;

@@ -99,6 +99,7 @@ void register_core_ops(OpRegistry& r) {
   register_attention_ops(r);
   register_int4_ops(r);
   register_quant_ops(r);
+  register_state_ops(r);
 }
 
 StatusOr<std::vector<TensorType>> infer_node_types(const Node& node,

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "kiln/ir/op.h"
+#include "ops/ops.h"
 
 namespace kiln {
 namespace {
@@ -80,6 +81,9 @@ Status verify_graph(const Graph& g, int depth) {
 
 }  // namespace
 
-Status verify(const Graph& g) { return verify_graph(g, 0); }
+Status verify(const Graph& g) {
+  KILN_RETURN_IF_ERROR(verify_graph(g, 0));
+  return g.parent_node() == nullptr ? verify_state(g) : ok_status();
+}
 
 }  // namespace kiln

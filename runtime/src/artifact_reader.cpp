@@ -304,8 +304,12 @@ class PlanParser {
     if (!attrs(toks, 2, &a,
                {"a", "b", "d", "m", "n", "k", "batch", "trans_a", "trans_b", "lda", "ldb", "ldd", "stride_a",
                 "stride_b", "stride_d", "dtype", "compute", "alpha", "beta", "epilogue"},
-               {"c", "bias", "ldc", "stride_c", "a_dtype", "b_dtype", "a_scale", "b_scale", "amax_d"}))
+               {"c", "bias", "ldc", "stride_c", "a_dtype", "b_dtype", "a_scale", "b_scale", "amax_d", "algo"}))
       return false;
+    if (a.count("algo") && (a["algo"].size() != kGemmAlgoHexDigits ||
+                            a["algo"].find_first_not_of("0123456789abcdef") != std::string::npos))
+      return fail("gemm: algo='" + a["algo"] + "' is not " + std::to_string(kGemmAlgoHexDigits) +
+                  " lowercase hex digits (a tuned cublasLtMatmulAlgo_t)");
     auto one_of = [&](std::string_view key, std::initializer_list<std::string_view> allowed) {
       if (std::find(allowed.begin(), allowed.end(), a[std::string(key)]) != allowed.end()) return true;
       return fail("gemm: " + std::string(key) + "='" + a[std::string(key)] + "' is not allowed");
@@ -374,8 +378,9 @@ class PlanParser {
     if (!attrs(toks, 2, &a,
                {"x", "w", "y", "n", "c", "k", "spatial", "kernel", "pad", "stride", "dilation", "groups", "dtype",
                 "math", "activation"},
-               {"bias", "z"}))
+               {"bias", "z", "algo", "algo_math"}))
       return false;
+    if (!conv_algo(a)) return false;
     auto one_of = [&](std::string_view key, std::initializer_list<std::string_view> allowed) {
       if (std::find(allowed.begin(), allowed.end(), a[std::string(key)]) != allowed.end()) return true;
       return fail("conv: " + std::string(key) + "='" + a[std::string(key)] + "' is not allowed");
@@ -424,6 +429,23 @@ class PlanParser {
                     std::to_string(id) + " has " + std::to_string(buf.bytes) + " bytes");
     }
     out->insert(a.begin(), a.end());
+    return true;
+  }
+
+  /// A conv's tuned algo= and algo_math= come together, name cuDNN forward algorithms and math
+  /// types, and keep strict f32 (math=f32) off tensor-core math and the FFT and Winograd transforms.
+  bool conv_algo(Attrs& a) {
+    if (!a.count("algo") && !a.count("algo_math")) return true;
+    if (!a.count("algo") || !a.count("algo_math")) return fail("conv: algo= and algo_math= must be given together");
+    auto known = [](const auto& names, const std::string& v) {
+      return std::find(std::begin(names), std::end(names), v) != std::end(names);
+    };
+    if (!known(kConvAlgoNames, a["algo"])) return fail("conv: algo='" + a["algo"] + "' is not a cuDNN forward algorithm");
+    if (!known(kConvMathNames, a["algo_math"]))
+      return fail("conv: algo_math='" + a["algo_math"] + "' is not default, tensor_op, tensor_op_allow_conversion or fma");
+    if (a["dtype"] == "f32" && a["math"] == "f32" &&
+        (a["algo_math"].starts_with("tensor_op") || a["algo"].starts_with("fft") || a["algo"].starts_with("winograd")))
+      return fail("conv: algo=" + a["algo"] + " algo_math=" + a["algo_math"] + " is not exact enough for math=f32");
     return true;
   }
 

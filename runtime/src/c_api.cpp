@@ -185,6 +185,42 @@ kiln_status* kiln_model_profile_steps(kiln_model* model, int32_t iterations, dou
   });
 }
 
+kiln_status* kiln_model_step_problem(const kiln_model* model, size_t step, char* out, size_t capacity) {
+  return guarded("kiln_model_step_problem", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_step_problem", "model");
+    if (!out) return null_argument("kiln_model_step_problem", "out");
+    std::string problem;
+    KILN_RT_TRY(kiln::rt::step_problem(model, step, &problem));
+    if (problem.size() >= capacity)
+      return make_status(KILN_STATUS_INVALID_ARGUMENT, "kiln_model_step_problem: capacity " + std::to_string(capacity) +
+                                                           " is too small for the " + std::to_string(problem.size() + 1) +
+                                                           " bytes of step " + std::to_string(step) + "'s descriptor");
+    std::memcpy(out, problem.c_str(), problem.size() + 1);
+    return nullptr;
+  });
+}
+
+kiln_status* kiln_model_tune_step(kiln_model* model, size_t step, int32_t max_candidates, int32_t iterations,
+                                  kiln_tune_result* out_result) {
+  return guarded("kiln_model_tune_step", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_tune_step", "model");
+    if (!out_result) return null_argument("kiln_model_tune_step", "out_result");
+    if (out_result->struct_size < sizeof(kiln_tune_result))
+      return make_status(KILN_STATUS_INVALID_ARGUMENT, "kiln_model_tune_step: out_result->struct_size is " +
+                                                           std::to_string(out_result->struct_size) +
+                                                           "; set it to sizeof(kiln_tune_result)");
+    kiln::rt::TuneOutcome t;
+    KILN_RT_TRY(kiln::rt::tune_step(model, step, max_candidates, iterations, &t));
+    if (t.choice.size() >= sizeof out_result->choice)
+      return make_status(KILN_STATUS_INTERNAL, "kiln_model_tune_step: choice '" + t.choice + "' is too long");
+    out_result->candidates = t.candidates;
+    out_result->best_ms = t.best_ms;
+    out_result->heuristic_ms = t.heuristic_ms;
+    std::memcpy(out_result->choice, t.choice.c_str(), t.choice.size() + 1);
+    return nullptr;
+  });
+}
+
 kiln_status* kiln_model_memory_report(const kiln_model* model, kiln_memory_report* out_report) {
   if (!model) return null_argument("kiln_model_memory_report", "model");
   if (!out_report) return null_argument("kiln_model_memory_report", "out_report");
@@ -231,6 +267,8 @@ const kiln_api* kiln_get_api(uint32_t version) {
       kiln_model_device_time,
       kiln_model_num_steps,
       kiln_model_profile_steps,
+      kiln_model_step_problem,
+      kiln_model_tune_step,
   };
   // One table serves every version: older hosts read only the prefix they know.
   return version >= 1 && version <= KILN_RUNTIME_API_VERSION ? &api : nullptr;

@@ -3,7 +3,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -77,7 +80,35 @@ kiln_status* tensor_desc(const CudnnApi& api, cudnnTensorDescriptor_t* d, cudnnD
   return nullptr;
 }
 
+std::string join(const std::vector<int>& v, char sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? std::string(1, sep) : "") + std::to_string(v[i]);
+  return s;
+}
+
+/// Whether `perf` may serve the step: it ran, fits the workspace, and (strict f32) uses
+/// neither tensor-core math nor the FFT and Winograd transforms, which lose more than f32 rounding.
+bool allowed(const cudnnConvolutionFwdAlgoPerf_t& perf, uint64_t workspace_bytes, bool strict_f32) {
+  const cudnnConvolutionFwdAlgo_t al = perf.algo;
+  const bool tensor_math = perf.mathType == CUDNN_TENSOR_OP_MATH || perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  const bool transform = al == CUDNN_CONVOLUTION_FWD_ALGO_FFT || al == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+                         al == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || al == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+  return perf.status == CUDNN_STATUS_SUCCESS && perf.memory <= workspace_bytes && !(strict_f32 && (tensor_math || transform));
+}
+
+/// Index of `name` in `names`, or -1.
+template <size_t N>
+int name_index(const char* const (&names)[N], const std::string& name) {
+  for (size_t i = 0; i < N; ++i)
+    if (name == names[i]) return static_cast<int>(i);
+  return -1;
+}
+
 }  // namespace
+
+// The plan's names follow cuDNN 9's enum order.
+static_assert(CUDNN_CONVOLUTION_FWD_ALGO_COUNT == std::size(artifact::kConvAlgoNames));
+static_assert(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED == 7 && CUDNN_FMA_MATH == 3);
 
 std::string cudnn_library_name() {
   const char* env = std::getenv("KILN_CUDNN_LIBRARY");
@@ -199,32 +230,58 @@ kiln_status* ConvStep::create(const artifact::PlanStep& step,
   KILN_CUDNN_TRY(api, api.cudnnCreateActivationDescriptor(&g->act_desc_));
   KILN_CUDNN_TRY(api, api.cudnnSetActivationDescriptor(g->act_desc_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
 
-  // Time the candidates once on the real buffers; y is overwritten, nothing reads it yet.
-  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-  int found = 0;
-  KILN_CUDNN_TRY(api, api.cudnnFindConvolutionForwardAlgorithmEx(
-                          cudnn.handle(), g->x_desc_, g->x_, g->w_desc_, g->w_, g->conv_desc_, g->y_desc_, g->y_,
-                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf, workspace, workspace_bytes));
-  const cudnnConvolutionFwdAlgoPerf_t* best = nullptr;
-  for (int i = 0; i < found && !best; ++i) {
-    // Strict f32 also skips FFT and Winograd, whose transforms lose more than f32 rounding.
-    const cudnnConvolutionFwdAlgo_t al = perf[i].algo;
-    const bool tensor_math = perf[i].mathType == CUDNN_TENSOR_OP_MATH || perf[i].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    const bool transform = al == CUDNN_CONVOLUTION_FWD_ALGO_FFT || al == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
-                           al == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || al == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
-    const bool strict_f32 = type == CUDNN_DATA_FLOAT && !tf32;
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= workspace_bytes &&
-        !(strict_f32 && (tensor_math || transform)))
-      best = &perf[i];
-  }
-  if (!best)
-    return make_status(KILN_STATUS_UNSUPPORTED,
-                       "plan:" + std::to_string(step.line) + ": conv: cuDNN has no algorithm for this " + dt +
-                           " conv within the " + format_bytes(workspace_bytes) + " workspace");
-  g->algo_ = best->algo;
-  // Strict f32 stays on FMA whatever the search reports; otherwise keep the math it timed.
   const bool strict = type == CUDNN_DATA_FLOAT && !tf32;
-  KILN_CUDNN_TRY(api, api.cudnnSetConvolutionMathType(g->conv_desc_, strict ? CUDNN_FMA_MATH : best->mathType));
+  g->strict_f32_ = strict;
+  g->problem_ = "conv " + std::to_string(a.n) + "x" + std::to_string(a.c) + "x" + join(a.spatial, 'x') + " -> " +
+                std::to_string(a.k) + " " + join(a.kernel, 'x') + " stride " + join(a.stride, ',') + " " + dt +
+                (tf32 ? " tf32" : "") + " | n=" + std::to_string(a.n) + " c=" + std::to_string(a.c) + " k=" +
+                std::to_string(a.k) + " spatial=" + join(a.spatial, ',') + " kernel=" + join(a.kernel, ',') +
+                " pad=" + join(a.pad, ',') + " stride=" + join(a.stride, ',') + " dilation=" + join(a.dilation, ',') +
+                " groups=" + std::to_string(a.groups) + " dtype=" + dt + " math=" + (tf32 ? "tf32" : "f32") +
+                " bias=" + (g->bias_ ? "1" : "0") + " z=" + (g->z_ ? "1" : "0") + " relu=" + (g->relu_ ? "1" : "0") +
+                " workspace=" + std::to_string(workspace_bytes);
+  bool chosen = false;
+  if (auto it = step.attrs.find("algo"); it != step.attrs.end()) {
+    // The reader has checked the names (and that strict f32 names no tensor math or transform).
+    const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(name_index(artifact::kConvAlgoNames, it->second));
+    const auto tuned_math = static_cast<cudnnMathType_t>(name_index(artifact::kConvMathNames, step.attrs.at("algo_math")));
+    KILN_CUDNN_TRY(api, api.cudnnSetConvolutionMathType(g->conv_desc_, strict ? CUDNN_FMA_MATH : tuned_math));
+    size_t need = 0;
+    const cudnnStatus_t st = api.cudnnGetConvolutionForwardWorkspaceSize(cudnn.handle(), g->x_desc_, g->w_desc_,
+                                                                         g->conv_desc_, g->y_desc_, algo, &need);
+    if (st == CUDNN_STATUS_SUCCESS && need <= workspace_bytes) {
+      g->algo_ = algo;
+      g->math_ = strict ? CUDNN_FMA_MATH : tuned_math;
+      chosen = true;
+    } else {
+      static std::atomic<bool> noted{false};
+      if (!noted.exchange(true))
+        std::fprintf(stderr, "kiln: note: plan:%d: conv: the tuned algo=%s does not fit this GPU and cuDNN (%s); "
+                     "searching for one at load (noted once)\n", step.line, it->second.c_str(),
+                     st != CUDNN_STATUS_SUCCESS ? api.cudnnGetErrorString(st)
+                                                : ("needs " + format_bytes(need) + " of workspace").c_str());
+      KILN_CUDNN_TRY(api, api.cudnnSetConvolutionMathType(g->conv_desc_, math));
+    }
+  }
+  if (!chosen) {
+    // Time the candidates once on the real buffers; y is overwritten, nothing reads it yet.
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int found = 0;
+    KILN_CUDNN_TRY(api, api.cudnnFindConvolutionForwardAlgorithmEx(
+                            cudnn.handle(), g->x_desc_, g->x_, g->w_desc_, g->w_, g->conv_desc_, g->y_desc_, g->y_,
+                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf, workspace, workspace_bytes));
+    const cudnnConvolutionFwdAlgoPerf_t* best = nullptr;
+    for (int i = 0; i < found && !best; ++i)
+      if (allowed(perf[i], workspace_bytes, strict)) best = &perf[i];
+    if (!best)
+      return make_status(KILN_STATUS_UNSUPPORTED,
+                         "plan:" + std::to_string(step.line) + ": conv: cuDNN has no algorithm for this " + dt +
+                             " conv within the " + format_bytes(workspace_bytes) + " workspace");
+    g->algo_ = best->algo;
+    // Strict f32 stays on FMA whatever the search reports; otherwise keep the math it timed.
+    g->math_ = strict ? CUDNN_FMA_MATH : best->mathType;
+    KILN_CUDNN_TRY(api, api.cudnnSetConvolutionMathType(g->conv_desc_, g->math_));
+  }
   // The fused call applies relu and takes a bias; cuDNN checks the combination when called,
   // so try it once here and keep separate calls when it refuses.
   if (g->relu_ && g->bias_) {
@@ -255,6 +312,45 @@ kiln_status* ConvStep::enqueue(bool fused, void* workspace, uint64_t workspace_b
   if (z_) KILN_CUDNN_TRY(api, api.cudnnAddTensor(h, &one, y_desc_, z_, &one, y_desc_, y_));
   if (bias_) KILN_CUDNN_TRY(api, api.cudnnAddTensor(h, &one, bias_desc_, bias_, &one, y_desc_, y_));
   if (relu_) KILN_CUDNN_TRY(api, api.cudnnActivationForward(h, act_desc_, &one, y_desc_, y_, &zero, y_desc_, y_));
+  return nullptr;
+}
+
+kiln_status* ConvStep::tune(void* workspace, uint64_t workspace_bytes, cudaStream_t stream, int max_candidates,
+                            int iterations, TuneOutcome* out) {
+  const CudnnApi& api = cudnn_->api();
+  *out = {};
+  cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+  int found = 0;
+  KILN_CUDNN_TRY(api, api.cudnnFindConvolutionForwardAlgorithmEx(
+                          cudnn_->handle(), x_desc_, x_, w_desc_, w_, conv_desc_, y_desc_, y_,
+                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf, workspace, workspace_bytes));
+  const cudnnConvolutionFwdAlgo_t own_algo = algo_;
+  const cudnnMathType_t own_math = math_;
+  double best = 0;
+  bool first = true;
+  for (int i = 0; i < found && out->candidates < std::max(max_candidates, 1); ++i) {
+    if (!allowed(perf[i], workspace_bytes, strict_f32_)) continue;
+    algo_ = perf[i].algo;
+    math_ = strict_f32_ ? CUDNN_FMA_MATH : perf[i].mathType;
+    double ms = 0;
+    kiln_status* st = cudnn_status(api, api.cudnnSetConvolutionMathType(conv_desc_, math_), "cudnnSetConvolutionMathType");
+    // Timed as run() enqueues it (fused or not); a candidate that cannot run that way is skipped.
+    if (!st) st = median_launch_ms(stream, iterations, [&] { return enqueue(fused_, workspace, workspace_bytes); }, &ms);
+    if (st) {
+      kiln_status_release(st);
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (first) out->heuristic_ms = ms, first = false;  // cuDNN's own fastest: the load-time choice
+    if (out->candidates++ == 0 || ms < best) {
+      best = ms;
+      out->choice = std::string("algo=") + artifact::kConvAlgoNames[algo_] + " algo_math=" + artifact::kConvMathNames[math_];
+    }
+  }
+  out->best_ms = best;
+  algo_ = own_algo, math_ = own_math;
+  KILN_CUDNN_TRY(api, api.cudnnSetConvolutionMathType(conv_desc_, math_));
   return nullptr;
 }
 

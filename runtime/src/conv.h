@@ -11,6 +11,7 @@
 #include "gemm.h"
 #include "kiln/artifact_reader.h"
 #include "status.h"
+#include "tune.h"
 
 namespace kiln::rt {
 
@@ -24,7 +25,7 @@ namespace kiln::rt {
   X(cudnnCreateActivationDescriptor) X(cudnnSetActivationDescriptor)                                    \
   X(cudnnDestroyActivationDescriptor) X(cudnnFindConvolutionForwardAlgorithmEx)                         \
   X(cudnnConvolutionForward) X(cudnnConvolutionBiasActivationForward) X(cudnnAddTensor)                 \
-  X(cudnnActivationForward)
+  X(cudnnActivationForward) X(cudnnGetConvolutionForwardWorkspaceSize)
 
 struct CudnnApi {
 #define KILN_CUDNN_POINTER(f) decltype(&::f) f = nullptr;
@@ -62,8 +63,9 @@ class CudnnContext {
 class ConvStep {
  public:
   ~ConvStep();
-  /// Builds the descriptors and picks the fastest algorithm that fits `workspace_bytes` by
-  /// timing them on the real buffers (this writes y; load time only). With relu and a bias the
+  /// Builds the descriptors and takes the step's tuned algo= and algo_math= when cuDNN can run
+  /// them in `workspace_bytes` (else notes once on stderr that it falls back), or picks the
+  /// fastest algorithm that fits by timing them on the real buffers (this writes y; load time only). With relu and a bias the
   /// step uses cuDNN's fused conv-bias-activation when cuDNN accepts it, else separate calls.
   static kiln_status* create(const artifact::PlanStep& step,
                              const std::function<const DeviceBuffer*(int)>& buffer,
@@ -71,6 +73,12 @@ class ConvStep {
                              std::unique_ptr<ConvStep>* out);
   /// Enqueues the convolution on the context's stream (capturable in a CUDA graph).
   kiln_status* run(void* workspace, uint64_t workspace_bytes) const;
+  /// What the algorithm choice depends on, device and library aside (see kiln_model_step_problem).
+  const std::string& problem() const { return problem_; }
+  /// Times each algorithm cuDNN can run here, as run() enqueues it (see kiln_model_tune_step);
+  /// the step keeps its own algorithm.
+  kiln_status* tune(void* workspace, uint64_t workspace_bytes, cudaStream_t stream, int max_candidates,
+                    int iterations, TuneOutcome* out);
 
  private:
   ConvStep() = default;
@@ -81,6 +89,9 @@ class ConvStep {
   cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
   cudnnActivationDescriptor_t act_desc_ = nullptr;
   cudnnConvolutionFwdAlgo_t algo_{};
+  cudnnMathType_t math_{};
+  bool strict_f32_ = false;  ///< f32 without tf32: FMA math, no FFT or Winograd
+  std::string problem_;
   const void *x_ = nullptr, *w_ = nullptr, *z_ = nullptr, *bias_ = nullptr;
   void* y_ = nullptr;
   bool relu_ = false, fused_ = false;

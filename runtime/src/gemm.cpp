@@ -1,8 +1,12 @@
 // cuBLASLt gemm steps: attribute checks, descriptors, heuristic algorithm, launch.
 #include "gemm.h"
 
+#include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 namespace kiln::rt {
 namespace {
@@ -61,9 +65,31 @@ uint64_t pointer_alignment(const void* p, int64_t stride_bytes) {
   return a & (~a + 1);  // lowest set bit
 }
 
+static_assert(2 * sizeof(cublasLtMatmulAlgo_t) == artifact::kGemmAlgoHexDigits);
+
+/// A tuned algorithm as plan text: its 64 bytes in lowercase hex.
+std::string algo_hex(const cublasLtMatmulAlgo_t& algo) {
+  static const char* digits = "0123456789abcdef";
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&algo);
+  std::string out;
+  for (size_t i = 0; i < sizeof algo; ++i) out += {digits[bytes[i] >> 4], digits[bytes[i] & 15]};
+  return out;
+}
+
+/// The reader has checked the form (2 * sizeof(cublasLtMatmulAlgo_t) hex digits).
+cublasLtMatmulAlgo_t algo_from_hex(const std::string& hex) {
+  cublasLtMatmulAlgo_t algo{};
+  auto* bytes = reinterpret_cast<unsigned char*>(&algo);
+  auto digit = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
+  for (size_t i = 0; i < sizeof algo && 2 * i + 1 < hex.size(); ++i)
+    bytes[i] = static_cast<unsigned char>(digit(hex[2 * i]) << 4 | digit(hex[2 * i + 1]));
+  return algo;
+}
+
 }  // namespace
 
 GemmStep::~GemmStep() {
+  if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
   if (desc_) cublasLtMatmulDescDestroy(desc_);
   for (cublasLtMatrixLayout_t l : {layout_a_, layout_b_, layout_c_, layout_d_})
     if (l) cublasLtMatrixLayoutDestroy(l);
@@ -235,10 +261,8 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
                                                    &bias_ptr, sizeof bias_ptr));
   }
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  KILN_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
-  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)>
-      pref_guard(pref, cublasLtMatmulPreferenceDestroy);
+  KILN_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&g->pref_));
+  cublasLtMatmulPreference_t pref = g->pref_;
   KILN_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof workspace_bytes));
   // The pointers are fixed at load, so the heuristic may count on their real alignment.
@@ -249,6 +273,35 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(pointer_alignment(g->d_, sd * es))}};
   for (const auto& [attr, value] : aligns)
     KILN_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  g->problem_ = "gemm " + str(m) + "x" + str(n) + "x" + str(k) + (batch > 1 ? " batch " + str(batch) : "") + " " +
+                (fp8 ? a_dt + "*" + b_dt + "->" : "") + dt + (ep == "none" ? "" : " " + ep) + " | m=" + str(m) +
+                " n=" + str(n) + " k=" + str(k) + " batch=" + str(batch) + " trans=" + str(ta) + str(tb) +
+                " ld=" + str(lda) + "," + str(ldb) + "," + str(ldc) + "," + str(ldd) + " stride=" + str(sa) + "," +
+                str(sb) + "," + str(sc) + "," + str(sd) + " dtype=" + dt + "," + a_dt + "," + b_dt + " compute=" + ct +
+                " epilogue=" + ep + " beta=" + (g->beta_ != 0 ? "1" : "0") + " amax=" + (iamax >= 0 ? "1" : "0") +
+                " align=";
+  for (const auto& [attr, value] : aligns) g->problem_ += str(value) + (attr == aligns[3].first ? "" : ",");
+  g->problem_ += " workspace=" + std::to_string(workspace_bytes);
+  if (auto it = step.attrs.find("algo"); it != step.attrs.end()) {
+    // A tuned choice applies only where cuBLASLt confirms it fits these descriptors and the
+    // workspace (another cuBLASLt version or GPU may not have it): otherwise the heuristic's.
+    const cublasLtMatmulAlgo_t algo = algo_from_hex(it->second);
+    cublasLtMatmulHeuristicResult_t check{};
+    const cublasStatus_t st = cublasLtMatmulAlgoCheck(handle, g->desc_, g->layout_a_, g->layout_b_, g->layout_c_,
+                                                      g->layout_d_, &algo, &check);
+    if (st == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_bytes) {
+      g->algo_ = algo;
+      *out = std::move(g);
+      return nullptr;
+    }
+    static std::atomic<bool> noted{false};
+    if (!noted.exchange(true))
+      std::fprintf(stderr, "kiln: note: plan:%d: gemm: the tuned algo= does not fit this GPU and cuBLASLt (%s); "
+                   "using cuBLASLt's heuristic (noted once)\n", step.line,
+                   st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(st)
+                                               : ("needs " + format_bytes(check.workspaceSize) + " of workspace").c_str());
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   KILN_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, g->desc_, g->layout_a_, g->layout_b_,
@@ -265,9 +318,46 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
 
 kiln_status* GemmStep::run(cublasLtHandle_t handle, void* workspace, uint64_t workspace_bytes,
                            cudaStream_t stream) const {
+  return enqueue(handle, algo_, workspace, workspace_bytes, stream);
+}
+
+kiln_status* GemmStep::enqueue(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& algo, void* workspace,
+                               uint64_t workspace_bytes, cudaStream_t stream) const {
   KILN_CUBLAS_TRY(cublasLtMatmul(handle, desc_, &alpha_, a_, layout_a_, b_, layout_b_, &beta_, c_,
-                                 layout_c_, d_, layout_d_, &algo_, workspace, workspace_bytes,
+                                 layout_c_, d_, layout_d_, &algo, workspace, workspace_bytes,
                                  stream));
+  return nullptr;
+}
+
+kiln_status* GemmStep::tune(cublasLtHandle_t handle, void* workspace, uint64_t workspace_bytes, cudaStream_t stream,
+                            int max_candidates, int iterations, TuneOutcome* out) const {
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(max_candidates, 1)));
+  int found = 0;
+  KILN_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, desc_, layout_a_, layout_b_, layout_c_, layout_d_, pref_,
+                                                 static_cast<int>(results.size()), results.data(), &found));
+  *out = {};
+  double best = 0;
+  for (int i = 0; i < found; ++i) {
+    const cublasLtMatmulHeuristicResult_t& r = results[static_cast<size_t>(i)];
+    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > workspace_bytes) continue;
+    double ms = 0;
+    // A candidate cuBLASLt lists but cannot launch here is skipped, not an error.
+    if (kiln_status* st = median_launch_ms(stream, iterations, [&] {
+          return enqueue(handle, r.algo, workspace, workspace_bytes, stream);
+        }, &ms)) {
+      kiln_status_release(st);
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (i == 0) out->heuristic_ms = ms;
+    if (out->candidates++ == 0 || ms < best) {
+      best = ms;
+      out->choice = "algo=" + algo_hex(r.algo);
+    }
+  }
+  out->best_ms = best;
+  if (out->heuristic_ms == 0) out->heuristic_ms = best;  // the first result failed: no baseline
   return nullptr;
 }
 

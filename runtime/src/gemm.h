@@ -8,6 +8,7 @@
 
 #include "kiln/artifact_reader.h"
 #include "status.h"
+#include "tune.h"
 
 namespace kiln::rt {
 
@@ -23,8 +24,9 @@ struct DeviceBuffer {
 class GemmStep {
  public:
   ~GemmStep();
-  /// Validates the step's attributes and buffer extents, builds the descriptors and asks
-  /// cuBLASLt's heuristic for an algorithm that fits `workspace_bytes`.
+  /// Validates the step's attributes and buffer extents, builds the descriptors and takes the
+  /// step's tuned `algo=` when cuBLASLt confirms it fits them and `workspace_bytes` (else notes
+  /// once on stderr that it falls back), or asks cuBLASLt's heuristic for an algorithm.
   static kiln_status* create(const artifact::PlanStep& step,
                              const std::function<const DeviceBuffer*(int)>& buffer,
                              cublasLtHandle_t handle, uint64_t workspace_bytes,
@@ -32,9 +34,18 @@ class GemmStep {
   /// Enqueues the matmul on `stream` (capturable in a CUDA graph).
   kiln_status* run(cublasLtHandle_t handle, void* workspace, uint64_t workspace_bytes,
                    cudaStream_t stream) const;
+  /// What the algorithm choice depends on, device and library aside (see kiln_model_step_problem).
+  const std::string& problem() const { return problem_; }
+  /// Times up to `max_candidates` of the heuristic's algorithms (see kiln_model_tune_step).
+  kiln_status* tune(cublasLtHandle_t handle, void* workspace, uint64_t workspace_bytes, cudaStream_t stream,
+                    int max_candidates, int iterations, TuneOutcome* out) const;
 
  private:
   GemmStep() = default;
+  kiln_status* enqueue(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& algo, void* workspace,
+                       uint64_t workspace_bytes, cudaStream_t stream) const;
+  cublasLtMatmulPreference_t pref_ = nullptr;  ///< workspace and alignments, for the heuristic
+  std::string problem_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t layout_a_ = nullptr, layout_b_ = nullptr, layout_c_ = nullptr,
                          layout_d_ = nullptr;

@@ -1,10 +1,13 @@
-// GPU test of matmul_int4 on cuda-sm90 against the reference interpreter: M = 1, 5, 16, 33, 64,
-// 200 (GEMV, mma and dequantize + gemm), group sizes 32/64/128, symmetric and asymmetric,
-// bf16/f16, odd N. Exits 77 (skip) without a GPU.
+// GPU test of matmul_int4 on cuda-sm90 against the reference interpreter: the streaming kernel
+// at M = 1..64 across its boundaries (MN tiles 8/9, KC 512/256 at 32/33), with and without the
+// K split across blocks, N and K off the tiles, group sizes 32/64/128, symmetric (post-scaled
+// at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65,
+// 200 (dequantize + gemm). Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -45,25 +48,40 @@ double rel_error(const Tensor& want, const Tensor& got) {
 int main() {
   if (const int rc = start_gpu_test(); rc != 0) return rc;
   int failures = 0, cases = 0;
-  const int64_t ms[] = {1, 5, 16, 33, 64, 200};
+  auto run = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const std::string& dt, bool bias) {
+    const std::string name = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                             " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt + (bias ? " bias" : "");
+    const double limit = dt == "bf16" ? 1e-2 : 2e-3;
+    auto within = [&](const Tensor& want, const Tensor& got) -> std::string {
+      const double err = rel_error(want, got);
+      return err <= limit ? "" : "relative error " + std::to_string(err) + " > " + std::to_string(limit);
+    };
+    failures += report_case(name, gpu_matches_reference(graph(m, n, k, g, asym, dt, bias), "int4",
+                                                        static_cast<uint64_t>(11 + cases), within));
+    ++cases;
+  };
+  const int64_t ms[] = {1, 3, 4, 8, 9, 16, 17, 32, 33, 64, 65, 200};
   const int64_t gs[] = {32, 64, 128};
-  for (size_t i = 0; i < 6; ++i)
+  for (size_t i = 0; i < std::size(ms); ++i)
     for (size_t j = 0; j < 3; ++j)
       for (bool asym : {false, true}) {
         const std::string dt = (i + j + asym) % 2 ? "f16" : "bf16";
-        const int64_t m = ms[i], g = gs[j], n = 257, k = 1024 + 2 * g;
-        const bool bias = (i + j) % 2 == 0;
-        const std::string name = "m=" + std::to_string(m) + " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt +
-                                 (bias ? " bias" : "");
-        const double limit = dt == "bf16" ? 1e-2 : 2e-3;
-        auto within = [&](const Tensor& want, const Tensor& got) -> std::string {
-          const double err = rel_error(want, got);
-          return err <= limit ? "" : "relative error " + std::to_string(err) + " > " + std::to_string(limit);
-        };
-        failures += report_case(name, gpu_matches_reference(graph(m, n, k, g, asym, dt, bias), "int4",
-                                                            static_cast<uint64_t>(11 + cases), within));
-        ++cases;
+        const bool bias = (i / 2 + j + asym) % 2 == 0;
+        // Shape A: N = 257 (5 row blocks, the last one partial) and K = 1024 + 2 G, more than one
+        // super-chunk, so K splits across blocks; shape B: N = 200 and K = 896 (7 k-blocks, a
+        // partial super-chunk), one block in K up to M = 32 and two above.
+        if ((i + j) % 2 == 0) run(ms[i], 257, 1024 + 2 * gs[j], gs[j], asym, dt, bias);
+        else run(ms[i], 200, 896, gs[j], asym, dt, bias);
       }
+  // N = 8500: 133 row blocks, never split; the last block holds 52 rows.
+  for (int64_t m : {1, 16, 64}) {
+    run(m, 8500, 512, 128, false, "bf16", m != 16);
+    run(m, 8500, 512, 64, true, "f16", m == 16);
+  }
+  // f32 x: GEMV up to M = 8, dequantize + gemm above.
+  run(1, 257, 1088, 32, false, "f32", true);
+  run(5, 200, 896, 128, true, "f32", false);
+  run(9, 257, 512, 64, false, "f32", true);
   std::printf("%d of %d cases failed\n", failures, cases);
   return failures == 0 ? 0 : 1;
 }

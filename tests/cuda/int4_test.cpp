@@ -1,7 +1,8 @@
-// Tests of the matmul_int4 lowering: which kernel each M gets, one launch per node up to M = 64,
-// the dequantize + gemm path above, and NVRTC compilation of every variant for every target.
+// Tests of the matmul_int4 lowering: which kernel each M and dtype gets, the split-K steps for
+// small N, the dequantize + gemm path, and NVRTC compilation of every variant for every target.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,53 +45,80 @@ std::vector<std::string> steps(const std::string& plan) {
   return out;
 }
 
-TEST_CASE("matmul_int4: GEMV up to M = 8, mma up to M = 64 (one launch each), dequantize + gemm above") {
-  struct Want {
-    int64_t m;
-    const char* kernel;
-  };
-  for (const Want& w : {Want{1, "matmul_int4_gemv"}, Want{8, "matmul_int4_gemv"}, Want{9, "matmul_int4_mma"},
-                        Want{64, "matmul_int4_mma"}}) {
-    CAPTURE(w.m);
-    const LoweredGraph l = lower(int4_graph(w.m, 8192, 8192, 128, false, "bf16", "f16", false));
+TEST_CASE("matmul_int4: the streaming kernel for f16/bf16 x up to M = 64 (one launch at N = 8192)") {
+  for (int64_t m : {1, 3, 4, 8, 16, 17, 33, 64}) {
+    CAPTURE(m);
+    const LoweredGraph l = lower(int4_graph(m, 8192, 8192, 128, false, "bf16", "f16", false));
     const std::vector<std::string> s = steps(l.plan);
     REQUIRE(s.size() == 1);
-    CHECK(s[0].find(std::string("kernel=k0_") + w.kernel) != std::string::npos);
-    CHECK(l.kernels == std::vector<std::string>{std::string("k0_") + w.kernel});
+    CHECK(s[0].find("kernel=k0_matmul_int4_stream") != std::string::npos);
+    // 64 rows a block -> 128 blocks, no K split; x double buffer: 2 x 2 x M rows of KC + 16.
+    const int64_t kc = m > 32 ? 256 : 512;
+    const int64_t smem = std::max<int64_t>(2 * 2 * m * (kc + 16) * 2, 2048 * ((m + 7) / 8));
+    CHECK(s[0].find("grid=128,1,1 block=256,1,1 smem=" + std::to_string(smem) + " ") != std::string::npos);
+    CHECK(l.kernels == std::vector<std::string>{"k0_matmul_int4_stream"});
+  }
+}
+
+TEST_CASE("matmul_int4: small N splits K across blocks (memset, stream, sum)") {
+  // N = 4096: 64 blocks of rows, so K splits in two; K = 8192 holds 8 super-chunks of 1024.
+  const std::vector<std::string> s = steps(lower(int4_graph(16, 4096, 8192, 64, true, "f16", "f16", true)).plan);
+  REQUIRE(s.size() == 3);
+  CHECK(s[0].find("step memset") != std::string::npos);
+  CHECK(s[0].find("bytes=" + std::to_string(16 * 4096 * 4)) != std::string::npos);
+  CHECK(s[1].find("kernel=k0_matmul_int4_stream grid=64,2,1") != std::string::npos);
+  CHECK(s[2].find("kernel=k1_matmul_int4_splitk_sum") != std::string::npos);
+  // N = 257 and K = 8192: 5 row blocks, K split into 8 (one super-chunk each).
+  CHECK(steps(lower(int4_graph(1, 257, 8192, 32, false, "bf16", "bf16", false)).plan)[1].find("grid=5,8,1") !=
+        std::string::npos);
+  // K within one super-chunk never splits.
+  CHECK(steps(lower(int4_graph(1, 257, 1024, 32, false, "bf16", "bf16", false)).plan).size() == 1);
+}
+
+TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
+  for (int64_t m : {1, 8}) {
+    CAPTURE(m);
+    const LoweredGraph l = lower(int4_graph(m, 8192, 8192, 128, false, "f32", "f16", false));
+    const std::vector<std::string> s = steps(l.plan);
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].find("kernel=k0_matmul_int4_gemv") != std::string::npos);
   }
   // GEMV: 4 rows per warp, 8 warps per block at N = 8192 -> 256 blocks; x staged per 1024 k.
-  CHECK(steps(lower(int4_graph(1, 8192, 8192, 128, false, "bf16", "f16", false)).plan)[0].find(
+  CHECK(steps(lower(int4_graph(1, 8192, 8192, 128, false, "f32", "f16", false)).plan)[0].find(
             "grid=256,1,1 block=256,1,1 smem=4608") != std::string::npos);
-  // mma: 4 warps of one n8 tile -> 32 columns a block, 256 blocks at N = 8192.
-  CHECK(steps(lower(int4_graph(16, 8192, 8192, 128, false, "bf16", "f16", false)).plan)[0].find(
-            "grid=256,1,1 block=128,1,1 smem=0") != std::string::npos);
-  const LoweredGraph big = lower(int4_graph(200, 64, 256, 64, true, "f16", "f16", true));
+  CHECK(steps(lower(int4_graph(9, 64, 256, 64, false, "f32", "f16", false)).plan)[0].find("kernel=k0_int4_dequantize") !=
+        std::string::npos);
+  const LoweredGraph big = lower(int4_graph(65, 64, 256, 64, true, "f16", "f16", true));
   const std::vector<std::string> s = steps(big.plan);
   REQUIRE(s.size() == 2);
   CHECK(s[0].find("kernel=k0_int4_dequantize") != std::string::npos);
   CHECK(s[1].find("step gemm") != std::string::npos);
-  CHECK(s[1].find("m=200 n=64 k=256") != std::string::npos);
+  CHECK(s[1].find("m=65 n=64 k=256") != std::string::npos);
   CHECK(s[1].find("trans_b=1") != std::string::npos);
   CHECK(s[1].find("epilogue=bias") != std::string::npos);
 }
 
 TEST_CASE("matmul_int4: every kernel variant compiles for sm_80, sm_90a and sm_100a") {
   std::string text;
-  // One graph holding all variants: GEMV / mma / dequantize, bf16 / f16 / f32 x, sym / asym,
-  // bf16 / f16 scales, with and without bias, odd N.
-  auto g = parse_graph(R"(graph @g(%x1: bf16[1, 256], %x2: f16[16, 256], %x3: f32[5, 256], %x4: bf16[100, 256], %w: u8[37, 128], %s: f16[37, 2], %z: f16[37, 4], %t: bf16[37, 8], %bb: bf16[37], %hb: f16[37]) -> (bf16[1, 37], f16[16, 37], f32[5, 37], bf16[100, 37], bf16[33, 37]) {
+  // One graph holding all variants: stream (both KC, split or not, post-scaled or not) / GEMV /
+  // dequantize, bf16 / f16 / f32 x, sym / asym, bf16 / f16 scales, with and without bias, odd N.
+  auto g = parse_graph(R"(graph @g(%x1: bf16[1, 256], %x2: f16[16, 256], %x3: f32[5, 256], %x4: bf16[100, 256], %w: u8[37, 128], %s: f16[37, 2], %z: f16[37, 4], %t: bf16[37, 8], %bb: bf16[37], %hb: f16[37], %xl: bf16[3, 4096], %wl: u8[37, 2048], %sl: f16[37, 32], %xm: f16[40, 256]) -> (bf16[1, 37], f16[16, 37], f32[5, 37], bf16[100, 37], bf16[33, 37], bf16[3, 37], f16[40, 37]) {
   %a = matmul_int4(%x1, %w, %s, %bb) {group_size = 128} : bf16[1, 37]
   %b = matmul_int4(%x2, %w, %z, %z, %hb) {group_size = 64, asymmetric = 1} : f16[16, 37]
   %c = matmul_int4(%x3, %w, %t) {group_size = 32} : f32[5, 37]
   %d = matmul_int4(%x4, %w, %t, %t) {group_size = 32, asymmetric = 1} : bf16[100, 37]
   %e = slice(%x4) {starts = [0], ends = [33], axes = [0]} : bf16[33, 256]
   %f = matmul_int4(%e, %w, %t, %bb) {group_size = 32} : bf16[33, 37]
-  return %a, %b, %c, %d, %f
+  %h = matmul_int4(%xl, %wl, %sl, %bb) {group_size = 128} : bf16[3, 37]
+  %i = matmul_int4(%xm, %w, %z, %z) {group_size = 64, asymmetric = 1} : f16[40, 37]
+  return %a, %b, %c, %d, %f, %h, %i
 })");
   REQUIRE_MESSAGE(g.ok(), g.status().message());
   auto l = lower_graph(**g);
   REQUIRE_MESSAGE(l.ok(), l.status().message());
-  CHECK(l->kernels.size() == 6);  // gemv, mma, gemv, dequantize, slice, mma
+  // stream (post-scaled), stream (asym), gemv, dequantize, slice, stream (KC 256),
+  // stream split four ways + its sum, stream (asym, KC 256).
+  CHECK(l->kernels.size() == 9);
   for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
     CAPTURE(target);
     auto cubin = compile_cuda(l->source, target, "test@0");

@@ -11,6 +11,7 @@
 
 #include "quant_test_util.h"
 #include "kiln/core/driver.h"
+#include "kiln/ir/interpreter.h"
 #include "kiln/ir/text.h"
 #include "kiln/ir/verifier.h"
 
@@ -147,7 +148,13 @@ TEST_CASE("quantize-fp8 refuses bad options and scales files, naming them") {
   CHECK(error("quantize-fp8{scales=" + good + ",fallback=f32}").find("fallback must be none or bf16, got 'f32'") !=
         std::string::npos);
   CHECK(error("quantize-fp8").find("mode=static needs scales=FILE") != std::string::npos);
-  CHECK(error("quantize-fp8{mode=delayed}").find("mode=delayed is not implemented yet") != std::string::npos);
+  CHECK(error("quantize-fp8{mode=delayed,scales=" + good + "}").find("mode=delayed computes scales at run time") !=
+        std::string::npos);
+  CHECK(error("quantize-fp8{mode=delayed,margin=65}").find("margin must be within [-64, 64], got 65") !=
+        std::string::npos);
+  CHECK(error("quantize-fp8{mode=delayed,history=0}").find("history and interval must be at least 1") !=
+        std::string::npos);
+  CHECK(error("quantize-fp8{mode=fast}").find("mode must be static or delayed, got 'fast'") != std::string::npos);
   CHECK(error("quantize-fp8{scales=/does/not/exist.json}").find("cannot open scales file '/does/not/exist.json'") !=
         std::string::npos);
   CHECK(error("quantize-fp8{scales=" + scales_file(R"({"amax": {"x": true}})") + "}")
@@ -170,6 +177,188 @@ TEST_CASE("convert-bf16 computes in bf16 behind an unchanged f32 signature") {
   const double db = graph_sqnr(text, "convert-bf16");
   MESSAGE("convert-bf16 linear: " << db << " dB");
   CHECK(db >= 40.0);  // bf16 keeps 8 significant bits: about 50 dB per rounding
+}
+
+/// The value of the variable called `name` in `g` (null when there is none).
+Value* variable(const Graph& g, const std::string& name) {
+  for (const auto& n : g.nodes())
+    if (n->op_name() == "variable" && n->get_string("name") == name) return n->result();
+  return nullptr;
+}
+
+int count_ops(const Graph& g, const std::string& op) {
+  int c = 0;
+  for (const auto& n : g.nodes()) c += n->op_name() == op;
+  return c;
+}
+
+/// x f32[rows, k] uniform in [-mag, mag] with max |x| exactly mag (element 0 is -mag).
+Tensor input_with_amax(int64_t rows, int64_t k, double mag, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(-mag, mag);
+  Tensor x(DType::kF32, {rows, k});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set_f64(i, i == 0 ? -mag : u(rng));
+  return x;
+}
+
+TEST_CASE("quantize-fp8 mode=delayed keeps an amax history and a scale per activation in graph state") {
+  auto g = parse(gaussian_kir("linear", 4, 16, 32, 1));
+  REQUIRE(run_passes(*g, "quantize-fp8{mode=delayed,history=4,interval=3}").ok());
+  REQUIRE(verify(*g).ok());
+  const Value* hist = variable(*g, "x.amax_history");
+  const Value* scale = variable(*g, "x.scale");
+  const Value* step = variable(*g, "fp8.step");
+  REQUIRE(hist != nullptr);
+  REQUIRE(scale != nullptr);
+  REQUIRE(step != nullptr);
+  CHECK(hist->type().str() == "f32[4]");
+  CHECK(scale->producer()->attr("init")->as_tensor().get_f64(0) == 1.0);
+  CHECK(step->type().str() == "i64[]");
+  CHECK(count_ops(*g, "assign") == 3);
+  CHECK(count_ops(*g, "amax") == 1);
+  CHECK(find_op(*g, "quantize")->operand(1) == scale);
+  CHECK(find_op(*g, "scaled_matmul")->operand(2) == scale);
+  // Weights keep a static scale, computed from the weight here.
+  CHECK(find_op(*g, "scaled_matmul")->operand(3)->producer()->op_name() == "constant");
+  // The text form round-trips, state included.
+  const std::string text = print_graph(*g);
+  CHECK(print_graph(*parse(text)) == text);
+  // interval=1 needs no step counter.
+  auto g1 = parse(gaussian_kir("linear", 4, 16, 32, 1));
+  REQUIRE(run_passes(*g1, "quantize-fp8{mode=delayed}").ok());
+  CHECK(variable(*g1, "fp8.step") == nullptr);
+  CHECK(variable(*g1, "x.amax_history")->type().str() == "f32[16]");
+}
+
+TEST_CASE("quantize-fp8 mode=delayed: the history rolls every run, the scale updates on interval boundaries") {
+  auto g = parse(gaussian_kir("linear", 2, 16, 32, 7));
+  REQUIRE(run_passes(*g, "quantize-fp8{mode=delayed,history=3,interval=2,margin=1}").ok());
+  Value* scale = variable(*g, "x.scale");
+  g->set_outputs({g->output(0), scale});  // also return the scale each run used
+  REQUIRE(verify(*g).ok());
+  const double f = 2.0 / 448;  // 2^margin / max_finite(e4m3)
+  struct Expect {
+    double amax;
+    std::vector<double> history;
+    double scale;  // after the run
+  };
+  // Steps 0, 2, 4, 6 are due (step % 2 == 0); the max is over the history including this run.
+  const std::vector<Expect> steps = {
+      {0, {0, 0, 0}, 1},                  // due, but max(history) = 0: the scale stays
+      {1, {1, 0, 0}, 1},                  // not due
+      {4, {4, 1, 0}, 4 * f},              // due
+      {2, {2, 4, 1}, 4 * f},              // not due
+      {0.5, {0.5, 2, 4}, 4 * f},          // due: 4 is still in the history
+      {0.25, {0.25, 0.5, 2}, 4 * f},      // not due
+      {0.25, {0.25, 0.25, 0.5}, 0.5 * f}, // due: 4 and 2 have rolled out
+  };
+  Interpreter interp;
+  std::mt19937 rng(11);
+  double used = 1;
+  for (size_t t = 0; t < steps.size(); ++t) {
+    CAPTURE(t);
+    const Tensor x = input_with_amax(2, 32, steps[t].amax, rng);
+    auto out = interp.run(*g, {&x, 1});
+    REQUIRE_MESSAGE(out.ok(), out.status().message());
+    CHECK((*out)[1].get_f64(0) == doctest::Approx(used).epsilon(1e-6));  // the scale of the run before
+    const std::vector<double> hist = interp.variable_value("x.amax_history")->to_f64();
+    CHECK(hist == steps[t].history);
+    CHECK(interp.variable_value("x.scale")->get_f64(0) == doctest::Approx(steps[t].scale).epsilon(1e-6));
+    CHECK(interp.variable_value("fp8.step")->get_i64(0) == static_cast<int64_t>(t + 1));
+    used = steps[t].scale;
+  }
+}
+
+TEST_CASE("quantize-fp8 mode=delayed: over steps the scale follows the amax history and SQNR holds") {
+  const std::string text = gaussian_kir("linear", 8, 64, 128, 3);
+  auto ref = parse(text);
+  auto g = parse(text);
+  REQUIRE(run_passes(*g, "quantize-fp8{mode=delayed,history=2}").ok());
+  g->set_outputs({g->output(0), variable(*g, "x.scale")});
+  REQUIRE(verify(*g).ok());
+  // One executable for all steps: the reference backend keeps the state between runs.
+  auto backend = (*reg().backend("reference"))->create(Options());
+  REQUIRE(backend.ok());
+  auto exe = (*backend)->compile(*g);
+  REQUIRE_MESSAGE(exe.ok(), exe.status().message());
+  const std::vector<double> mags = {1, 1, 1, 4, 4, 4, 0.5, 0.5, 0.5};
+  std::mt19937 rng(5);
+  std::vector<double> amax;
+  for (size_t t = 0; t < mags.size(); ++t) {
+    CAPTURE(t);
+    const std::vector<Tensor> x = {input_with_amax(8, 128, mags[t], rng)};
+    auto out = (*exe)->run(x);
+    REQUIRE_MESSAGE(out.ok(), out.status().message());
+    // The scale this step used: max of the two previous steps' amax over 448 (1 at first).
+    double want = t == 0 ? 1.0 : amax.back() / 448;
+    if (t >= 2) want = std::max(amax[t - 1], amax[t - 2]) / 448;
+    CHECK((*out)[1].get_f64(0) == doctest::Approx(want).epsilon(1e-6));
+    amax.push_back(mags[t]);
+    const double db = sqnr_db(run_reference(reg(), *ref, x), {(*out)[0]});
+    MESSAGE("step " << t << " (|x| <= " << mags[t] << "): " << db << " dB");
+    // Once the history has seen this magnitude the scale fits it: E4M3's SQNR.
+    if (t == 1 || t == 2 || t == 4 || t == 5 || t == 8) CHECK(db >= 26.0);
+    // The step where the magnitude jumps still uses the old, small scale and saturates.
+    if (t == 3) CHECK(db < 15.0);
+  }
+}
+
+TEST_CASE("quantize-fp8 mode=delayed: cleanup, fusion and scheduling passes keep the state updates") {
+  Registry& r = registry_with({"kiln-plugin-quantize-fp8.so", "kiln-plugin-backend-reference.so",
+                               "kiln-plugin-transforms.so", "kiln-plugin-fusion.so", "kiln-plugin-schedule.so"});
+  auto plain = parse(gaussian_kir("linear", 4, 16, 32, 9));
+  REQUIRE(test::run_passes(*plain, "quantize-fp8{mode=delayed,history=3,interval=2}", r).ok());
+  auto g = plain->clone();
+  Status s = test::run_passes(*g, "canonicalize,cse,dce,fuse-pointwise,fuse-rows,schedule-memory", r);
+  REQUIRE_MESSAGE(s.ok(), s.message());
+  REQUIRE(verify(*g).ok());
+  CHECK(count_ops(*g, "variable") == 3);
+  CHECK(count_ops(*g, "assign") == 3);
+  // Both graphs step through the same states: equal outputs on every run.
+  Interpreter a, b;
+  std::mt19937 rng(3);
+  for (double mag : {1.0, 3.0, 0.5, 2.0}) {
+    const Tensor x = input_with_amax(4, 32, mag, rng);
+    auto ya = a.run(*plain, {&x, 1});
+    auto yb = b.run(*g, {&x, 1});
+    REQUIRE(ya.ok());
+    REQUIRE_MESSAGE(yb.ok(), yb.status().message());
+    CHECK((*ya)[0].identical((*yb)[0]));
+  }
+  CHECK(a.variable_value("x.scale")->identical(*b.variable_value("x.scale")));
+  CHECK(a.variable_value("x.amax_history")->identical(*b.variable_value("x.amax_history")));
+}
+
+TEST_CASE("quantize-fp8 mode=delayed runs on the cpu backend step for step like the reference") {
+  const std::string cpu = std::string(KILN_PLUGIN_DIR) + "/kiln-plugin-backend-cpu.so";
+  if (!std::filesystem::exists(cpu)) {
+    MESSAGE("cpu backend not built (needs LLVM 19 and OpenBLAS): skipped");
+    return;
+  }
+  Registry& r = registry_with({"kiln-plugin-quantize-fp8.so", "kiln-plugin-backend-reference.so",
+                               "kiln-plugin-backend-cpu.so"});
+  auto g = parse(gaussian_kir("linear", 4, 16, 32, 12));
+  REQUIRE(test::run_passes(*g, "quantize-fp8{mode=delayed,history=2,interval=2}", r).ok());
+  g->set_outputs({g->output(0), variable(*g, "x.scale")});
+  auto exe = [&](const char* name) {
+    auto b = (*r.backend(name))->create(Options());
+    REQUIRE(b.ok());
+    auto e = (*b)->compile(*g);
+    REQUIRE_MESSAGE(e.ok(), e.status().message());
+    return std::move(e).value();
+  };
+  auto ref = exe("reference");
+  auto cpu_exe = exe("cpu");
+  std::mt19937 rng(8);
+  for (double mag : {1.0, 3.0, 3.0, 0.5, 0.5, 2.0}) {
+    CAPTURE(mag);
+    const std::vector<Tensor> x = {input_with_amax(4, 32, mag, rng)};
+    auto want = ref->run(x);
+    auto got = cpu_exe->run(x);
+    REQUIRE(want.ok());
+    REQUIRE_MESSAGE(got.ok(), got.status().message());
+    CHECK((*got)[1].identical((*want)[1]));  // the scale this step used
+    CHECK(sqnr_db({(*want)[0]}, {(*got)[0]}) > 40.0);
+  }
 }
 
 }  // namespace

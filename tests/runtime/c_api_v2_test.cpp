@@ -18,7 +18,7 @@ std::pair<kiln_status_code, std::string> outcome(kiln_status* st) {
 }  // namespace
 
 TEST_CASE("the version-2 table ends with enqueue, synchronize and device time; version 1 still served") {
-  CHECK(KILN_RUNTIME_API_VERSION == 3);
+  CHECK(KILN_RUNTIME_API_VERSION >= 3);
   const kiln_api* v2 = kiln_get_api(2);
   REQUIRE(v2 != nullptr);
   CHECK((v2->model_enqueue == &kiln_model_enqueue));
@@ -34,7 +34,7 @@ TEST_CASE("the version-2 table ends with enqueue, synchronize and device time; v
   REQUIRE(v3 != nullptr);
   CHECK((v3->model_num_steps == &kiln_model_num_steps));
   CHECK((v3->model_profile_steps == &kiln_model_profile_steps));
-  CHECK(kiln_get_api(4) == nullptr);
+  CHECK(kiln_get_api(KILN_RUNTIME_API_VERSION + 1) == nullptr);
 }
 
 TEST_CASE("enable_timing defaults to off") {

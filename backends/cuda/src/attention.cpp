@@ -5,7 +5,9 @@
 // blocks it can see (causal blocks past the diagonal are skipped), rescales its output
 // accumulator when the max grows and divides by the sum once at the end. Scores are kept
 // in the log2 domain (scale·log2 e folded into one multiplier) so exp is one exp2f.
+#include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "lowerer.h"
 
@@ -17,6 +19,14 @@ const char* kHelpers = R"(
 #define KILN_ATTN_HELPERS
 #define KILN_LOG2E 1.4426950408889634f
 #define KILN_ATTN_INF __int_as_float(0x7f800000)
+// Sizes, the scale, mask strides and element strides of batch, head and sequence for q, k, v
+// and y (the innermost dim is contiguous): transposes around attention are read through them.
+struct KilnAttnArgs {
+  int Hq, Hkv, Sq, Skv;
+  float scale_log2;
+  long long msb, msh, msi, msj;
+  long long qb, qh, qs, kb, kh, ks, vb, vh, vs, yb, yh, ys;
+};
 __device__ __forceinline__ float kiln_attn_f(float x) { return x; }
 __device__ __forceinline__ float kiln_attn_f(double x) { return (float)x; }
 __device__ __forceinline__ float kiln_attn_f(__half x) { return __half2float(x); }
@@ -61,16 +71,16 @@ __device__ __forceinline__ void kiln_attn_cp16(void* s, const void* g, bool vali
 __device__ __forceinline__ void kiln_attn_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void kiln_attn_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-// Tensor-core flash attention (FlashAttention-2 layout): 4 warps own 32 query rows each (two
-// m16 tiles, so every K and V fragment read from shared memory feeds four mma) of a 128-row
-// tile; K and V tiles of 64 keys are double-buffered through cp.async; Q is re-read from
+// Tensor-core flash attention (FlashAttention-2 layout): NW warps own 16·WM query rows each
+// (by default 4 warps of two m16 tiles, so every K and V fragment read from shared memory
+// feeds four mma, for a 128-row tile); K and V tiles of 64 keys are double-buffered through cp.async; Q is re-read from
 // shared memory per k-step to leave registers to the accumulators; P stays in registers and
 // feeds the P·V mma directly. Requires Dv == D, D % 16 == 0.
-template <typename T, int D, bool CAUSAL, bool HAS_MASK, typename MT>
+template <typename T, int D, bool CAUSAL, bool HAS_MASK, typename MT, int WM = 2, int NW = 4>
 __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T* __restrict__ k,
-    const T* __restrict__ v, const MT* __restrict__ mask, T* __restrict__ y, int Hq, int Hkv, int Sq,
-    int Skv, float scale_log2, long long msb, long long msh, long long msi, long long msj) {
-  constexpr int WM = 2, NW = 4, BM = NW * 16 * WM, BN = 64, NT = NW * 32, LD = D + 8, CH = D / 8;
+    const T* __restrict__ v, const MT* __restrict__ mask, T* __restrict__ y, const KilnAttnArgs& a) {
+  constexpr int BM = NW * 16 * WM, BN = 64, NT = NW * 32, LD = D + 8, CH = D / 8;
+  const int Sq = a.Sq, Skv = a.Skv;
   extern __shared__ __align__(16) unsigned char kiln_attn_smem[];
   T* sQ = reinterpret_cast<T*>(kiln_attn_smem);
   T* sK = sQ + BM * LD;
@@ -78,10 +88,10 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   // Causal tiles near the end see the most keys: start them first.
   const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
-  const T* qp = q + (long long)(b * Hq + h) * Sq * D;
-  const T* kp = k + (long long)(b * Hkv + hk) * Skv * D;
-  const T* vp = v + (long long)(b * Hkv + hk) * Skv * D;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (a.Hq / a.Hkv);
+  const T* qp = q + b * a.qb + h * a.qh;
+  const T* kp = k + b * a.kb + hk * a.kh;
+  const T* vp = v + b * a.vb + hk * a.vh;
   const int off = Skv - Sq;
   int nblocks = (Skv + BN - 1) / BN;
   if (CAUSAL) {
@@ -91,7 +101,7 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
   for (int c = tid; c < BM * CH; c += NT) {
     const int r = c / CH, cc = c % CH;
     const bool ok = q0 + r < Sq;
-    kiln_attn_cp16(sQ + r * LD + cc * 8, qp + (long long)(ok ? q0 + r : 0) * D + cc * 8, ok);
+    kiln_attn_cp16(sQ + r * LD + cc * 8, qp + (ok ? q0 + r : 0) * a.qs + cc * 8, ok);
   }
   auto load_kv = [&](int blk, int buf) {
     const int n0 = blk * BN;
@@ -99,8 +109,8 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
       const int r = c / CH, cc = c % CH;
       const bool ok = n0 + r < Skv;
       const long long row = ok ? n0 + r : 0;
-      kiln_attn_cp16(sK + (buf * BN + r) * LD + cc * 8, kp + row * D + cc * 8, ok);
-      kiln_attn_cp16(sV + (buf * BN + r) * LD + cc * 8, vp + row * D + cc * 8, ok);
+      kiln_attn_cp16(sK + (buf * BN + r) * LD + cc * 8, kp + row * a.ks + cc * 8, ok);
+      kiln_attn_cp16(sV + (buf * BN + r) * LD + cc * 8, vp + row * a.vs + cc * 8, ok);
     }
   };
   if (nblocks > 0) load_kv(0, 0);
@@ -158,9 +168,9 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = n0 + j * 8 + 2 * t + (e & 1), row = wrow + m * 16 + g + (e >> 1) * 8;
-            float x = s[m][j][e] * scale_log2;
+            float x = s[m][j][e] * a.scale_log2;
             if (HAS_MASK && row < Sq && col < Skv)
-              x += kiln_attn_f(mask[b * msb + h * msh + row * msi + col * msj]) * KILN_LOG2E;
+              x += kiln_attn_f(mask[b * a.msb + h * a.msh + row * a.msi + col * a.msj]) * KILN_LOG2E;
             if (edge && (col >= Skv || (CAUSAL && col > row + off))) x = -KILN_ATTN_INF;
             s[m][j][e] = x;
           }
@@ -225,7 +235,7 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
       const float inv = 1.f / l;  // a row that saw no key: 0 * inf = NaN, as softmax over nothing
       const int row = wrow + m * 16 + g + r * 8;
       if (row >= Sq) continue;
-      T* yp = y + ((long long)(b * Hq + h) * Sq + row) * D + 2 * t;
+      T* yp = y + b * a.yb + h * a.yh + row * a.ys + 2 * t;
 #pragma unroll
       for (int d = 0; d < D / 8; ++d)
         *reinterpret_cast<unsigned*>(yp + d * 8) = kiln_attn_pack(o[m][d][2 * r] * inv, o[m][d][2 * r + 1] * inv, q);
@@ -237,19 +247,19 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
 // spread over the lanes. Q (pre-scaled), K and V tiles are staged in shared memory as f32.
 template <typename T, int D, int DV, bool CAUSAL, bool HAS_MASK, typename MT>
 __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const T* __restrict__ k,
-    const T* __restrict__ v, const MT* __restrict__ mask, T* __restrict__ y, int Hq, int Hkv, int Sq,
-    int Skv, float scale_log2, long long msb, long long msh, long long msi, long long msj) {
+    const T* __restrict__ v, const MT* __restrict__ mask, T* __restrict__ y, const KilnAttnArgs& a) {
   constexpr int BM = 32, BN = 32, NT = 256, RPW = BM / (NT / 32), VP = (DV + 31) / 32;
+  const int Sq = a.Sq, Skv = a.Skv;
   extern __shared__ __align__(16) unsigned char kiln_attn_smem[];
   float* sQ = reinterpret_cast<float*>(kiln_attn_smem);  // [BM][D]
   float* sK = sQ + BM * D;                                // [BN][D + 1]: lanes read rows
   float* sV = sK + BN * (D + 1);                          // [BN][DV]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
-  const T* qp = q + (long long)(b * Hq + h) * Sq * D;
-  const T* kp = k + (long long)(b * Hkv + hk) * Skv * D;
-  const T* vp = v + (long long)(b * Hkv + hk) * Skv * DV;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (a.Hq / a.Hkv);
+  const T* qp = q + b * a.qb + h * a.qh;
+  const T* kp = k + b * a.kb + hk * a.kh;
+  const T* vp = v + b * a.vb + hk * a.vh;
   const int off = Skv - Sq;
   int nblocks = (Skv + BN - 1) / BN;
   if (CAUSAL) {
@@ -257,7 +267,7 @@ __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const
     nblocks = min(nblocks, last < 0 ? 0 : last / BN + 1);
   }
   for (int i = tid; i < BM * D; i += NT)
-    sQ[i] = q0 + i / D < Sq ? kiln_attn_f(qp[(long long)q0 * D + i]) * scale_log2 : 0.f;
+    sQ[i] = q0 + i / D < Sq ? kiln_attn_f(qp[(q0 + i / D) * a.qs + i % D]) * a.scale_log2 : 0.f;
   float o[RPW][VP], mrow[RPW], lrow[RPW];
 #pragma unroll
   for (int i = 0; i < RPW; ++i) {
@@ -271,10 +281,10 @@ __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const
     __syncthreads();
     for (int i = tid; i < BN * D; i += NT) {
       const int r = i / D, c = i % D;
-      sK[r * (D + 1) + c] = n0 + r < Skv ? kiln_attn_f(kp[(long long)(n0 + r) * D + c]) : 0.f;
+      sK[r * (D + 1) + c] = n0 + r < Skv ? kiln_attn_f(kp[(n0 + r) * a.ks + c]) : 0.f;
     }
     for (int i = tid; i < BN * DV; i += NT)
-      sV[i] = n0 + i / DV < Skv ? kiln_attn_f(vp[(long long)n0 * DV + i]) : 0.f;
+      sV[i] = n0 + i / DV < Skv ? kiln_attn_f(vp[(n0 + i / DV) * a.vs + i % DV]) : 0.f;
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < RPW; ++i) {
@@ -283,7 +293,7 @@ __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const
 #pragma unroll 8
       for (int d = 0; d < D; ++d) x += sQ[lr * D + d] * sK[lane * (D + 1) + d];
       if (HAS_MASK && row < Sq && col < Skv)
-        x += kiln_attn_f(mask[b * msb + h * msh + row * msi + col * msj]) * KILN_LOG2E;
+        x += kiln_attn_f(mask[b * a.msb + h * a.msh + row * a.msi + col * a.msj]) * KILN_LOG2E;
       if (col >= Skv || (CAUSAL && col > row + off)) x = -KILN_ATTN_INF;
       float mx = x;
 #pragma unroll
@@ -314,12 +324,312 @@ __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const
 #pragma unroll
     for (int c = 0; c < VP; ++c)
       if (lane + 32 * c < DV)
-        kiln_attn_store(y + ((long long)(b * Hq + h) * Sq + row) * DV + lane + 32 * c, o[i][c] * inv);
+        kiln_attn_store(y + b * a.yb + h * a.yh + row * a.ys + lane + 32 * c, o[i][c] * inv);
   }
 }
 )";
 
+/// The Hopper warpgroup-MMA kernel (sm_90a only; other targets compile the mma.sync kernel in
+/// its place). Its wgmma wrappers are specializations the lowering generates per tile width.
+const char* kWgmma = R"(
+#define KILN_ATTN_WGMMA
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d (N/2 f32 per thread) = A·B (+ d when sd != 0); A and B from shared memory, both K-major.
+template <int N, typename T> __device__ void kiln_wgmma_ss(float* d, unsigned long long da, unsigned long long db, int sd);
+// d += A·B; A from registers (4 x b32 per thread), B from shared memory, MN-major.
+template <int N, typename T> __device__ void kiln_wgmma_rs(float* d, const unsigned* a, unsigned long long db);
+__device__ __forceinline__ void kiln_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void kiln_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void kiln_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Keeps the compiler from moving reads or writes of wgmma accumulators across the async MMA.
+template <int N> __device__ __forceinline__ void kiln_wg_pin(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte
+// offsets (each >> 4) in bits 0-13, 16-29, 32-45; layout 1 (128B) in bits 62-63.
+__device__ __forceinline__ unsigned long long kiln_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16 |
+         (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+// Element offset of (row r, 16-byte chunk c) in a tile of R rows stored as D/64 column blocks
+// of [R][64] with 128-byte rows whose chunks are XOR-swizzled by the row (the canonical
+// 128B-swizzle layout; the block base must be 1024-byte aligned).
+template <int R> __device__ __forceinline__ int kiln_wg_sw(int r, int c) {
+  return (c / 8) * R * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8;
+}
+
+// Flash attention on Hopper's warpgroup MMA (FlashAttention-3's math without warp
+// specialization): two warpgroups own 64 query rows each of a 128-row tile. Q, K and V tiles
+// sit in shared memory in the 128B-swizzled layout wgmma reads; S = Q·Kᵀ is one SS wgmma
+// chain per warpgroup into f32 registers, the online softmax runs on that fragment (per n8
+// chunk the mma.sync C layout), and P, packed to 16 bits in registers, is the A operand of
+// O += P·V with V read N-major. Software pipelined within the warpgroup: step j issues
+// S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together and runs the softmax of S_j while the P·V
+// product is still in flight (O is rescaled once it lands). cp.async group j brings K_{j+1}
+// and V_j, so K and V are each double-buffered.
+template <typename T, int D, int BN, bool CAUSAL, bool HAS_MASK, typename MT>
+__device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, const T* __restrict__ k,
+    const T* __restrict__ v, const MT* __restrict__ mask, T* __restrict__ y, const KilnAttnArgs& a) {
+  constexpr int NWG = 2, BM = 64 * NWG, NT = 128 * NWG, CH = D / 8;
+  extern __shared__ __align__(16) unsigned char kiln_attn_smem[];
+  const unsigned raw = (unsigned)__cvta_generic_to_shared(kiln_attn_smem);
+  const unsigned pad = ((raw + 1023u) & ~1023u) - raw;  // swizzle atoms need 1024-byte alignment
+  T* sQ = reinterpret_cast<T*>(kiln_attn_smem + pad);
+  T* sK = sQ + BM * D;
+  T* sV = sK + 2 * BN * D;
+  const unsigned aQ = raw + pad, aK = aQ + BM * D * 2, aV = aK + 2 * BN * D * 2;
+  const int Sq = a.Sq, Skv = a.Skv;
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / (a.Hq / a.Hkv);
+  const T* qp = q + b * a.qb + h * a.qh;
+  const T* kp = k + b * a.kb + hk * a.kh;
+  const T* vp = v + b * a.vb + hk * a.vh;
+  const int off = Skv - Sq;
+  const int wgrow = q0 + wg * 64, wrow = wgrow + (tid % 128) / 32 * 16;
+  // Key blocks the tile sees. A warpgroup computes them all: one that sees none of a block
+  // (only when Skv - Sq is not a multiple of the tile) masks it whole, which keeps every wgmma
+  // unconditional so that ptxas can keep them asynchronous.
+  int nblocks = (Skv + BN - 1) / BN;
+  if (CAUSAL) {
+    const int last = q0 + BM - 1 + off;
+    nblocks = min(nblocks, last < 0 ? 0 : last / BN + 1);
+  }
+  for (int c = tid; c < BM * CH; c += NT) {
+    const int r = c / CH, cc = c % CH;
+    const bool ok = q0 + r < Sq;
+    kiln_attn_cp16(sQ + kiln_wg_sw<BM>(r, cc), qp + (ok ? q0 + r : 0) * a.qs + cc * 8, ok);
+  }
+  auto load = [&](T* dst, const T* src, long long stride, int blk) {
+    const int n0 = blk * BN;
+    for (int c = tid; c < BN * CH; c += NT) {
+      const int r = c / CH, cc = c % CH;
+      const bool ok = n0 + r < Skv;
+      kiln_attn_cp16(dst + kiln_wg_sw<BN>(r, cc), src + (ok ? n0 + r : 0) * stride + cc * 8, ok);
+    }
+  };
+  // cp.async group j brings K_{j+1} and V_j (group -1: Q and K_0); waits for group j - 1.
+  auto stage = [&](int j) {
+    if (j < nblocks) {
+      if (j + 1 < nblocks) load(sK + ((j + 1) & 1) * BN * D, kp, a.ks, j + 1);
+      load(sV + (j & 1) * BN * D, vp, a.vs, j);
+      kiln_attn_commit();
+      kiln_attn_wait<1>();
+    } else {
+      kiln_attn_wait<0>();
+    }
+    // cp.async wrote through the generic proxy; wgmma reads through the async one.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+  };
+  auto issue_s = [&](float* s, int j) {
+    const unsigned kbuf = aK + (j & 1) * BN * D * 2;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // A k-step of 16 elements is 32 bytes into a 128-byte swizzled row of column block kk / 4.
+      const unsigned ks = (kk % 4) * 32;
+      const unsigned long long da = kiln_wg_desc(aQ + (kk / 4) * BM * 128 + wg * 64 * 128 + ks, 16, 1024);
+      const unsigned long long db = kiln_wg_desc(kbuf + (kk / 4) * BN * 128 + ks, 16, 1024);
+      kiln_wgmma_ss<BN, T>(s, da, db, kk > 0);
+    }
+    kiln_wg_commit();
+  };
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  unsigned pa[BN / 16][4];  // P of the previous key block, the A operand of its P·V
+  auto issue_pv = [&](int j) {
+    const unsigned vbuf = aV + (j & 1) * BN * D * 2;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      // 16 keys are two 8-row groups (1024 bytes each); column blocks of 64 dims are BN·128 bytes apart.
+      const unsigned long long db = kiln_wg_desc(vbuf + kk * 16 * 128, BN * 128, 1024);
+      kiln_wgmma_rs<D, T>(o, pa[kk], db);
+    }
+    kiln_wg_commit();
+  };
+  float mrow[2] = {-KILN_ATTN_INF, -KILN_ATTN_INF}, lrow[2] = {0.f, 0.f};
+  // Masks and exponentiates S_j in place, updates the row max and sum; alpha rescales O.
+  auto softmax = [&](float* s, int j, float* alpha) {
+    const int n0 = j * BN;
+    const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > wgrow + off);
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n0 + jj * 8 + 2 * t + (e & 1), row = wrow + g + (e >> 1) * 8;
+        float x = s[jj * 4 + e] * a.scale_log2;
+        if (HAS_MASK && row < Sq && col < Skv)
+          x += kiln_attn_f(mask[b * a.msb + h * a.msh + row * a.msi + col * a.msj]) * KILN_LOG2E;
+        if (edge && (col >= Skv || (CAUSAL && col > row + off))) x = -KILN_ATTN_INF;
+        s[jj * 4 + e] = x;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = mrow[r];
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj) mx = fmaxf(mx, fmaxf(s[jj * 4 + 2 * r], s[jj * 4 + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      // A row with nothing visible yet keeps max -inf; shifting by 0 keeps its exps at 0.
+      const float base = mx == -KILN_ATTN_INF ? 0.f : mx;
+      alpha[r] = exp2f(mrow[r] - base);
+      mrow[r] = mx;
+      float rs = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj) {
+        s[jj * 4 + 2 * r] = exp2f(s[jj * 4 + 2 * r] - base);
+        s[jj * 4 + 2 * r + 1] = exp2f(s[jj * 4 + 2 * r + 1] - base);
+        rs += s[jj * 4 + 2 * r] + s[jj * 4 + 2 * r + 1];
+      }
+      lrow[r] = lrow[r] * alpha[r] + rs;
+    }
+  };
+  // Per k-step of 16 keys the m16n8k16 A fragment, from two n8 chunks of S.
+  auto pack = [&](const float* s) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = kiln_attn_pack(s[8 * kk + 0], s[8 * kk + 1], q);
+      pa[kk][1] = kiln_attn_pack(s[8 * kk + 2], s[8 * kk + 3], q);
+      pa[kk][2] = kiln_attn_pack(s[8 * kk + 4], s[8 * kk + 5], q);
+      pa[kk][3] = kiln_attn_pack(s[8 * kk + 6], s[8 * kk + 7], q);
+    }
+  };
+  if (nblocks > 0) load(sK, kp, a.ks, 0);
+  kiln_attn_commit();
+  if (nblocks > 0) {
+    // Step 0: S_0 and its softmax alone.
+    stage(0);
+    float s[BN / 2], alpha[2];
+    kiln_wg_fence();
+    issue_s(s, 0);
+    kiln_wg_wait<0>();
+    kiln_wg_pin<BN / 2>(s);
+    softmax(s, 0, alpha);
+    pack(s);
+    __syncthreads();
+  }
+  // Step j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} in flight together; the softmax of S_j
+  // overlaps the P·V product, and O takes its rescale once that lands.
+  for (int j = 1; j < nblocks; ++j) {
+    stage(j);
+    float s[BN / 2], alpha[2];
+    kiln_wg_pin<D / 2>(o);
+    kiln_wg_fence();
+    issue_s(s, j);
+    issue_pv(j - 1);
+    kiln_wg_wait<1>();
+    kiln_wg_pin<BN / 2>(s);
+    softmax(s, j, alpha);
+    kiln_wg_wait<0>();
+    kiln_wg_pin<D / 2>(o);
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      o[d * 4 + 0] *= alpha[0];
+      o[d * 4 + 1] *= alpha[0];
+      o[d * 4 + 2] *= alpha[1];
+      o[d * 4 + 3] *= alpha[1];
+    }
+    pack(s);
+    __syncthreads();
+  }
+  if (nblocks > 0) {
+    stage(nblocks);
+    kiln_wg_pin<D / 2>(o);
+    kiln_wg_fence();
+    issue_pv(nblocks - 1);
+    kiln_wg_wait<0>();
+    kiln_wg_pin<D / 2>(o);
+  }
+  kiln_attn_wait<0>();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = 1.f / l;  // a row that saw no key: 0 * inf = NaN, as softmax over nothing
+    const int row = wrow + g + r * 8;
+    if (row >= Sq) continue;
+    T* yp = y + b * a.yb + h * a.yh + row * a.ys + 2 * t;
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+      *reinterpret_cast<unsigned*>(yp + d * 8) = kiln_attn_pack(o[d * 4 + 2 * r] * inv, o[d * 4 + 2 * r + 1] * inv, q);
+  }
+}
+#endif
+)";
+
+/// One wgmma wrapper specialization (sm_90a source): `rs` takes A from registers and B
+/// N-major (O += P·V), else both from shared memory K-major with a zeroing flag (S = Q·Kᵀ).
+/// The asm operand list has n/2 accumulators, which is why it is generated.
+std::string wgmma_wrapper(bool rs, int64_t n, const std::string& st) {
+  const std::string ab = st == "__half" ? "f16" : "bf16", m = std::to_string(n / 2);
+  std::string text = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\ntemplate <> __device__ __forceinline__ void kiln_wgmma_" +
+                     std::string(rs ? "rs" : "ss") + "<" + std::to_string(n) + ", " + st + ">(float* d, " +
+                     (rs ? "const unsigned* a, unsigned long long db) {\n" :
+                           "unsigned long long da, unsigned long long db, int sd) {\n") +
+                     "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" + std::to_string(n / 2 + (rs ? 5 : 2)) +
+                     ", 0;\\nwgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + ab + "." + ab + " {";
+  for (int64_t i = 0; i < n / 2; ++i) text += (i ? ", %" : "%") + std::to_string(i);
+  const int64_t h = n / 2;
+  if (rs)
+    text += "}, {%" + std::to_string(h) + ", %" + std::to_string(h + 1) + ", %" + std::to_string(h + 2) + ", %" +
+            std::to_string(h + 3) + "}, %" + std::to_string(h + 4) + ", p, 1, 1, 1;\\n}\\n\"\n      : ";
+  else
+    text += "}, %" + std::to_string(h) + ", %" + std::to_string(h + 1) + ", p, 1, 1, 0, 0;\\n}\\n\"\n      : ";
+  for (int64_t i = 0; i < n / 2; ++i) text += (i ? ", \"+f\"(d[" : "\"+f\"(d[") + std::to_string(i) + "])";
+  text += rs ? "\n      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(1));\n}\n#endif\n"
+             : "\n      : \"l\"(da), \"l\"(db), \"r\"(sd));\n}\n#endif\n";
+  return text;
+}
+
+/// perm [0, 2, 1, 3]: [B, S, H, D] <-> [B, H, S, D].
+bool swaps_seq_heads(const Node& t) {
+  if (t.op_name() != "transpose" || t.result()->shape().size() != 4) return false;
+  const Sizes perm = t.get_ints("perm");
+  if (perm.size() != 4) return false;
+  for (size_t d = 0; d < 4; ++d)
+    if (norm_axis(perm[d], 4) != (d == 1 ? 2 : d == 2 ? 1 : static_cast<int64_t>(d))) return false;
+  return true;
+}
+
 }  // namespace
+
+bool Lowerer::fold_attention_transpose(const Node& n) {
+  if (!swaps_seq_heads(n)) return false;
+  const int src = buf(n.operand(0));
+  if (bufs_[root(src)].kind == "weight") return false;  // a folded attention reads weights as stored
+  // Every path from the result must reach an attention's q, k or v, possibly through views that
+  // only add or drop unit dims (Llama's repeat_kv with one repeat: unsqueeze, expand-free reshape).
+  const Sizes ts = sizes_of(n.result());
+  auto squeezed = [](Sizes s) {
+    s.erase(std::remove(s.begin(), s.end(), int64_t{1}), s.end());
+    return s;
+  };
+  static const std::set<std::string> kViews = {"reshape", "flatten", "squeeze", "unsqueeze", "identity"};
+  std::vector<const Value*> todo = {n.result()}, ends;
+  while (!todo.empty()) {
+    const Value* v = todo.back();
+    todo.pop_back();
+    if (v->uses().empty()) return false;
+    for (const Use& u : v->uses()) {
+      if (!u.user) return false;
+      if (u.user->op_name() == "attention" && u.index <= 2 && sizes_of(v) == ts) {
+        ends.push_back(v);
+      } else if (kViews.count(u.user->op_name()) && squeezed(sizes_of(u.user->result())) == squeezed(ts)) {
+        todo.push_back(u.user->result());
+      } else {
+        return false;
+      }
+    }
+  }
+  // The view [B, H, S, D] of x: [B, S, H, D], as element strides of b, h and s.
+  const Sizes xs = sizes_of(n.operand(0));
+  val_[n.result()] = src;
+  for (const Value* v : ends) bhs_strides_[v] = {xs[1] * xs[2] * xs[3], xs[3], xs[2] * xs[3]};
+  return true;
+}
 
 Status Lowerer::attention(const Node& n) {
   for (const Value* v : n.operands()) KILN_RETURN_IF_ERROR(check_static(v));
@@ -339,7 +649,17 @@ Status Lowerer::attention(const Node& n) {
   note_dtype(DType::kBF16);
   const Sizes qs = sizes_of(n.operand(0)), ks = sizes_of(n.operand(1)), vs = sizes_of(n.operand(2));
   const int64_t B = qs[0], hq = qs[1], sq = qs[2], d = qs[3], hkv = ks[1], skv = ks[2], dv = vs[3];
-  const int out = activation_for(n.result());
+  // A sole user transposing the result to [B, S, H, D] is absorbed: the kernel writes its layout.
+  const Value* r = n.result();
+  const Node* tr = r->uses().size() == 1 && r->uses()[0].user && swaps_seq_heads(*r->uses()[0].user)
+                       ? r->uses()[0].user : nullptr;
+  const int out = activation_for(tr ? tr->result() : r);
+  Sizes ys = {hq * sq * dv, sq * dv, dv};
+  if (tr) {
+    absorbed_.insert(tr);
+    val_[r] = out;
+    ys = {sq * hq * dv, dv, hq * dv};
+  }
   if (B * hq * sq * dv == 0) return ok_status();
   if (skv == 0) return unsupported(n, "no keys (Skv = 0)");
   if (hq > 65535 || B > 65535 || sq > (int64_t{1} << 30) || skv > (int64_t{1} << 30))
@@ -359,27 +679,51 @@ Status Lowerer::attention(const Node& n) {
   if (source_.find("#define KILN_ATTN_HELPERS") == std::string::npos) source_ += kHelpers;
   const bool causal = n.get_int("causal") != 0;
   const float scale_log2 = static_cast<float>(n.get_float("scale") * 1.4426950408889634);
-  const int64_t bm = mma ? 128 : 32;
-  const int64_t smem = mma ? (bm + 4 * 64) * (d + 8) * 2 : (bm * d + 32 * (d + 1) + 32 * dv) * 4;
+  // Hopper plans launch the wgmma kernel's shape (2 warpgroups, 128 rows); its sm_90a image runs
+  // it, other images of the same plan (compute_90 PTX) the mma.sync kernel as 8 warps of 16 rows.
+  const bool wgmma = mma && opts_.target.rfind("cuda-sm90", 0) == 0;
+  const int64_t bm = mma ? 128 : 32, bn = 128;
+  int64_t smem = mma ? (bm + 4 * 64) * (d + 8) * 2 : (bm * d + 32 * (d + 1) + 32 * dv) * 4;
+  if (wgmma) smem = std::max(smem, (bm * d + 4 * bn * d) * 2 + 1024);
   const std::string name = kernel_name("attention");
-  const std::string tmpl =
-      mma ? "kiln_flash_attn<" + st + ", " + std::to_string(d)
-          : "kiln_attn_generic<" + st + ", " + std::to_string(d) + ", " + std::to_string(dv);
-  const int64_t threads = mma ? 128 : 256;
-  std::string text = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + name + "(const " + st +
-                     "* q, const " + st + "* k, const " + st + "* v, " +
-                     (has_mask ? "const " + mt + "* mask, " : std::string()) + st + "* y) {\n  " + tmpl +
-                     ", " + (causal ? "true" : "false") + ", " + (has_mask ? "true" : "false") + ", " + mt +
-                     ">(q, k, v, " + (has_mask ? "mask" : "(const float*)nullptr") + ", y, " +
-                     std::to_string(hq) + ", " + std::to_string(hkv) + ", " + std::to_string(sq) + ", " +
-                     std::to_string(skv) + ", " + literal(DType::kF32, scale_log2) + ", " +
-                     int_literal(ms[0]) + ", " + int_literal(ms[1]) + ", " + int_literal(ms[2]) + ", " +
-                     int_literal(ms[3]) + ");\n}\n";
+  const std::string flags = std::string(causal ? "true" : "false") + ", " + (has_mask ? "true" : "false") + ", " + mt;
+  const std::string call = "(q, k, v, " + std::string(has_mask ? "mask" : "(const float*)nullptr") + ", y, a);\n";
+  std::string body;
+  if (wgmma) {
+    if (source_.find("#define KILN_ATTN_WGMMA") == std::string::npos) source_ += kWgmma;
+    for (const auto& [rs, w] : {std::pair{false, bn}, std::pair{true, d}}) {
+      const std::string key = std::string(rs ? "kiln_wgmma_rs<" : "kiln_wgmma_ss<") + std::to_string(w) + ", " + st + ">(";
+      if (source_.find(key) == std::string::npos) source_ += wgmma_wrapper(rs, w, st);
+    }
+    body = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n  kiln_flash_attn_wgmma<" + st + ", " + std::to_string(d) + ", " +
+           std::to_string(bn) + ", " + flags + ">" + call + "#else\n  kiln_flash_attn<" + st + ", " +
+           std::to_string(d) + ", " + flags + ", 1, 8>" + call + "#endif\n";
+  } else {
+    body = "  " + (mma ? "kiln_flash_attn<" + st + ", " + std::to_string(d)
+                       : "kiln_attn_generic<" + st + ", " + std::to_string(d) + ", " + std::to_string(dv)) +
+           ", " + flags + ">" + call;
+  }
+  auto strides = [&](const Value* v) {
+    const auto it = bhs_strides_.find(v);
+    if (it != bhs_strides_.end()) return it->second;
+    const Sizes s = sizes_of(v);
+    return Sizes{s[1] * s[2] * s[3], s[2] * s[3], s[3]};
+  };
+  std::string args = std::to_string(hq) + ", " + std::to_string(hkv) + ", " + std::to_string(sq) + ", " +
+                     std::to_string(skv) + ", " + literal(DType::kF32, scale_log2);
+  for (int64_t m : ms) args += ", " + int_literal(m);
+  for (const Sizes& s3 : {strides(n.operand(0)), strides(n.operand(1)), strides(n.operand(2)), ys})
+    for (int64_t x : s3) args += ", " + int_literal(x);
+  const int64_t threads = wgmma ? 256 : mma ? 128 : 256;
+  const std::string text = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + name +
+                           "(const " + st + "* q, const " + st + "* k, const " + st + "* v, " +
+                           (has_mask ? "const " + mt + "* mask, " : std::string()) + st +
+                           "* y) {\n  const KilnAttnArgs a = {" + args + "};\n" + body + "}\n";
   add_kernel_text(name, text);
-  std::vector<int> args = {buf(n.operand(0)), buf(n.operand(1)), buf(n.operand(2))};
-  if (has_mask) args.push_back(buf(n.operand(3)));
-  args.push_back(out);
-  launch_grid(name, {(sq + bm - 1) / bm, hq, B}, threads, smem, args);
+  std::vector<int> bufs = {buf(n.operand(0)), buf(n.operand(1)), buf(n.operand(2))};
+  if (has_mask) bufs.push_back(buf(n.operand(3)));
+  bufs.push_back(out);
+  launch_grid(name, {(sq + bm - 1) / bm, hq, B}, threads, smem, bufs);
   return ok_status();
 }
 

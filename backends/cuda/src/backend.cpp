@@ -5,10 +5,14 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "kiln/core/artifact.h"
+#include "kiln/cuda/autotune.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/op.h"
 #include "kiln/runtime.h"
@@ -30,6 +34,24 @@ Status from_runtime(kiln_status* s, const std::string& what) {
     case KILN_STATUS_NO_DEVICE: return failed_precondition(msg);
     default: return internal_error(msg);
   }
+}
+
+/// The architecture digits of a target or device name: "sm_90a" → "90", "compute_100f" → "100".
+std::string arch_digits(const std::string& name) {
+  const size_t us = name.find('_');
+  if (us == std::string::npos) return "";
+  std::string d;
+  for (size_t i = us + 1; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) d += name[i];
+  return d;
+}
+
+/// The speedup of a choice over the library's own, for the summary.
+double speedup(const TunedChoice& c) { return c.best_ms > 0 ? c.heuristic_ms / c.best_ms : 1.0; }
+
+std::string fixed2(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
 }
 
 std::string cuda_version() {
@@ -62,6 +84,7 @@ class CudaBackend final : public Backend {
   CudaBackend(Capabilities caps, const Options& o)
       : caps_(std::move(caps)), keep_source_(!o.has("keep-source") || o.get_bool("keep-source")) {
     opts_.allow_tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
+    autotune_ = o.has("autotune") && o.get_bool("autotune");
     if (o.has("conv")) opts_.conv = o.get_string("conv");
     opts_.fp8 = caps_.fp8;
     opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
@@ -102,6 +125,14 @@ class CudaBackend final : public Backend {
       out.images.push_back({t, image_form(t), std::move(image)});
       if (keep_source_) out.sources[t] = lowered.source;
     }
+    // Tuned once per plan: a later generation's backend sees the algo= fields and leaves them.
+    if (autotune_ && out.plan.find(" algo=") == std::string::npos) {
+      std::vector<std::string> warnings;
+      KILN_ASSIGN_OR_RETURN(std::string summary, autotune_artifact(out, targets, {}, &warnings));
+      for (const std::string& w : warnings) std::fprintf(stderr, "kiln: warning: %s\n", w.c_str());
+      std::fprintf(stderr, "kiln: note: %s\n", summary.c_str());
+      out.meta["autotune"] = summary;
+    }
     return ok_status();
   }
 
@@ -111,6 +142,7 @@ class CudaBackend final : public Backend {
   Capabilities caps_;
   LoweringOptions opts_;
   bool keep_source_;
+  bool autotune_ = false;
 };
 
 StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs) {
@@ -163,6 +195,145 @@ StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs
 
 }  // namespace
 
+KernelCacheKey autotune_cache_key(const std::string& problem) {
+  return KernelCacheKey{problem, "autotune", "", {"kiln-autotune-choice 1"}, std::string("kiln@") + KILN_VERSION_STRING};
+}
+
+std::string encode_tuned_choice(const TunedChoice& c) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6f %.6f", c.best_ms, c.heuristic_ms);
+  return "kiln-autotune 1\nchoice " + c.choice + "\nms " + buf + "\n";
+}
+
+std::optional<TunedChoice> decode_tuned_choice(const std::string& payload) {
+  // Exactly: "kiln-autotune 1\nchoice algo=...\nms BEST HEURISTIC\n", both times positive.
+  const std::string head = "kiln-autotune 1\nchoice ";
+  const size_t nl = payload.find('\n', head.size());
+  if (!payload.starts_with(head) || nl == std::string::npos || payload.compare(nl, 4, "\nms ") != 0 ||
+      !payload.ends_with("\n"))
+    return std::nullopt;
+  TunedChoice c;
+  c.choice = payload.substr(head.size(), nl - head.size());
+  if (!c.choice.starts_with("algo=") || c.choice.size() == 5) return std::nullopt;
+  const char* end = payload.data() + payload.size() - 1;
+  auto [p, e1] = std::from_chars(payload.data() + nl + 4, end, c.best_ms);
+  if (e1 != std::errc() || p == end || *p != ' ') return std::nullopt;
+  auto [q, e2] = std::from_chars(p + 1, end, c.heuristic_ms);
+  if (e2 != std::errc() || q != end || !(c.best_ms > 0) || !(c.heuristic_ms > 0)) return std::nullopt;
+  return c;
+}
+
+StatusOr<std::string> apply_tuned_choices(const std::string& plan, const std::map<size_t, std::string>& choices) {
+  std::string out;
+  size_t index = 0, applied = 0;
+  for (size_t at = 0; at < plan.size();) {
+    size_t nl = plan.find('\n', at);
+    if (nl == std::string::npos) nl = plan.size();
+    std::string line = plan.substr(at, nl - at);
+    if (line.starts_with("step ")) {
+      if (auto it = choices.find(index); it != choices.end()) {
+        if (line.find(" algo=") != std::string::npos)
+          return invalid_argument("autotune: plan step " + std::to_string(index) + " already has an algo=");
+        line += " " + it->second;
+        ++applied;
+      }
+      ++index;
+    }
+    out += line + (nl < plan.size() ? "\n" : "");
+    at = nl + 1;
+  }
+  if (applied != choices.size())
+    return invalid_argument("autotune: the plan has " + std::to_string(index) + " steps, a choice names step " +
+                            std::to_string(choices.rbegin()->first));
+  return out;
+}
+
+std::string autotune_target_for(const std::string& device, const std::vector<std::string>& targets) {
+  const std::string want = arch_digits(device);
+  for (const std::string& t : targets)
+    if (!want.empty() && arch_digits(t) == want) return t;
+  return "";
+}
+
+StatusOr<std::string> autotune_artifact(ArtifactContents& art, const std::vector<std::string>& targets,
+                                        const AutotuneOptions& opts, std::vector<std::string>* warnings) {
+  std::string wanted;
+  for (const std::string& t : targets) wanted += (wanted.empty() ? "" : ", ") + t;
+  const std::string keep = "; steps keep cuBLASLt's heuristic and cuDNN's load-time search";
+  kiln_runtime_options ro;
+  kiln_runtime_options_initialize(&ro);
+  ro.use_cuda_graphs = 0;  // the model only serves timing: no warm-up run, no capture
+  kiln_runtime* rt = nullptr;
+  if (kiln_status* st = kiln_runtime_create(&ro, &rt)) {
+    const bool no_device = kiln_status_get_code(st) == KILN_STATUS_NO_DEVICE;
+    const std::string why = kiln_status_get_message(st);
+    kiln_status_release(st);
+    return "autotune: no CUDA device for " + wanted + " here" + (no_device ? "" : " (" + why + ")") + keep;
+  }
+  std::unique_ptr<kiln_runtime, void (*)(kiln_runtime*)> rt_guard(rt, kiln_runtime_release);
+  const std::string device = kiln_runtime_device_name(rt);
+  if (autotune_target_for(device, targets).empty())
+    return "autotune: the CUDA device here is " + device + ", not " + wanted + keep;
+  const std::string bytes = serialize_artifact(art);
+  kiln_model* model = nullptr;
+  if (kiln_status* st = kiln_model_load_memory(rt, bytes.data(), bytes.size(), &model)) {
+    const std::string why = kiln_status_get_message(st);
+    kiln_status_release(st);
+    return "autotune: cannot load the plan on " + device + " (" + why + ")" + keep;
+  }
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model_guard(model, kiln_model_release);
+
+  KernelCache cache;
+  std::map<std::string, TunedChoice> by_problem;  // each distinct problem is tuned once
+  std::map<size_t, std::string> choices;
+  int gemms = 0, gemms_cached = 0, convs = 0, convs_cached = 0;
+  std::string best_label;
+  double best_speedup = 0;
+  for (size_t i = 0; i < kiln_model_num_steps(model); ++i) {
+    char problem_buf[2048];
+    KILN_RETURN_IF_ERROR(from_runtime(kiln_model_step_problem(model, i, problem_buf, sizeof problem_buf), "autotune"));
+    const std::string problem = problem_buf;
+    if (problem.empty()) continue;
+    auto known = by_problem.find(problem);
+    if (known == by_problem.end()) {
+      const bool gemm = problem.starts_with("gemm");
+      const KernelCacheKey key = autotune_cache_key(problem);
+      std::string warning;
+      std::optional<TunedChoice> c;
+      if (std::optional<std::string> hit = cache.lookup(key, &warning)) {
+        c = decode_tuned_choice(*hit);
+        if (!c) warning = "autotune: cache entry for '" + problem.substr(0, problem.find(" |")) +
+                          "' is not a tuned choice; re-tuning";
+      }
+      if (!warning.empty() && warnings) warnings->push_back(warning);
+      const bool cached = c.has_value();
+      if (!c) {
+        kiln_tune_result r{};
+        r.struct_size = sizeof r;
+        KILN_RETURN_IF_ERROR(from_runtime(
+            kiln_model_tune_step(model, i, opts.max_candidates, opts.iterations, &r), "autotune"));
+        if (r.candidates == 0) continue;  // nothing ran here: the step keeps the library's choice
+        c = TunedChoice{r.choice, r.best_ms, r.heuristic_ms};
+        (void)cache.store(key, encode_tuned_choice(*c));  // a cache that cannot be written only costs time
+      }
+      (gemm ? gemms : convs)++;
+      if (cached) (gemm ? gemms_cached : convs_cached)++;
+      if (speedup(*c) > best_speedup) best_speedup = speedup(*c), best_label = problem.substr(0, problem.find(" |"));
+      known = by_problem.emplace(problem, *c).first;
+    }
+    choices[i] = known->second.choice;
+  }
+  model_guard.reset();
+  if (!choices.empty()) {
+    KILN_ASSIGN_OR_RETURN(art.plan, apply_tuned_choices(art.plan, choices));
+  }
+  std::string summary = "autotune: " + std::to_string(gemms) + " gemm problem" + (gemms == 1 ? "" : "s") + " (" +
+                        std::to_string(gemms_cached) + " from cache), " + std::to_string(convs) + " conv (" +
+                        std::to_string(convs_cached) + " from cache) on " + device;
+  if (!best_label.empty()) summary += "; best vs heuristic: " + fixed2(best_speedup) + "x on " + best_label;
+  return summary;
+}
+
 Status register_backend(Registry& r, const Capabilities& caps) {
   BackendInfo info;
   info.name = caps.plugin;
@@ -170,6 +341,9 @@ Status register_backend(Registry& r, const Capabilities& caps) {
   info.summary = caps.summary;
   info.targets = caps.targets;
   info.options = {{"allow-tf32", OptionType::kBool, false, "f32 matmuls may use tf32 tensor cores"},
+                  {"autotune", OptionType::kBool, false,
+                   "time cuBLASLt/cuDNN algorithms on this machine's GPU at compile time and record the fastest in "
+                   "the plan (cached in the kernel cache)"},
                   {"keep-source", OptionType::kBool, true, "store the generated CUDA source in artifacts"},
                   {"conv", OptionType::kString, std::string("cudnn"),
                    "convolutions through cudnn (needs libcudnn.so.9 at run time) or gemm (im2col + cuBLASLt)"}};

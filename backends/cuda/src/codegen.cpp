@@ -83,6 +83,16 @@ std::string literal(DType t, double v) {
   return "(" + s + (dbl ? "" : "f") + ")";
 }
 
+std::string vector_type(int64_t bytes) {
+  switch (bytes) {
+    case 1: return "unsigned char";
+    case 2: return "unsigned short";
+    case 4: return "unsigned";
+    case 8: return "uint2";
+    default: return "uint4";
+  }
+}
+
 int64_t product(const Sizes& s) {
   int64_t p = 1;
   for (int64_t v : s) p *= v;

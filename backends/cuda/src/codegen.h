@@ -25,6 +25,8 @@ std::string round_expr(DType t, const std::string& expr);
 /// A literal of the register type of `t`.
 std::string literal(DType t, double v);
 std::string int_literal(int64_t v);
+/// The unsigned type (or CUDA vector type) that moves `bytes` (1, 2, 4, 8 or 16) in one access.
+std::string vector_type(int64_t bytes);
 
 int64_t product(const Sizes& s);
 Sizes contiguous_strides(const Sizes& s);

@@ -1,8 +1,9 @@
 // Lowering of matmul_int4 (packed 4-bit weights, group scales; layout in ir/src/ops/int4.cpp):
-// a GEMV kernel for M <= 8, an mma.sync tensor-core kernel for M <= 64, and above that a
-// dequantize kernel into a bf16/f16 scratch weight followed by the ordinary cuBLASLt gemm.
+// a streaming mma.sync kernel for f16/bf16 x with M <= 64 (split-K across blocks when N is
+// small), a GEMV kernel for f32 x with M <= 8, and otherwise a dequantize kernel into a
+// bf16/f16/f32 scratch weight followed by the ordinary cuBLASLt gemm.
 //
-// Both fused kernels turn nibbles into numbers with the exponent trick: a nibble q OR'ed into
+// The fused kernels turn nibbles into numbers with the exponent trick: a nibble q OR'ed into
 // 0x6400 (f16 1024) or 0x4300 (bf16 128) reads as 1024 + q or 128 + q, so one lop3 and one
 // subtraction dequantize two values at once. Signed nibbles become offset binary (q + 8) by an
 // XOR with 0x8 first.
@@ -60,10 +61,16 @@ __device__ __forceinline__ void kiln_i4_mma(float* c, const unsigned* a, unsigne
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(s);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void kiln_i4_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void kiln_i4_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 #endif
 )";
 
-// GEMV, M <= 8. A warp owns R weight rows; its lane l reads 16 bytes (32 values) at k = c + 32 l
+// GEMV, f32 x and M <= 8 (or a view of w the streaming kernel cannot read). A warp owns R weight rows; its lane l reads 16 bytes (32 values) at k = c + 32 l
 // of each row for chunks c of 1024, so a row's chunk is one coalesced 512-byte read and the R
 // loads are in flight together. x is staged per chunk in shared memory as f32 with 4 floats of
 // padding every 32, which makes the lanes' float4 reads conflict-free. The group scale is
@@ -136,81 +143,166 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 }
 )";
 
-// Tensor cores, 8 < M <= 64: mma.sync m16n8k16 with A = x rows and B = dequantized weights.
-// A warp owns 8 weight rows (one n8 tile) per T tiles; lane l holds row n = l / 4 of a tile and
-// reads 16 bytes (32 values) at k = kb + 32 (l % 4) of each 128-wide k block. The sum over k
-// is order-free, so the mma's k slots are permuted to match what each lane loaded: in step s of
-// the block, slots 2t..2t+1 and 8+2t..8+2t+1 (t = l % 4) hold k = kb + 32t + 4s + 0..3, which
-// is byte 2s and 2s+1 of the lane's 16 bytes; the A fragment then needs x[m][kb + 32t + 4s ..
-// +3], 8 contiguous bytes that the lane reads from global memory (x is small and L1/L2
-// resident). Scales and zeros apply in the dequantize, per lane and block (one group).
-const char* kMma = R"(
-extern "C" __global__ void __launch_bounds__(128) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
-    const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y) {
-  constexpr int M = $M, N = $N, K = $K, G = $G, T = $T, MT = (M + 15) / 16;
+// Tensor cores, every M <= 64 with f16/bf16 x: one streaming kernel, built to read the packed
+// weights once at full HBM bandwidth. mma.sync m16n8k16 with A = dequantized weights (16 rows
+// of N) and B = x^T (8 rows of M per n8 tile), so M = 1..8 pads only to 8, not 16.
+//
+// Block: 256 threads = 4 N-warps x 2 K-warps, 64 weight rows (grid.x = N / 64). The block walks
+// its K range in super-chunks of 2 KC; K-warp wk takes KC of each (D = KC / 128 k-blocks), and
+// the two halves are summed through shared memory at the end. grid.y splits K across blocks
+// when N gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32
+// scratch and a second kernel adds the bias and rounds (the lowering zeroes the scratch).
+// Memory parallelism: a warp loads all D k-blocks of its next super-chunk (2 x 16 B per lane and
+// k-block: 4 KB per warp at D = 4, 32 KB per SM with one block of 8 warps, 256 B contiguous
+// per row) into registers before it computes the current one; x for the next super-chunk goes
+// to the other half of a double buffer with cp.async, so neither waits on the other.
+//
+// Fragments: lane (g = l / 4, t = l % 4) loads 16 bytes (32 values) of rows g and g + 8 at
+// k = kb + 32 t of each 128-wide k-block. The sum over k is order-free, so the mma's k slots
+// follow the nibbles: word v of the 16 bytes holds values 8v..8v+7, and one lop3 of
+// (w >> 4j) & 0x000F000F turns nibbles j and j + 4 into a half pair (exponent trick). Step
+// (v, h) puts pairs 2h / 2h+1 in slots 2t, 2t+1 / 2t+8, 2t+9, so the B fragment needs
+// x[m][8v + 2h, +4] and x[m][8v + 2h + 1, +5]: two byte permutes of one 16-byte read of x.
+// x sits in shared memory as [buffer][wk][M][KC + 16]: the 16-byte chunk c of a row is stored
+// at c ^ ((c >> 3) & 1) and rows are 32 mod 128 bytes apart, which makes each quarter-warp's
+// 16-byte reads (rows g, g+1, chunks 4t + v) hit 8 distinct bank groups.
+//
+// Scales: with group 128 and symmetric weights a k-block is one group, so the mma runs on the
+// exact integers q and each k-block's sum is scaled in f32 (POST); otherwise (groups 32/64,
+// zeros) the dequantize applies (q - zero) * scale per pair, a lane's 32 values being one group.
+const char* kStream = R"(
+extern "C" __global__ void __launch_bounds__(256, 1) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
+    const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
+    float* __restrict__ part) {
+  constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
+  constexpr int NSC = (K + 2 * KC - 1) / (2 * KC), PER = $PER, SPLIT = $SPLIT;
+  constexpr bool POST = $POST, ASYM = $ASYM;
   typedef $XT E;
   typedef $E2 E2;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3, rn = lane >> 2;
-  const int nb = (blockIdx.x * 4 + warp) * 8 * T;
-  float c[MT][T][4];
-  #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
+  E* xs = reinterpret_cast<E*>(kiln_i4_smem);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp & 3, wk = warp >> 2, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 64 + wn * 16, ra = n0 + g, rb = n0 + g + 8;
+  const int sc0 = blockIdx.y * PER, sc1 = min(sc0 + PER, NSC);
+  struct Group {
+    uint4 a[D], b[D];
+    float sa[D], sb[D], za[D], zb[D];
+  };
+  // The weights, scales and zeros of super-chunk sc for this lane (zeros past K or N).
+  auto load = [&](int sc, Group& q) {
     #pragma unroll
-    for (int j = 0; j < T; ++j) c[i][j][0] = c[i][j][1] = c[i][j][2] = c[i][j][3] = 0.f;
-  for (int kb = 0; kb < K; kb += 128) {
-    const int k = kb + 32 * t;
-    const bool kin = k < K;
-    uint4 q[T];
-    E2 sc[T], zr[T];
-    #pragma unroll
-    for (int j = 0; j < T; ++j) {
-      const int n = nb + 8 * j + rn;
-      const bool ok = kin && n < N;
-      q[j] = ok ? __ldg(reinterpret_cast<const uint4*>(w + (long long)n * (K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
-      const long long gi = (long long)(ok ? n : 0) * (K / G) + (kin ? k : 0) / G;
-      sc[j] = ok ? $CVT2(kiln_i4_f(scales[gi])) : $CVT2(0.f);
-      zr[j] = $CVT2($ZERO);
-      if ($FLIP) q[j].x ^= $FLIP, q[j].y ^= $FLIP, q[j].z ^= $FLIP, q[j].w ^= $FLIP;
+    for (int d = 0; d < D; ++d) {
+      const int kb = sc * 2 * KC + wk * KC + d * 128, k = kb + 32 * t;
+      const bool kin = sc < sc1 && k < K, oka = kin && ra < N, okb = kin && rb < N;
+      q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(w + (long long)ra * (K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
+      q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(w + (long long)rb * (K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
+      const int gk = (POST ? kb : k) / G;
+      q.sa[d] = oka ? kiln_i4_f(scales[(long long)ra * (K / G) + gk]) : 0.f;
+      q.sb[d] = okb ? kiln_i4_f(scales[(long long)rb * (K / G) + gk]) : 0.f;
+      q.za[d] = ASYM && oka ? kiln_i4_f(zeros[(long long)ra * (K / G) + gk]) : 0.f;
+      q.zb[d] = ASYM && okb ? kiln_i4_f(zeros[(long long)rb * (K / G) + gk]) : 0.f;
     }
+  };
+  // x[:, super-chunk sc] into buffer buf with cp.async (zero past K; K % 32 == 0).
+  auto stage = [&](int sc, int buf) {
+    for (int i = threadIdx.x; i < M * (2 * KC / 8); i += 256) {
+      const int m = i / (2 * KC / 8), c = i % (2 * KC / 8), h = c / (KC / 8), cc = c % (KC / 8);
+      const int k = sc * 2 * KC + c * 8;
+      kiln_i4_cp16(xs + ((buf * 2 + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8, x + (long long)m * K + (k < K ? k : 0), k < K);
+    }
+  };
+  float acc[MN][4];
+  #pragma unroll
+  for (int j = 0; j < MN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
+  Group cur, nxt;
+  load(sc0, cur);
+  stage(sc0, 0);
+  kiln_i4_commit();
+  for (int sc = sc0; sc < sc1; ++sc) {
+    const int buf = (sc - sc0) & 1;
+    load(sc + 1, nxt);  // in flight while this super-chunk is computed
+    if (sc + 1 < sc1) stage(sc + 1, buf ^ 1);
+    kiln_i4_commit();
+    kiln_i4_wait1();
+    __syncthreads();
+    const E* xb = xs + (buf * 2 + wk) * M * RS;
     #pragma unroll
-    for (int s2 = 0; s2 < 4; ++s2) {
-      // A: rows rn + 16 i (+8), 8 values (two mma steps) at k + 8 s2.
-      uint4 a[MT][2];
+    for (int d = 0; d < D; ++d) {
+      float tmp[MN][4];
       #pragma unroll
-      for (int i = 0; i < MT; ++i)
+      for (int j = 0; j < MN; ++j) tmp[j][0] = tmp[j][1] = tmp[j][2] = tmp[j][3] = 0.f;
+      const E2 sa2 = $CVT2(cur.sa[d]), sb2 = $CVT2(cur.sb[d]), za2 = $CVT2(cur.za[d]), zb2 = $CVT2(cur.zb[d]);
+      #pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int cc = d * 16 + 4 * t + v;
+        uint4 xv[MN];
+        #pragma unroll
+        for (int j = 0; j < MN; ++j)
+          xv[j] = 8 * j + g < M ? *reinterpret_cast<const uint4*>(xb + (8 * j + g) * RS + (cc ^ ((cc >> 3) & 1)) * 8)
+                                : make_uint4(0, 0, 0, 0);
+        const unsigned wa = (&cur.a[d].x)[v] ^ $FLIP, wb = (&cur.b[d].x)[v] ^ $FLIP;
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int m = 16 * i + rn + 8 * h;
-          a[i][h] = kin && m < M ? __ldg(reinterpret_cast<const uint4*>(x + (long long)m * K + k + 8 * s2)) : make_uint4(0, 0, 0, 0);
-        }
-      #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int s = 2 * s2 + h;  // bytes 2s, 2s+1 of the lane's 16
-        #pragma unroll
-        for (int j = 0; j < T; ++j) {
-          const unsigned word = (&q[j].x)[s >> 1], sh = (s & 1) * 16;
-          const unsigned b0 = kiln_i4_deq(E(), (word >> sh) & 0xFFu, zr[j], sc[j]);
-          const unsigned b1 = kiln_i4_deq(E(), (word >> (sh + 8)) & 0xFFu, zr[j], sc[j]);
+          unsigned af[4];
           #pragma unroll
-          for (int i = 0; i < MT; ++i) {
-            const unsigned lo = h ? a[i][0].z : a[i][0].x, hi = h ? a[i][0].w : a[i][0].y;
-            const unsigned lo8 = h ? a[i][1].z : a[i][1].x, hi8 = h ? a[i][1].w : a[i][1].y;
-            const unsigned af[4] = {lo, lo8, hi, hi8};
-            kiln_i4_mma(c[i][j], af, b0, b1, E());
+          for (int r = 0; r < 4; ++r) {
+            // af: row g pair 2h, row g+8 pair 2h, row g pair 2h+1, row g+8 pair 2h+1.
+            const unsigned bits = ((((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1)))) & 0x000F000Fu) | $EXP;
+            const E2 p = *reinterpret_cast<const E2*>(&bits);
+            E2 q;
+            if (POST) q = __hsub2(p, off2);
+            else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
+            else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
+            af[r] = kiln_i4_u32(q);
+          }
+          #pragma unroll
+          for (int j = 0; j < MN; ++j) {
+            const unsigned lo = h ? xv[j].y : xv[j].x, hi = h ? xv[j].w : xv[j].z;
+            kiln_i4_mma(POST ? tmp[j] : acc[j], af, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632), E());
           }
         }
       }
+      if (POST) {
+        #pragma unroll
+        for (int j = 0; j < MN; ++j) {
+          acc[j][0] += cur.sa[d] * tmp[j][0], acc[j][1] += cur.sa[d] * tmp[j][1];
+          acc[j][2] += cur.sb[d] * tmp[j][2], acc[j][3] += cur.sb[d] * tmp[j][3];
+        }
+      }
     }
+    __syncthreads();  // the buffer is refilled two super-chunks on
+    cur = nxt;
   }
-  #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  // K-warp 1 hands its sums to K-warp 0 (the x buffers are free now).
+  float* red = reinterpret_cast<float*>(kiln_i4_smem);
+  if (wk == 1)
     #pragma unroll
-    for (int j = 0; j < T; ++j)
+    for (int j = 0; j < MN; ++j)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) red[((wn * MN + j) * 4 + e) * 32 + lane] = acc[j][e];
+  __syncthreads();
+  if (wk == 0)
+    #pragma unroll
+    for (int j = 0; j < MN; ++j)
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int m = 16 * i + rn + 8 * (e >> 1), n = nb + 8 * j + 2 * t + (e & 1);
-        if (m < M && n < N) kiln_i4_st(y + (long long)m * N + n, c[i][j][e] + $BIAS(n));
+        const int n = n0 + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
+        const float v = acc[j][e] + red[((wn * MN + j) * 4 + e) * 32 + lane];
+        if (m < M && n < N) {
+          if (SPLIT > 1) atomicAdd(part + (long long)m * N + n, v);
+          else kiln_i4_st(y + (long long)m * N + n, v + $BIAS(n));
+        }
       }
+}
+)";
+
+// Split-K tail: y = the f32 partial sums + bias, rounded once.
+const char* kSplitSum = R"(
+extern "C" __global__ void __launch_bounds__(256) $NAME(const float* __restrict__ part, const $XT* __restrict__ bias, $XT* __restrict__ y) {
+  constexpr long long M = $M, N = $N;
+  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < M * N; i += (long long)gridDim.x * 256)
+    kiln_i4_st(y + i, part[i] + $BIAS(i % N));
 }
 )";
 
@@ -274,7 +366,45 @@ Status Lowerer::matmul_int4(const Node& n) {
     }
     return text;
   };
-  if (m <= 8) {
+  // Which kernel (measure-free reasoning for an H200, 132 SMs, N = K = 8192):
+  //  - f16/bf16 x, M <= 64: the streaming mma kernel for every M. At M = 1 its tensor-core and
+  //    dequantize work (~2 and ~4 us over the SMs) hides under the ~10 us weight stream, so a
+  //    separate CUDA-core path would not be faster; above, mma keeps the math off the bound.
+  //    KC (k per K-warp and super-chunk) is 512, 256 above M = 32 so the x double buffer stays
+  //    within 163 KB (sm_80). grid.y splits K only when N / 64 blocks leave SMs idle.
+  //  - f32 x, M <= 8: the GEMV kernel (exact f32 products); it and the streaming kernel read w
+  //    (and x) 16 bytes at a time, so a view off 16-byte alignment takes the last path.
+  //  - otherwise: dequantize + cuBLASLt.
+  auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
+  if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
+    const int64_t kc = m > 32 ? 256 : 512, nsc = (k + 2 * kc - 1) / (2 * kc), tiles = (nn + 63) / 64;
+    const int64_t want = std::clamp<int64_t>(132 / tiles, 1, nsc);
+    const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
+    const bool post = g == 128 && !asym;
+    const int64_t smem = std::max<int64_t>(2 * 2 * m * (kc + 16) * 2, 2048 * ((m + 7) / 8));
+    const std::string name = kernel_name("matmul_int4_stream");
+    const bool bf = xt == DType::kBF16;
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}});
+    subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
+                             {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
+                             {"$E2", bf ? "__nv_bfloat162" : "__half2"},
+                             {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
+                             {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
+    add_kernel_text(name, with_bias(fill(kStream, subs)));
+    if (split == 1) {
+      launch_grid(name, {tiles, 1}, 256, smem, {x, w, s, z, b, out, out});
+      return ok_status();
+    }
+    const int part = add_buffer("activation", DType::kF32, {m, nn}, "");
+    steps_.push_back({"step memset dst=b" + std::to_string(part) + " bytes=" + std::to_string(bufs_[part].bytes), {part}});
+    launch_grid(name, {tiles, split}, 256, smem, {x, w, s, z, b, out, part});
+    const std::string sum = kernel_name("matmul_int4_splitk_sum");
+    add_kernel_text(sum, with_bias(fill(kSplitSum, {{"$NAME", sum}, {"$XT", xs}, {"$M", std::to_string(m)},
+                                                     {"$N", std::to_string(nn)}})));
+    launch_grid(sum, {std::clamp<int64_t>((m * nn + 255) / 256, 1, 132 * 8)}, 256, 0, {part, b, out});
+    return ok_status();
+  }
+  if (m <= 8 && aligned(w)) {
     // Rows per warp: 4 keeps four 16-byte loads in flight per lane when N leaves enough warps
     // for 132 SMs; fewer rows per warp for small N.
     const int64_t r = nn >= 132 * 8 * 4 ? 4 : (nn >= 132 * 8 * 2 ? 2 : 1);
@@ -284,19 +414,6 @@ Status Lowerer::matmul_int4(const Node& n) {
     add_kernel_text(name, with_bias(fill(kGemv, subs)));
     const int64_t smem = m * (1024 + 128) * 4;
     launch_grid(name, {(nn + 8 * r - 1) / (8 * r)}, 256, smem, {x, w, s, z, b, out});
-    return ok_status();
-  }
-  if (m <= 64 && xt != DType::kF32) {
-    // Tiles per warp: one n8 tile (32 columns a block, 256 blocks at N = 8192, two per SM);
-    // two only once N leaves more than two blocks per SM that way.
-    const int64_t t = nn > 132 * 32 * 2 * 2 ? 2 : 1;
-    const std::string name = kernel_name("matmul_int4_mma");
-    subs.insert(subs.begin(), {"$NAME", name});
-    subs.push_back({"$T", std::to_string(t)});
-    subs.push_back({"$E2", xt == DType::kBF16 ? "__nv_bfloat162" : "__half2"});
-    subs.push_back({"$CVT2", xt == DType::kBF16 ? "__float2bfloat162_rn" : "__float2half2_rn"});
-    add_kernel_text(name, with_bias(fill(kMma, subs)));
-    launch_grid(name, {(nn + 32 * t - 1) / (32 * t)}, 128, 0, {x, w, s, z, b, out});
     return ok_status();
   }
   // Larger M (or f32 x): dequantize once, then the ordinary GEMM (y = x @ W^T + bias).

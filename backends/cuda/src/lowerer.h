@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -179,6 +180,20 @@ class Lowerer {
                    int_literal(n) + "; i += (long long)gridDim.x * blockDim.x) {\n" + body + "  }\n");
     launch(kernel, (n + kBlock - 1) / kBlock, args);
   }
+  /// One thread per `width`-element vector of `n` elements (n % width == 0): the grid-stride
+  /// loop around `body`, which sees the vector index `q` and its first element `i` (32-bit
+  /// when they fit). vectorize.cpp.
+  void launch_vectors(const std::string& kernel, const std::string& params, int64_t n, int64_t width,
+                      const std::string& body, const std::vector<int>& args);
+  /// Whether buffer `id` starts 16-byte aligned (roots do; a view only at a multiple of 16).
+  bool aligned16(int id) const { return id == root(id) || bufs_[id].offset % 16 == 0; }
+  /// Elements per 16-byte vector of the widest of `types`, 0 when that is not at least 2.
+  static int64_t vector_width(const std::vector<DType>& types);
+  /// strided_copy as 16-byte row copies (innermost dim contiguous on both sides) or a 32x32
+  /// shared-memory tiled transpose (innermost output dim strided in the input); false when
+  /// neither applies (vectorize.cpp).
+  StatusOr<bool> vector_copy(const Node& n, int in, int out, Sizes iter, Sizes in_strides, int64_t in_base,
+                             Sizes out_strides, int64_t out_base);
   StatusOr<std::string> storage(const Node& n, DType t) {
     std::optional<std::string> s = storage_type(t);
     if (!s) return unsupported_dtype(n, t);
@@ -226,6 +241,9 @@ class Lowerer {
   Status softmax(const Node& n);
   /// attention (attention.cpp): one flash-attention kernel per node.
   Status attention(const Node& n);
+  /// A transpose [B, S, H, D] -> [B, H, S, D] whose every user is an attention's q/k/v: no copy,
+  /// the attention reads the input through strides (bhs_strides_) (attention.cpp).
+  bool fold_attention_transpose(const Node& n);
   Status norm(const Node& n);
   Status batch_norm(const Node& n);
   Status matmul(const Node& n);
@@ -276,6 +294,21 @@ class Lowerer {
   std::optional<Tensor> weight_tensor(int id) const;
   /// Launches y = q * scale[0] over `shape` into `out` (a new activation when -1); returns `out`.
   StatusOr<int> dequant_kernel(const Node& n, int q, DType qt, int scale, DType out_t, const Sizes& shape, int out);
+  /// Persistent state and amax (state.cpp): variable = a weights-section buffer read in place,
+  /// assign = recorded here and emitted by finish_state as a copy at the end of the plan.
+  Status state_op(const Node& n);
+  /// amax as one reduction kernel (atomicMax on |x|'s f32 bits into a zeroed f32[]).
+  Status amax(const Node& n);
+  /// After the output copies: one copy step per assign, then the variables' buffers become
+  /// plain weights in the plan.
+  Status finish_state();
+  struct Assign {
+    std::string name;
+    int src = -1;
+    const Node* node = nullptr;
+  };
+  std::vector<Assign> assigns_;
+  std::map<std::string, int> variables_;  // variable name -> its buffer
   Status conv_gemm(const Node& n);
   Status pool(const Node& n);
   Status gather(const Node& n);
@@ -290,6 +323,7 @@ class Lowerer {
   std::unordered_map<const Value*, int> val_;
   std::set<const Node*> absorbed_;  // activations a GEMM epilogue already applies
   std::set<const Value*> transposed_;  // transposes a matmul reads with trans_a/trans_b
+  std::unordered_map<const Value*, Sizes> bhs_strides_;  // attention operands read strided: b, h, s
   std::vector<Step> steps_;
   std::vector<std::string> kernels_;
   std::string source_, weights_;

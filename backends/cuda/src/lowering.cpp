@@ -79,6 +79,7 @@ Status Lowerer::lower_graph_nodes(const Graph& g) {
 Status Lowerer::lower_node(const Node& n) {
   const std::string& op = n.op_name();
   if (op == "constant") return weight(n.result(), n.attr("value")->as_tensor());
+  if (op == "variable" || op == "assign" || op == "amax") return state_op(n);  // state.cpp
   if (op == "fused") {
     const Graph& body = n.region(0);
     if (pure_pointwise(n)) {
@@ -142,7 +143,7 @@ Status Lowerer::lower_node(const Node& n) {
 
   const Value* x = n.num_operands() > 0 ? n.operand(0) : nullptr;
   if (op == "transpose") {
-    if (fold_transpose(n)) return ok_status();
+    if (fold_attention_transpose(n) || fold_transpose(n)) return ok_status();
     const Sizes xs = sizes_of(x);
     Sizes perm = n.get_ints("perm");
     if (perm.empty())
@@ -303,12 +304,28 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
                           const std::vector<int>& in_bufs, const std::vector<int>& out_bufs) {
   const Sizes shape = bufs_[out_bufs[0]].shape;
   const int64_t count = product(shape);
+  // 16-byte vectors of `w` elements when every tensor of the output's size is aligned; a
+  // broadcast input is read per element at the vector's first offset plus the lane.
+  std::vector<DType> full;
+  bool aligned = true, broadcast = false;
+  for (int id : in_bufs) {
+    if (product(bufs_[id].shape) == count) full.push_back(bufs_[id].dtype), aligned &= aligned16(id);
+    else broadcast |= product(bufs_[id].shape) != 1;
+  }
+  for (int id : out_bufs) full.push_back(bufs_[id].dtype), aligned &= aligned16(id);
+  int64_t w = aligned && count > 0 ? vector_width(full) : 0;
+  if (w && (count % w != 0 || (broadcast && shape.back() % w != 0))) w = 0;
   std::unordered_map<const Value*, std::string> var;
-  std::string params, body;
+  std::string params, body, stage, store;
   std::vector<Sizes> strides;
   std::vector<std::string> names;
   std::vector<int> args;
   const Node& first = *nodes.front();
+  auto staged = [&](const std::string& a, DType t) {
+    const std::string st = *storage_type(t), vt = vector_type(w * dtype_storage_bytes(t, 1));
+    return std::make_pair("    alignas(16) " + st + " " + a + "[" + std::to_string(w) + "];\n",
+                          "*reinterpret_cast<" + vt + "*>(" + a + ")");
+  };
   for (size_t k = 0; k < inputs.size(); ++k) {
     const Buffer& b = bufs_[in_bufs[k]];
     KILN_ASSIGN_OR_RETURN(std::string st, storage(first, b.dtype));
@@ -319,15 +336,21 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
     std::string index = "i";
     if (product(b.shape) == 1) {
       index = "0";
+    } else if (w && product(b.shape) == count) {
+      const auto [decl, vec] = staged("a" + std::to_string(k), b.dtype);
+      stage += decl + "    " + vec + " = reinterpret_cast<const " + vector_type(w * dtype_storage_bytes(b.dtype, 1)) +
+               "*>(" + p + ")[q];\n";
+      index = "";
     } else if (b.shape != shape) {
       strides.push_back(broadcast_strides(b.shape, shape));
       names.push_back(off);
-      index = off;
+      index = off + (w && strides.back().back() != 0 ? " + e" : "");
     }
     var[inputs[k]] = "v" + std::to_string(k);
-    body += "    const " + rt + " v" + std::to_string(k) + " = " + load_expr(b.dtype, p + "[" + index + "]") + ";\n";
+    body += "    const " + rt + " v" + std::to_string(k) + " = " +
+            load_expr(b.dtype, index.empty() ? "a" + std::to_string(k) + "[e]" : p + "[" + index + "]") + ";\n";
   }
-  if (!names.empty()) body = index_code("i", shape, strides, names) + body;
+  if (!names.empty()) stage += index_code("i", shape, strides, names);
   int next = static_cast<int>(inputs.size());
   for (const Node* n : nodes) {
     const Value* r = n->result();
@@ -354,12 +377,25 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
   for (size_t k = 0; k < outputs.size(); ++k) {
     const Buffer& b = bufs_[out_bufs[k]];
     KILN_ASSIGN_OR_RETURN(std::string st, storage(first, b.dtype));
-    params += st + "* __restrict__ out" + std::to_string(k) + (k + 1 < outputs.size() ? ", " : "");
-    body += "    out" + std::to_string(k) + "[i] = " + store_expr(b.dtype, var.at(outputs[k])) + ";\n";
+    const std::string o = "out" + std::to_string(k), s = "s" + std::to_string(k);
+    params += st + "* __restrict__ " + o + (k + 1 < outputs.size() ? ", " : "");
     args.push_back(out_bufs[k]);
+    if (!w) {
+      body += "    " + o + "[i] = " + store_expr(b.dtype, var.at(outputs[k])) + ";\n";
+      continue;
+    }
+    const auto [decl, vec] = staged(s, b.dtype);
+    stage += decl;
+    body += "    " + s + "[e] = " + store_expr(b.dtype, var.at(outputs[k])) + ";\n";
+    store += "    reinterpret_cast<" + vector_type(w * dtype_storage_bytes(b.dtype, 1)) + "*>(" + o + ")[q] = " + vec + ";\n";
   }
   if (count == 0) return ok_status();
-  launch_elementwise(kernel_name(label), params, count, body, args);
+  if (!w) {
+    launch_elementwise(kernel_name(label), params, count, stage + body, args);
+    return ok_status();
+  }
+  launch_vectors(kernel_name(label), params, count, w, stage + "    #pragma unroll\n    for (int e = 0; e < " +
+                 std::to_string(w) + "; ++e) {\n" + body + "    }\n" + store, args);
   return ok_status();
 }
 
@@ -370,6 +406,8 @@ Status Lowerer::strided_copy(const Node& n, int in, int out, const Sizes& out_sh
   KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
   const int64_t count = product(iter);
   if (count == 0) return ok_status();
+  KILN_ASSIGN_OR_RETURN(const bool vectorized, vector_copy(n, in, out, iter, in_strides, in_base, out_strides, out_base));
+  if (vectorized) return ok_status();
   const std::string body = index_code("i", iter, {in_strides, out_strides}, {"src", "dst"}, {in_base, out_base}) +
                            "    y[dst] = x[src];\n";
   launch_elementwise(kernel_name(n.op_name()), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", count,
@@ -1076,6 +1114,7 @@ StatusOr<LoweredGraph> Lowerer::run(const Graph& g) {
                             std::to_string(bufs_[out].bytes),
                         {id, out}});
   }
+  KILN_RETURN_IF_ERROR(finish_state());
   const int64_t arena = plan_memory();
   LoweredGraph out;
   out.plan = write_plan(arena);

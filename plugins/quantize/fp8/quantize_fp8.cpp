@@ -6,9 +6,19 @@
 // Weights get amax(w) / 448. The "fold into an FP8 GEMM" happens here: the pass emits one
 // scaled_matmul node, which the CUDA lowering turns into one cuBLASLt FP8 GEMM with scale
 // pointers; no separate fold pass is needed.
+//
+// Delayed mode keeps each activation's scale in graph state (variable/assign) instead:
+//   run t quantizes with <x>.scale; history = [amax(x), history[0 .. H-2]] (newest first);
+//   on runs where step % interval == 0 (step counts from 0), when max(history) is finite and
+//   positive, <x>.scale becomes max(history) * 2^margin / max_finite(format) for run t + 1.
+// It is built from core ops only (amax, reshape, slice, concat, reduce_max, mul, compare, and,
+// mod, where), so every backend that runs those and variable/assign runs delayed scaling.
+// Weights keep static scales computed here.
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,6 +35,8 @@ struct Config {
   std::string fallback = "none";
   int64_t min_size = 0;
   std::vector<std::string> include, exclude;
+  bool delayed = false;
+  int64_t history = 16, interval = 1, margin = 0;
 };
 
 double max_finite(DType t) { return t == DType::kF8E4M3FN ? 448.0 : 57344.0; }
@@ -38,9 +50,14 @@ class QuantizeFp8 : public Pass {
 
   StatusOr<bool> run(Graph& g) override {
     quantized_.clear();
+    step_ = nullptr;
+    names_.clear();
+    for (const auto& n : g.nodes())
+      if (n->op_name() == "variable") names_.insert(n->get_string("name"));
     bool changed = false;
     for (Node* n : g.node_list()) {
-      for (int r = 0; r < n->num_regions(); ++r) {
+      // State lives only in the top-level graph: delayed mode leaves regions alone.
+      for (int r = 0; r < n->num_regions() && !c_.delayed; ++r) {
         KILN_ASSIGN_OR_RETURN(bool sub, run(n->region(r)));
         changed |= sub;
       }
@@ -71,20 +88,25 @@ class QuantizeFp8 : public Pass {
     if (xt != DType::kF32 && xt != DType::kF16 && xt != DType::kBF16) return false;
     const int64_t nn = w->shape()[linear ? 0 : 1], k = w->shape()[linear ? 1 : 0];
     if (k == 0 || nn == 0 || nn * k < c_.min_size) return false;
-    auto it = c_.amax.find(x->name());
-    if (it == c_.amax.end())
-      return error_at(n.loc(), StatusCode::kNotFound,
-                      "quantize-fp8: " + c_.scales_file + " has no amax for activation %" + x->name() +
-                          " (input of " + n.op_name() + " %" + n.result()->name() + "); re-run kiln calibrate");
-    if (std::isnan(it->second) || it->second < 0)
-      return error_at(n.loc(), StatusCode::kInvalidArgument,
-                      "quantize-fp8: amax of %" + x->name() + " in " + c_.scales_file + " is not a non-negative number");
+    double xs = 1;
+    if (!c_.delayed) {
+      auto it = c_.amax.find(x->name());
+      if (it == c_.amax.end())
+        return error_at(n.loc(), StatusCode::kNotFound,
+                        "quantize-fp8: " + c_.scales_file + " has no amax for activation %" + x->name() +
+                            " (input of " + n.op_name() + " %" + n.result()->name() + "); re-run kiln calibrate");
+      if (std::isnan(it->second) || it->second < 0)
+        return error_at(n.loc(), StatusCode::kInvalidArgument,
+                        "quantize-fp8: amax of %" + x->name() + " in " + c_.scales_file +
+                            " is not a non-negative number");
+      xs = scale_for(it->second, c_.act);
+    }
 
     // Weights as [N, K] rows (a matmul's [K, N] is transposed): the layout FP8 GEMMs need.
     const std::vector<double> src = w->to_f64();
     double wmax = 0;
     for (double v : src) wmax = std::max(wmax, std::fabs(v));
-    const double ws = scale_for(wmax, DType::kF8E4M3FN), xs = scale_for(it->second, c_.act);
+    const double ws = scale_for(wmax, DType::kF8E4M3FN);
     Tensor wq(DType::kF8E4M3FN, {nn, k});
     for (int64_t r = 0; r < nn; ++r)
       for (int64_t i = 0; i < k; ++i)
@@ -99,7 +121,11 @@ class QuantizeFp8 : public Pass {
     // Consumers of one activation (q, k and v projections) share its quantize node.
     auto& [xq, xsv] = quantized_[x];
     if (xq == nullptr) {
-      KILN_ASSIGN_OR_RETURN(xsv, constant(Tensor::scalar_f64(DType::kF32, xs), x->name() + ".scale"));
+      if (c_.delayed) {
+        KILN_ASSIGN_OR_RETURN(xsv, delayed_scale(g, n, x));
+      } else {
+        KILN_ASSIGN_OR_RETURN(xsv, constant(Tensor::scalar_f64(DType::kF32, xs), x->name() + ".scale"));
+      }
       KILN_ASSIGN_OR_RETURN(Node * q, g.create_node("quantize", {x, xsv}, {TensorType{c_.act, x->shape()}},
                                                     {{"dtype", Attribute(c_.act)}}, &n, {x->name() + ".fp8"}));
       q->set_loc(n.loc());
@@ -125,8 +151,98 @@ class QuantizeFp8 : public Pass {
     return true;
   }
 
+  /// A node of `op` before `at` whose result types come from the shape rule; returns its
+  /// result (null for an op without results).
+  static StatusOr<Value*> make(Graph& g, Node& at, const std::string& op, std::vector<Value*> operands, AttrMap attrs,
+                               const std::string& name = "") {
+    const int results = OpRegistry::global().find(op)->fixed_outputs();
+    std::vector<TensorType> types;
+    for (const Value* v : operands) types.push_back(v->type());
+    KILN_ASSIGN_OR_RETURN(Node * m, g.create_node(op, operands, std::vector<TensorType>(static_cast<size_t>(results)),
+                                                  std::move(attrs), &at,
+                                                  results ? std::vector<std::string>{name} : std::vector<std::string>{}));
+    m->set_loc(at.loc());
+    KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_node_types(*m, std::move(types)));
+    if (results == 0) return static_cast<Value*>(nullptr);
+    m->result()->set_type(out[0]);
+    return m->result();
+  }
+
+  static StatusOr<Value*> scalar(Graph& g, Node& at, DType t, double v) {
+    return make(g, at, "constant", {}, {{"value", Attribute(Tensor::scalar_f64(t, v))}});
+  }
+
+  /// A variable name not yet taken in this graph: `base`, else base.1, base.2, ...
+  std::string fresh_name(const std::string& base) {
+    std::string name = base;
+    for (int i = 1; names_.count(name); ++i) name = base + "." + std::to_string(i);
+    names_.insert(name);
+    return name;
+  }
+
+  /// The shared step counter (read before this run's increment), made on first use.
+  StatusOr<Value*> step_counter(Graph& g, Node& at) {
+    if (step_ != nullptr) return step_;
+    const std::string name = fresh_name("fp8.step");
+    KILN_ASSIGN_OR_RETURN(step_, make(g, at, "variable", {},
+                                      {{"name", Attribute(name)}, {"init", Attribute(Tensor::scalar_i64(DType::kI64, 0))}},
+                                      name));
+    KILN_ASSIGN_OR_RETURN(Value * one, scalar(g, at, DType::kI64, 1));
+    KILN_ASSIGN_OR_RETURN(Value * next, make(g, at, "add", {step_, one}, {}));
+    KILN_RETURN_IF_ERROR(make(g, at, "assign", {next}, {{"name", Attribute(name)}}).status());
+    return step_;
+  }
+
+  /// Delayed scaling of activation `x` (see the file comment): returns the scale this run uses
+  /// and adds, before `at`, the nodes that roll the amax history and compute the next scale.
+  StatusOr<Value*> delayed_scale(Graph& g, Node& at, Value* x) {
+    const std::string base = x->name().empty() ? "fp8.act" : x->name();
+    const std::string hist_name = fresh_name(base + ".amax_history"), scale_name = fresh_name(base + ".scale");
+    const int64_t h = c_.history;
+    KILN_ASSIGN_OR_RETURN(Value * hist, make(g, at, "variable", {},
+                                             {{"name", Attribute(hist_name)}, {"init", Attribute(Tensor(DType::kF32, {h}))}},
+                                             hist_name));
+    KILN_ASSIGN_OR_RETURN(Value * scale, make(g, at, "variable", {},
+                                              {{"name", Attribute(scale_name)},
+                                               {"init", Attribute(Tensor::scalar_f64(DType::kF32, 1.0))}},
+                                              scale_name));
+    KILN_ASSIGN_OR_RETURN(Value * amax, make(g, at, "amax", {x}, {}, base + ".amax"));
+    KILN_ASSIGN_OR_RETURN(Value * newest, make(g, at, "reshape", {amax}, {{"shape", Attribute(std::vector<int64_t>{1})}}));
+    Value* rolled = newest;
+    if (h > 1) {
+      KILN_ASSIGN_OR_RETURN(Value * kept, make(g, at, "slice", {hist},
+                                               {{"starts", Attribute(std::vector<int64_t>{0})},
+                                                {"ends", Attribute(std::vector<int64_t>{h - 1})}}));
+      KILN_ASSIGN_OR_RETURN(rolled, make(g, at, "concat", {newest, kept}, {{"axis", Attribute(int64_t{0})}}));
+    }
+    KILN_ASSIGN_OR_RETURN(Value * m, make(g, at, "reduce_max", {rolled}, {{"keepdims", Attribute(int64_t{0})}}));
+    KILN_ASSIGN_OR_RETURN(Value * factor, scalar(g, at, DType::kF32, std::ldexp(1.0, static_cast<int>(c_.margin)) /
+                                                                          max_finite(c_.act)));
+    KILN_ASSIGN_OR_RETURN(Value * candidate, make(g, at, "mul", {m, factor}, {}));
+    // max(history) must be positive and finite (nan compares false): else the old scale stays.
+    KILN_ASSIGN_OR_RETURN(Value * zero, scalar(g, at, DType::kF32, 0.0));
+    KILN_ASSIGN_OR_RETURN(Value * big, scalar(g, at, DType::kF32, std::numeric_limits<float>::max()));
+    KILN_ASSIGN_OR_RETURN(Value * positive, make(g, at, "greater", {m, zero}, {}));
+    KILN_ASSIGN_OR_RETURN(Value * finite, make(g, at, "less_equal", {m, big}, {}));
+    KILN_ASSIGN_OR_RETURN(Value * update, make(g, at, "and", {positive, finite}, {}));
+    if (c_.interval > 1) {
+      KILN_ASSIGN_OR_RETURN(Value * step, step_counter(g, at));
+      KILN_ASSIGN_OR_RETURN(Value * every, scalar(g, at, DType::kI64, static_cast<double>(c_.interval)));
+      KILN_ASSIGN_OR_RETURN(Value * izero, scalar(g, at, DType::kI64, 0));
+      KILN_ASSIGN_OR_RETURN(Value * phase, make(g, at, "mod", {step, every}, {}));
+      KILN_ASSIGN_OR_RETURN(Value * due, make(g, at, "equal", {phase, izero}, {}));
+      KILN_ASSIGN_OR_RETURN(update, make(g, at, "and", {update, due}, {}));
+    }
+    KILN_ASSIGN_OR_RETURN(Value * next, make(g, at, "where", {update, candidate, scale}, {}));
+    KILN_RETURN_IF_ERROR(make(g, at, "assign", {rolled}, {{"name", Attribute(hist_name)}}).status());
+    KILN_RETURN_IF_ERROR(make(g, at, "assign", {next}, {{"name", Attribute(scale_name)}}).status());
+    return scale;
+  }
+
   Config c_;
   std::map<const Value*, std::pair<Value*, Value*>> quantized_;  // activation -> (quantized, scale)
+  Value* step_ = nullptr;           // delayed mode: the step counter's value in this graph
+  std::set<std::string> names_;     // variable names taken in this graph
 };
 
 }  // namespace
@@ -177,6 +293,8 @@ PassInfo quantize_fp8_pass_info() {
       {"scales", OptionType::kString, std::string(""), "scales file written by `kiln calibrate` (static mode)"},
       {"history", OptionType::kInt, int64_t{16}, "delayed mode: amax history length"},
       {"interval", OptionType::kInt, int64_t{1}, "delayed mode: recompute scales every N steps"},
+      {"margin", OptionType::kInt, int64_t{0},
+       "delayed mode: scales leave 2^margin headroom (scale = max(history) * 2^margin / max_finite)"},
       {"fallback", OptionType::kString, std::string("none"),
        "targets without FP8 (sm_80): none refuses, bf16 runs a GEMM on dequantized weights (bf16 for bf16 models)"},
       {"min-size", OptionType::kInt, int64_t{0}, "smallest weight (elements) worth quantizing"},
@@ -201,11 +319,19 @@ PassInfo quantize_fp8_pass_info() {
       return invalid_argument("quantize-fp8: fallback must be none or bf16, got '" + c.fallback + "'");
     if (o.get_int("history") < 1 || o.get_int("interval") < 1)
       return invalid_argument("quantize-fp8: history and interval must be at least 1");
-    if (mode == "delayed")
-      return Status(StatusCode::kUnimplemented,
-                    "quantize-fp8: mode=delayed is not implemented yet (it needs persistent amax-history "
-                    "buffers in the plan); use mode=static with a scales file from kiln calibrate");
-    if (mode != "static") return invalid_argument("quantize-fp8: mode must be static or delayed, got '" + mode + "'");
+    if (mode != "static" && mode != "delayed")
+      return invalid_argument("quantize-fp8: mode must be static or delayed, got '" + mode + "'");
+    c.history = o.get_int("history");
+    c.interval = o.get_int("interval");
+    c.margin = o.get_int("margin");
+    if (c.margin < -64 || c.margin > 64)
+      return invalid_argument("quantize-fp8: margin must be within [-64, 64], got " + std::to_string(c.margin));
+    if (mode == "delayed") {
+      if (!c.scales_file.empty())
+        return invalid_argument("quantize-fp8: mode=delayed computes scales at run time; drop scales=" + c.scales_file);
+      c.delayed = true;
+      return std::unique_ptr<Pass>(std::make_unique<QuantizeFp8>(std::move(c)));
+    }
     if (c.scales_file.empty())
       return invalid_argument("quantize-fp8: mode=static needs scales=FILE (write one with kiln calibrate)");
     KILN_ASSIGN_OR_RETURN(c.amax, read_scales(c.scales_file));

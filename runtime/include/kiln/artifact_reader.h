@@ -47,6 +47,14 @@ struct PlanStep {
   int line = 0;  ///< line in the plan text, for messages
 };
 
+/// Plan names of cuDNN's forward convolution algorithms and math types, in the order of
+/// cudnnConvolutionFwdAlgo_t and cudnnMathType_t: a conv step's tuned algo= and algo_math=.
+inline constexpr const char* kConvAlgoNames[] = {"implicit_gemm", "implicit_precomp_gemm", "gemm", "direct",
+                                                 "fft", "fft_tiling", "winograd", "winograd_nonfused"};
+inline constexpr const char* kConvMathNames[] = {"default", "tensor_op", "tensor_op_allow_conversion", "fma"};
+/// Hex digits of a gemm step's tuned algo= (a serialized 64-byte cublasLtMatmulAlgo_t).
+inline constexpr size_t kGemmAlgoHexDigits = 128;
+
 struct Plan {
   uint64_t arena_bytes = 0;
   uint64_t workspace_bytes = 0;

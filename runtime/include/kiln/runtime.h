@@ -30,7 +30,7 @@ extern "C" {
 #define KILN_RUNTIME_EXPORT
 #endif
 
-#define KILN_RUNTIME_API_VERSION 3
+#define KILN_RUNTIME_API_VERSION 4
 
 /* ---- status ------------------------------------------------------------------------------ */
 
@@ -171,6 +171,36 @@ typedef struct kiln_memory_report {
 KILN_RUNTIME_EXPORT kiln_status* kiln_model_memory_report(const kiln_model* model,
                                                           kiln_memory_report* out_report);
 
+/* ---- autotuning (since API version 4) ----------------------------------------------------- */
+
+/* What kiln_model_tune_step found for one plan step. */
+typedef struct kiln_tune_result {
+  uint32_t struct_size;
+  int32_t candidates;   /* algorithms timed; 0 when the step has nothing to tune */
+  double best_ms;       /* median device time of the fastest candidate */
+  double heuristic_ms;  /* median device time of the library's own first choice */
+  /* Plan fields to append to the step's line so the runtime uses the fastest candidate
+   * (docs/artifact.md): gemm "algo=<128 hex digits>" (a cublasLtMatmulAlgo_t), conv
+   * "algo=<name> algo_math=<name>"; "" when candidates is 0. */
+  char choice[256];
+} kiln_tune_result;
+
+/* Writes a NUL-terminated descriptor of what plan step `step`'s algorithm choice depends on
+ * ("" for a step with nothing to tune: launch, copy, memset): a readable label ("gemm
+ * 2048x4096x4096 batch 3 bf16"), then " | " and every field that changes the best choice
+ * (shapes, strides, dtypes, transposes, epilogue, pointer alignments, workspace, the device's
+ * name and compute capability, the cuBLASLt or cuDNN version). Equal descriptors may share one
+ * tuned choice, so hosts use them as cache keys. INVALID_ARGUMENT when `capacity` is too small. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_step_problem(const kiln_model* model, size_t step, char* out,
+                                                         size_t capacity);
+/* Times up to `max_candidates` algorithms for step `step` (gemm: cuBLASLt's heuristic list;
+ * conv: those cuDNN can run in the plan's workspace), each `iterations` times after a warm-up,
+ * on the model's own buffers (it overwrites activations: tune a model loaded for tuning, not
+ * one whose results are pending), and reports the fastest by median time. The loaded model
+ * keeps its algorithms. A step with nothing to tune gives candidates 0. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_tune_step(kiln_model* model, size_t step, int32_t max_candidates,
+                                                      int32_t iterations, kiln_tune_result* out_result);
+
 /* ---- versioned function table -------------------------------------------------------------- */
 
 typedef struct kiln_api {
@@ -198,6 +228,9 @@ typedef struct kiln_api {
   /* version 3 */
   size_t (*model_num_steps)(const kiln_model*);
   kiln_status* (*model_profile_steps)(kiln_model*, int32_t, double*, size_t);
+  /* version 4 */
+  kiln_status* (*model_step_problem)(const kiln_model*, size_t, char*, size_t);
+  kiln_status* (*model_tune_step)(kiln_model*, size_t, int32_t, int32_t, kiln_tune_result*);
   /* New entries go here, at the end, with a bump of KILN_RUNTIME_API_VERSION. */
 } kiln_api;
 

@@ -1,7 +1,9 @@
 // The reference interpreter: runs any verified graph on the CPU; the numeric oracle.
 #pragma once
 
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kiln/ir/graph.h"
@@ -11,14 +13,38 @@
 namespace kiln {
 
 /// Runs graphs node by node with each op's reference kernel. Floating-point ops compute in
-/// f64 and round once to the result dtype. Stateless; safe to use from several threads on
-/// different graphs.
+/// f64 and round once to the result dtype.
+///
+/// An instance holds the persistent state of `variable`/`assign` (by variable name), so one
+/// instance per loaded model keeps that state across runs. An instance is not thread-safe;
+/// graphs without variables leave it untouched, and a temporary one per run is fine for them.
 class Interpreter {
  public:
   /// Checks that inputs match the graph's input types (dtype, rank, static dims, and the
   /// same size for every use of one symbol), then evaluates. Frees intermediates after
-  /// their last use.
+  /// their last use. For a top-level graph, the values assigned during the run become the
+  /// variables' values once the whole run succeeded (a failed run changes no state).
   StatusOr<std::vector<Tensor>> run(const Graph& g, std::span<const Tensor> inputs);
+
+  /// The value variable `name` holds, or null while it still has its `init`.
+  const Tensor* variable_value(const std::string& name) const;
+  /// What an `assign` gives variable `name` for the next run; takes effect at commit_assigns.
+  void stage_assign(const std::string& name, Tensor value);
+  /// Makes the staged values current. run() does this itself; an executor that calls the
+  /// reference kernels directly (cpu-llvm) calls it after its last step.
+  void commit_assigns();
+  /// Drops staged values without applying them.
+  void discard_assigns() { staged_.clear(); }
+  /// Forgets every variable's value: the next run starts from the `init` values again.
+  void reset_state() {
+    state_.clear();
+    staged_.clear();
+  }
+
+ private:
+  StatusOr<std::vector<Tensor>> evaluate(const Graph& g, std::span<const Tensor> inputs);
+
+  std::map<std::string, Tensor> state_, staged_;
 };
 
 }  // namespace kiln

@@ -29,7 +29,7 @@ enum OpTrait : uint32_t {
   kTraitContraction = 1u << 5,   ///< matmul-like (matmul, linear, conv)
   kTraitConstant = 1u << 6,      ///< no operands; value fixed at compile time
   kTraitHasRegions = 1u << 7,    ///< holds nested graphs
-  kTraitSideEffects = 1u << 8,   ///< must not be removed or merged (none in the core set)
+  kTraitSideEffects = 1u << 8,   ///< must not be removed, merged, folded or reordered (variable, assign)
 };
 
 /// One attribute an op accepts.

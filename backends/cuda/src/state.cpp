@@ -1,0 +1,84 @@
+// CUDA lowering of persistent state and of amax (FP8 delayed scaling): a variable is a buffer
+// in the weights section (device memory that lives as long as the loaded model, written by no
+// one else), read in place; each assign is a copy into it at the very end of the plan, after
+// every reader and after the output copies, which is the IR's "assigns apply after the run".
+// Replaying a CUDA graph of the plan therefore advances the state on every replay.
+#include "lowerer.h"
+
+namespace kiln::cuda::detail {
+
+Status Lowerer::state_op(const Node& n) {
+  const std::string& op = n.op_name();
+  if (op == "amax") return amax(n);
+  const std::string name = n.get_string("name");
+  if (op == "assign") {
+    assigns_.push_back({name, buf(n.operand(0)), &n});
+    return ok_status();
+  }
+  // A weight buffer holding init, marked "state" until finish_state so that nothing folds it
+  // or reads it at compile time (fold, weight_tensor); the plan calls it a weight.
+  KILN_RETURN_IF_ERROR(weight(n.result(), n.attr("init")->as_tensor()));
+  const int id = buf(n.result());
+  bufs_[id].kind = "state";
+  variables_[name] = id;
+  return ok_status();
+}
+
+Status Lowerer::amax(const Node& n) {
+  const Value* x = n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  if (t == DType::kF8E4M3FN || t == DType::kF8E5M2) return unsupported_dtype(n, t);
+  const int out = activation_for(n.result());
+  const int64_t count = product(sizes_of(x));
+  // |x| as f32 bits: non-negative floats order like their bit patterns, and every nan (its
+  // sign cleared by fabsf) sorts above inf, so an integer max yields max |x|, or nan if any
+  // element is nan, as the reference does. The result starts at +0.
+  steps_.push_back({"step memset dst=b" + std::to_string(out) + " bytes=4", {out}});
+  if (count == 0) return ok_status();
+  const std::string body =
+      "  unsigned m = 0u;\n"
+      "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < " + int_literal(count) +
+      "; i += (long long)gridDim.x * blockDim.x) {\n"
+      "    const unsigned b = __float_as_uint(fabsf((float)" + load_expr(t, "x[i]") + "));\n"
+      "    m = b > m ? b : m;\n  }\n"
+      "  m = kiln_block_reduce(m, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });\n"
+      "  if (threadIdx.x == 0 && m != 0u) atomicMax(y, m);\n";
+  const std::string name = kernel_name("amax");
+  add_kernel(name, "const " + st + "* __restrict__ x, unsigned* __restrict__ y", body);
+  launch(name, std::min<int64_t>((count + kBlock - 1) / kBlock, 1024), {buf(x), out});
+  return ok_status();
+}
+
+Status Lowerer::finish_state() {
+  // A source that is (a view of) a variable's own buffer is read before any assign lands: it is
+  // copied aside first, so assigns between variables see the values from before the run.
+  std::vector<std::pair<int, int>> copies;  // (src, dst)
+  for (const Assign& a : assigns_) {
+    auto v = variables_.find(a.name);
+    if (v == variables_.end()) return unsupported(*a.node, "no variable named '" + a.name + "' in this graph");
+    const int dst = v->second;
+    int src = a.src;
+    if (src == dst) continue;  // assigning a variable its own value changes nothing
+    if (bufs_[root(src)].kind == "state") {
+      const int tmp = add_buffer("activation", bufs_[src].dtype, bufs_[src].shape);
+      steps_.push_back({"step copy src=b" + std::to_string(src) + " dst=b" + std::to_string(tmp) + " bytes=" +
+                            std::to_string(bufs_[tmp].bytes),
+                        {src, tmp}});
+      src = tmp;
+    }
+    if (bufs_[src].bytes != bufs_[dst].bytes)
+      return unsupported(*a.node, "value of " + std::to_string(bufs_[src].bytes) + " bytes for variable '" + a.name +
+                                      "' of " + std::to_string(bufs_[dst].bytes));
+    copies.push_back({src, dst});
+  }
+  for (const auto& [src, dst] : copies)
+    if (bufs_[dst].bytes > 0)
+      steps_.push_back({"step copy src=b" + std::to_string(src) + " dst=b" + std::to_string(dst) + " bytes=" +
+                            std::to_string(bufs_[dst].bytes),
+                        {src, dst}});
+  for (const auto& [name, id] : variables_) bufs_[id].kind = "weight";
+  return ok_status();
+}
+
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,125 @@
+// GPU check of the vectorized memory-bound kernels (vectorize.cpp, pointwise(),
+// indexed_pointwise) against the reference interpreter: f32/f16/bf16, element counts that are
+// and are not multiples of the vector width, broadcast inputs, an unaligned view, transposes
+// keeping and permuting the innermost dim, and RoPE-like indexed groups. Exits 77 without a GPU.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "gpu_test_util.h"
+
+namespace {
+
+using namespace kiln;
+
+std::string swiglu(const std::string& t, int rows, int cols) {
+  const std::string ty = t + "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  return "graph @g(%g: " + ty + ", %u: " + ty + ") -> (" + ty + ") {\n  %y = fused(%g, %u) : " + ty +
+         " {\n    graph @fused(%a: " + ty + ", %b: " + ty + ") -> (" + ty + ") {\n      %s = silu(%a) : " + ty +
+         "\n      %y = mul(%s, %b) : " + ty + "\n      return %y\n    }\n  }\n  return %y\n}\n";
+}
+
+// RoPE as fuse-pointwise groups it (see pointwise_index_test.cpp), at head dim `d`.
+std::string rope(const std::string& t, int d) {
+  const std::string h = std::to_string(d / 2), D = std::to_string(d), W = std::to_string(4 * d);
+  return "graph @g(%q: " + t + "[2, 8, " + W + "], %cos: " + t + "[1, 1, 8, " + D + "], %sin: " + t + "[1, 1, 8, " + D +
+         "]) -> (" + t + "[2, 4, 8, " + D + "]) {\n  %y = fused(%q, %cos, %sin) : " + t + "[2, 4, 8, " + D +
+         "] {\n    graph @fused(%x: " + t + "[2, 8, " + W + "], %c: " + t + "[1, 1, 8, " + D + "], %s: " + t + "[1, 1, 8, " + D +
+         "]) -> (" + t + "[2, 4, 8, " + D + "]) {\n"
+         "      %v = reshape(%x) {shape = [2, 8, 4, " + D + "]} : " + t + "[2, 8, 4, " + D + "]\n"
+         "      %t = transpose(%v) {perm = [0, 2, 1, 3]} : " + t + "[2, 4, 8, " + D + "]\n"
+         "      %lo = slice(%t) {axes = [3], starts = [0], ends = [" + h + "]} : " + t + "[2, 4, 8, " + h + "]\n"
+         "      %hi = slice(%t) {axes = [3], starts = [" + h + "], ends = [" + D + "]} : " + t + "[2, 4, 8, " + h + "]\n"
+         "      %n = neg(%hi) : " + t + "[2, 4, 8, " + h + "]\n"
+         "      %rot = concat(%n, %lo) {axis = -1} : " + t + "[2, 4, 8, " + D + "]\n"
+         "      %a = mul(%t, %c) : " + t + "[2, 4, 8, " + D + "]\n"
+         "      %b = mul(%rot, %s) : " + t + "[2, 4, 8, " + D + "]\n"
+         "      %y = add(%a, %b) : " + t + "[2, 4, 8, " + D + "]\n"
+         "      return %y\n    }\n  }\n  return %y\n}\n";
+}
+
+std::string compare(const Tensor& want, const Tensor& got) {
+  if (want.type() != got.type()) return "type " + got.type().str() + ", expected " + want.type().str();
+  double rtol = 1.3e-6, atol = 1e-5;  // PyTorch assert_close defaults
+  if (want.dtype() == DType::kF16) rtol = 1e-3;
+  if (want.dtype() == DType::kBF16) rtol = 1.6e-2;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double w = want.get_f64(i), g = got.get_f64(i);
+    if (!(std::fabs(w - g) <= atol + rtol * std::fabs(w)))
+      return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(w);
+  }
+  return "";
+}
+
+std::string one_op(const std::string& in, const std::string& op, const std::string& out) {
+  return "graph @g(%x: " + in + ") -> (" + out + ") {\n  %y = " + op + " : " + out + "\n  return %y\n}\n";
+}
+
+}  // namespace
+
+int main() {
+  if (const int rc = start_gpu_test(); rc != 0) return rc;
+  int failures = 0, cases = 0;
+  auto run = [&](const std::string& name, const std::string& text) {
+    failures += report_case(name, gpu_matches_reference(text, "vectorize", 7, compare));
+    ++cases;
+  };
+  for (const char* t : {"f32", "f16", "bf16"}) {
+    const std::string d = t;
+    run("swiglu " + d + " 64x1024", swiglu(d, 64, 1024));
+    run("swiglu " + d + " 3x5 (scalar)", swiglu(d, 3, 5));
+    run("swiglu " + d + " 6x12", swiglu(d, 6, 12));
+    run("transpose keeping the innermost dim " + d,
+        one_op(d + "[1, 64, 4, 32]", "transpose(%x) {perm = [0, 2, 1, 3]}", d + "[1, 4, 64, 32]"));
+    run("transpose of the innermost dim " + d, one_op(d + "[3, 40, 72]", "transpose(%x) {perm = [0, 2, 1]}", d + "[3, 72, 40]"));
+    run("2-D transpose across tile edges " + d, one_op(d + "[33, 65]", "transpose(%x)", d + "[65, 33]"));
+    run("transpose with rows of 6 " + d, one_op(d + "[5, 7, 6]", "transpose(%x) {perm = [1, 0, 2]}", d + "[7, 5, 6]"));
+    run("rope " + d + " head dim 32", rope(d, 32));
+    run("rope " + d + " head dim 12 (scalar)", rope(d, 12));
+  }
+  run("bias row and scalar broadcast, bf16 -> f32", R"(
+graph @g(%x: bf16[16, 64], %b: bf16[64], %s: f32[]) -> (f32[16, 64]) {
+  %c = cast(%x) {to = f32} : f32[16, 64]
+  %bb = cast(%b) {to = f32} : f32[64]
+  %y = fused(%c, %bb, %s) : f32[16, 64] {
+    graph @fused(%p: f32[16, 64], %q: f32[64], %r: f32[]) -> (f32[16, 64]) {
+      %a = add(%p, %q) : f32[16, 64]
+      %y = mul(%a, %r) : f32[16, 64]
+      return %y
+    }
+  }
+  return %y
+})");
+  run("column broadcast bf16", R"(
+graph @g(%x: bf16[32, 48], %b: bf16[32, 1]) -> (bf16[32, 48]) {
+  %y = add(%x, %b) : bf16[32, 48]
+  return %y
+})");
+  run("unaligned and aligned views bf16", R"(
+graph @g(%x: bf16[20]) -> (bf16[16], bf16[16], bf16[8]) {
+  %p, %q = split(%x) {axis = 0, sizes = [4, 16]} : bf16[4], bf16[16]
+  %r = slice(%x) {axes = [0], starts = [0], ends = [16]} : bf16[16]
+  %s = slice(%x) {axes = [0], starts = [3], ends = [11]} : bf16[8]
+  %y = exp(%q) : bf16[16]
+  %z = exp(%r) : bf16[16]
+  return %y, %z, %s
+})");
+  run("indexed group reading lanes strided f32", R"(
+graph @g(%x: f32[16, 8], %y: f32[8, 16]) -> (f32[8, 16]) {
+  %z = fused(%x, %y) : f32[8, 16] {
+    graph @fused(%a: f32[16, 8], %b: f32[8, 16]) -> (f32[8, 16]) {
+      %t = transpose(%a) : f32[8, 16]
+      %z = add(%t, %b) : f32[8, 16]
+      return %z
+    }
+  }
+  return %z
+})");
+  run("concat of rows bf16", R"(
+graph @g(%x: bf16[4, 24], %y: bf16[4, 40]) -> (bf16[4, 64]) {
+  %z = concat(%x, %y) {axis = 1} : bf16[4, 64]
+  return %z
+})");
+  std::printf("%d of %d cases failed\n", failures, cases);
+  return failures == 0 ? 0 : 1;
+}
