@@ -337,8 +337,12 @@ class Canonicalize final : public Pass {
     u->set_loc(n->loc());
     KILN_ASSIGN_OR_RETURN(Node * view, n->graph()->create_node("reshape", {u->result(0)}, {out}, r->attrs(), n));
     view->set_loc(r->loc());
-    const std::string name = n->result(0)->name();
+    // The view keeps the op's name (callers may know it: a graph output); the op's new result
+    // takes the dead reshape's name, since calibration and reports name values.
+    const std::string name = n->result(0)->name(), view_name = r->result(0)->name();
     n->result(0)->set_name("");
+    r->result(0)->set_name("");
+    u->result(0)->set_name(view_name.empty() ? name + ".pre" : view_name);
     view->result(0)->set_name(name);
     return forward(n, view->result(0));
   }
