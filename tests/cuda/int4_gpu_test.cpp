@@ -21,7 +21,8 @@ using namespace kiln;
 
 std::string graph(int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const std::string& dt, bool bias) {
   const std::string M = std::to_string(m), N = std::to_string(n), K = std::to_string(k);
-  const std::string sg = dt + "[" + N + ", " + std::to_string(k / g) + "]";
+  // Scales and zeros are f16 or bf16 (the op's rule); f32 x takes f16 ones.
+  const std::string sg = (dt == "f32" ? std::string("f16") : dt) + "[" + N + ", " + std::to_string(k / g) + "]";
   std::string args = "%x: " + dt + "[" + M + ", " + K + "], %w: u8[" + N + ", " + std::to_string(k / 2) + "], %s: " + sg;
   std::string ops = "%x, %w, %s";
   if (asym) args += ", %z: " + sg, ops += ", %z";
