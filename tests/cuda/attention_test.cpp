@@ -6,17 +6,10 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "plan_lines.h"
 
 namespace kiln::cuda {
 namespace {
-
-std::vector<std::string> launches(const std::string& plan) {
-  std::vector<std::string> out;
-  std::istringstream in(plan);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("step launch", 0) == 0) out.push_back(line);
-  return out;
-}
 
 /// Every variant: tensor-core bf16/f16 at head dims 64 and 128 (causal, GQA, mask), the
 /// CUDA-core path for f32, an odd head dim and Dv != D.

@@ -7,17 +7,10 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "plan_lines.h"
 
 namespace kiln::cuda {
 namespace {
-
-std::vector<std::string> launches(const std::string& plan) {
-  std::vector<std::string> out;
-  std::istringstream in(plan);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("step launch", 0) == 0) out.push_back(line);
-  return out;
-}
 
 LoweredGraph lower(const std::string& text, const std::string& target) {
   auto g = parse_graph(text);
@@ -58,13 +51,13 @@ TEST_CASE("attention on cuda-sm90: wgmma kernel for sm_90a, the mma.sync kernel 
         std::string::npos);
   CHECK(steps[1].find("grid=2,2,2 block=256,1,1 smem=" + std::to_string((128 * 128 + 4 * 128 * 128) * 2 + 1024)) !=
         std::string::npos);
-  CHECK(steps[4].find("grid=2,2,1 block=256,1,1 smem=" + std::to_string((32 * 64 + 32 * 65 + 32 * 64) * 4)) !=
-        std::string::npos);
+  // f32 takes the register-tiled CUDA-core kernel: 64 rows per block.
+  CHECK(steps[4].find("grid=1,2,1 block=256,1,1 smem=102400") != std::string::npos);
   CHECK(l.source.find("kiln_flash_attn_wgmma<__nv_bfloat16, 64, 128, true, false, float>") != std::string::npos);
   CHECK(l.source.find("kiln_flash_attn<__nv_bfloat16, 64, true, false, float, 1, 8>") != std::string::npos);
   CHECK(l.source.find("kiln_flash_attn_wgmma<__half, 128, 128, false, false, float>") != std::string::npos);
   CHECK(l.source.find("kiln_flash_attn_wgmma<__nv_bfloat16, 128, 128, true, true, float>") != std::string::npos);
-  CHECK(l.source.find("kiln_attn_generic<float, 64, 64, false, false, float>") != std::string::npos);
+  CHECK(l.source.find("kiln_attn_f32_tiled<64, 64, false, false, float>") != std::string::npos);
   // One wrapper per (form, width, type): S = Q·Kᵀ at n128, O += P·V at n = head dim.
   CHECK(count(l.source, "void kiln_wgmma_ss<128, __nv_bfloat16>(") == 1);
   CHECK(count(l.source, "void kiln_wgmma_ss<128, __half>(") == 1);

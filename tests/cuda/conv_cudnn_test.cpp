@@ -8,6 +8,7 @@
 #include "kiln/cuda/backend.h"
 #include "kiln/cuda/lowering.h"
 #include "kiln/ir/text.h"
+#include "plan_lines.h"
 
 namespace kiln::cuda {
 namespace {
@@ -20,14 +21,6 @@ LoweredGraph lower_conv(const std::string& text, LoweringOptions opts = {}) {
   return *l;
 }
 
-std::vector<std::string> lines(const std::string& text, const std::string& prefix) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(prefix, 0) == 0) out.push_back(line);
-  return out;
-}
-
 const char* kBiasRelu = R"(
 graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 4, 4]) {
   %c = conv(%x, %w, %b) {groups = 2, strides = [2, 2], pads = [1, 1, 1, 1], dilations = [1, 1]} : f32[2, 6, 4, 4]
@@ -38,27 +31,27 @@ graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 4, 
 TEST_CASE("conv with bias, groups and stride is one cudnn step that applies the relu") {
   const LoweredGraph l = lower_conv(kBiasRelu);
   CHECK(l.kernels.empty());
-  CHECK(lines(l.plan, "step").size() == 1);
-  CHECK(lines(l.plan, "step conv")[0] ==
+  CHECK(plan_lines(l.plan, "step").size() == 1);
+  CHECK(plan_lines(l.plan, "step conv")[0] ==
         "step conv x=b0 w=b1 y=b3 bias=b2 n=2 c=4 k=6 spatial=8,8 kernel=3,3 pad=1,1 stride=2,2 dilation=1,1 "
         "groups=2 dtype=f32 math=f32 activation=relu");
   // y is the graph output (named after the relu), and cuDNN gets the plan's workspace.
-  CHECK(lines(l.plan, "buffer 3")[0].find("kind=output dtype=f32 shape=2x6x4x4") != std::string::npos);
-  CHECK(lines(l.plan, "buffer 3")[0].find("name=y") != std::string::npos);
-  CHECK(lines(l.plan, "workspace")[0] == "workspace bytes=33554432");
+  CHECK(plan_lines(l.plan, "buffer 3")[0].find("kind=output dtype=f32 shape=2x6x4x4") != std::string::npos);
+  CHECK(plan_lines(l.plan, "buffer 3")[0].find("name=y") != std::string::npos);
+  CHECK(plan_lines(l.plan, "workspace")[0] == "workspace bytes=33554432");
 }
 
 TEST_CASE("allow_tf32 gives f32 convs math=tf32, half types keep math=f32") {
   LoweringOptions tf32;
   tf32.allow_tf32 = true;
-  CHECK(lines(lower_conv(kBiasRelu, tf32).plan, "step conv")[0].find(" dtype=f32 math=tf32 ") != std::string::npos);
+  CHECK(plan_lines(lower_conv(kBiasRelu, tf32).plan, "step conv")[0].find(" dtype=f32 math=tf32 ") != std::string::npos);
   const LoweredGraph h = lower_conv(R"(
 graph @g(%x: bf16[1, 4, 6, 6], %w: bf16[4, 4, 1, 1], %v: f16[1, 4, 6, 6], %u: f16[4, 4, 3, 3]) -> (bf16[1, 4, 6, 6], f16[1, 4, 6, 6]) {
   %c = conv(%x, %w) : bf16[1, 4, 6, 6]
   %d = conv(%v, %u) {pads = [1, 1, 1, 1]} : f16[1, 4, 6, 6]
   return %c, %d
 })", tf32);
-  const auto steps = lines(h.plan, "step conv");
+  const auto steps = plan_lines(h.plan, "step conv");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].find("kernel=1,1 pad=0,0 stride=1,1 dilation=1,1 groups=1 dtype=bf16 math=f32 activation=none") !=
         std::string::npos);
@@ -74,9 +67,9 @@ graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3], %b: f32[4]) -> (f32[1, 4, 6, 
   return %y
 })");
   CHECK(l.kernels.empty());
-  REQUIRE(lines(l.plan, "step").size() == 1);
-  CHECK(lines(l.plan, "step conv")[0].find("step conv x=b0 w=b1 y=b3 bias=b2 z=b0 ") == 0);
-  CHECK(lines(l.plan, "step conv")[0].find(" activation=relu") != std::string::npos);
+  REQUIRE(plan_lines(l.plan, "step").size() == 1);
+  CHECK(plan_lines(l.plan, "step conv")[0].find("step conv x=b0 w=b1 y=b3 bias=b2 z=b0 ") == 0);
+  CHECK(plan_lines(l.plan, "step conv")[0].find(" activation=relu") != std::string::npos);
   // Without a relu the add still folds; a relu before the add does not make it a residual.
   const LoweredGraph a = lower_conv(R"(
 graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3]) -> (f32[1, 4, 6, 6], f32[1, 4, 6, 6]) {
@@ -87,7 +80,7 @@ graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3]) -> (f32[1, 4, 6, 6], f32[1, 4
   %t = add(%r, %x) : f32[1, 4, 6, 6]
   return %s, %t
 })");
-  const auto steps = lines(a.plan, "step conv");
+  const auto steps = plan_lines(a.plan, "step conv");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].find(" z=b0 ") != std::string::npos);
   CHECK(steps[0].find(" activation=none") != std::string::npos);
@@ -113,14 +106,14 @@ graph @g(%x: f32[2, 4, 8, 8], %w: f32[8, 4, 3, 3], %b: f32[8], %v: f32[8, 4, 1, 
   return %y
 })");
   CHECK(l.kernels.empty());
-  const auto steps = lines(l.plan, "step");
+  const auto steps = plan_lines(l.plan, "step");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].find("step conv x=b0 w=b1 y=b5 bias=b2 n=2 ") == 0);
   CHECK(steps[0].find(" activation=none") != std::string::npos);
   CHECK(steps[1].find("step conv x=b0 w=b3 y=b6 bias=b4 z=b5 n=2 c=4 k=8 spatial=8,8 kernel=1,1 pad=0,0 stride=2,2 ") ==
         0);
   CHECK(steps[1].find(" activation=relu") != std::string::npos);
-  CHECK(lines(l.plan, "buffer 6")[0].find("kind=output") != std::string::npos);
+  CHECK(plan_lines(l.plan, "buffer 6")[0].find("kind=output") != std::string::npos);
 }
 
 TEST_CASE("1-D and 3-D convs are conv steps, asymmetric pads and conv=gemm keep the im2col path") {
@@ -132,17 +125,17 @@ graph @g(%s: f16[2, 4, 10], %v: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3,
   return %d, %e, %f
 })";
   const LoweredGraph l = lower_conv(text);
-  const auto steps = lines(l.plan, "step conv");
+  const auto steps = plan_lines(l.plan, "step conv");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].find("n=2 c=4 k=3 spatial=10 kernel=3 pad=0 stride=2 dilation=2 groups=1 dtype=f16") != std::string::npos);
   CHECK(steps[1].find("n=1 c=2 k=3 spatial=4,4,4 kernel=2,2,2 pad=0,0,0 stride=1,1,1 dilation=1,1,1") != std::string::npos);
   CHECK(l.kernels == std::vector<std::string>{"k0_im2col"});
-  CHECK(lines(l.plan, "step gemm").size() == 1);
+  CHECK(plan_lines(l.plan, "step gemm").size() == 1);
 
   const LoweredGraph g = lower_conv(text, {.conv = "gemm"});
-  CHECK(lines(g.plan, "step conv").empty());
+  CHECK(plan_lines(g.plan, "step conv").empty());
   CHECK(g.kernels == std::vector<std::string>{"k0_im2col", "k1_conv", "k2_im2col"});
-  CHECK(lines(lower_conv(kBiasRelu, {.conv = "gemm"}).plan, "step gemm").size() == 2);
+  CHECK(plan_lines(lower_conv(kBiasRelu, {.conv = "gemm"}).plan, "step gemm").size() == 2);
 }
 
 TEST_CASE("the backend's conv option takes cudnn or gemm and names a bad value") {

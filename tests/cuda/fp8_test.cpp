@@ -10,6 +10,7 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "plan_lines.h"
 
 namespace kiln::cuda {
 namespace {
@@ -37,14 +38,6 @@ LoweredGraph lower(const std::string& text, const LoweringOptions& o = {}) {
   auto l = try_lower(text, o);
   REQUIRE_MESSAGE(l.ok(), l.status().message());
   return *l;
-}
-
-std::vector<std::string> steps(const std::string& plan) {
-  std::vector<std::string> out;
-  std::istringstream in(plan);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("step ", 0) == 0) out.push_back(line);
-  return out;
 }
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

@@ -10,6 +10,7 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "plan_lines.h"
 
 namespace kiln::cuda {
 namespace {
@@ -35,14 +36,6 @@ LoweredGraph lower(const std::string& text) {
   auto l = lower_graph(**g);
   REQUIRE_MESSAGE(l.ok(), l.status().message());
   return *l;
-}
-
-std::vector<std::string> steps(const std::string& plan) {
-  std::vector<std::string> out;
-  std::istringstream in(plan);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("step ", 0) == 0) out.push_back(line);
-  return out;
 }
 
 TEST_CASE("matmul_int4: the streaming kernel for f16/bf16 x up to M = 64 (one launch at N = 8192)") {

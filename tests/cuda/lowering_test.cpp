@@ -6,6 +6,7 @@
 
 #include "kiln/cuda/lowering.h"
 #include "kiln/ir/text.h"
+#include "plan_lines.h"
 
 namespace kiln::cuda {
 namespace {
@@ -24,14 +25,6 @@ Status lower_error(const std::string& text) {
   auto l = lower_graph(**g);
   REQUIRE(!l.ok());
   return l.status();
-}
-
-std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(prefix, 0) == 0) out.push_back(line);
-  return out;
 }
 
 size_t count(const std::string& text, const std::string& what) {
@@ -75,7 +68,7 @@ graph @g(%x: bf16[4, 8], %w: bf16[16, 8], %b: bf16[16], %v: bf16[16, 8]) -> (bf1
   %eg = gelu(%e) : bf16[4, 16]
   return %y, %r, %eg
 })");
-  const auto g = lines_starting(l.plan, "step gemm");
+  const auto g = plan_lines(l.plan, "step gemm");
   REQUIRE(g.size() == 3);
   CHECK(g[0].find("bias=b2 ") != std::string::npos);
   CHECK(g[0].find(" epilogue=bias_gelu") != std::string::npos);
@@ -83,7 +76,7 @@ graph @g(%x: bf16[4, 8], %w: bf16[16, 8], %b: bf16[16], %v: bf16[16, 8]) -> (bf1
   CHECK(g[2].find(" epilogue=none") != std::string::npos);
   // Exact (erf) gelu stays a kernel of its own: cuBLASLt's GELU is the tanh form.
   CHECK(l.kernels == std::vector<std::string>{"k0_gelu"});
-  CHECK(lines_starting(l.plan, "output y")[0] == "output y buffer=4");
+  CHECK(plan_lines(l.plan, "output y")[0] == "output y buffer=4");
   CHECK(g[0].find(" d=b4 ") != std::string::npos);
 
   // A result with a second use (here a graph output) keeps its own relu kernel.
@@ -93,7 +86,7 @@ graph @g(%x: f32[4, 8], %w: f32[16, 8]) -> (f32[4, 16], f32[4, 16]) {
   %y = relu(%h) : f32[4, 16]
   return %h, %y
 })");
-  CHECK(lines_starting(s.plan, "step gemm")[0].find(" epilogue=none") != std::string::npos);
+  CHECK(plan_lines(s.plan, "step gemm")[0].find(" epilogue=none") != std::string::npos);
   CHECK(s.kernels == std::vector<std::string>{"k0_relu"});
 }
 
@@ -106,18 +99,18 @@ graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 3, 
 })", {.conv = "gemm"});
   // Output dims: (8 + 1 + 0 - (2 * 2 + 1)) / 2 + 1 = 3 and (8 + 1 + 1 - 5) / 2 + 1 = 3; K = 2 * 9 = 18 rows per group, P = 9.
   CHECK(l.kernels == std::vector<std::string>{"k0_im2col", "k1_conv_bias"});
-  const auto launches = lines_starting(l.plan, "step launch");
+  const auto launches = plan_lines(l.plan, "step launch");
   REQUIRE(launches.size() == 2);
   // col is [2, 36, 9]: 648 elements.
   CHECK(launches[0] == "step launch kernel=k0_im2col grid=3,1,1 block=256,1,1 smem=0 args=b0,b4");
   CHECK(launches[1] == "step launch kernel=k1_conv_bias grid=1,1,1 block=256,1,1 smem=0 args=b2,b3");
-  CHECK(lines_starting(l.plan, "buffer 3")[0] == "buffer 3 kind=output dtype=f32 shape=2x6x3x3 bytes=432 offset=0 name=y");
-  CHECK(lines_starting(l.plan, "buffer 4")[0].find("buffer 4 kind=activation dtype=f32 shape=2x36x9 bytes=2592 ") == 0);
+  CHECK(plan_lines(l.plan, "buffer 3")[0] == "buffer 3 kind=output dtype=f32 shape=2x6x3x3 bytes=432 offset=0 name=y");
+  CHECK(plan_lines(l.plan, "buffer 4")[0].find("buffer 4 kind=activation dtype=f32 shape=2x36x9 bytes=2592 ") == 0);
   // Group 1 views: W rows 3.. (3 * 18 floats in), col rows 18.. and y channels 3.. of sample 0.
-  CHECK(lines_starting(l.plan, "buffer 8")[0] == "buffer 8 kind=alias dtype=f32 shape=54 bytes=216 offset=216 base=1");
-  CHECK(lines_starting(l.plan, "buffer 9")[0] == "buffer 9 kind=alias dtype=f32 shape=486 bytes=1944 offset=648 base=4");
-  CHECK(lines_starting(l.plan, "buffer 10")[0] == "buffer 10 kind=alias dtype=f32 shape=81 bytes=324 offset=108 base=3");
-  const auto g = lines_starting(l.plan, "step gemm");
+  CHECK(plan_lines(l.plan, "buffer 8")[0] == "buffer 8 kind=alias dtype=f32 shape=54 bytes=216 offset=216 base=1");
+  CHECK(plan_lines(l.plan, "buffer 9")[0] == "buffer 9 kind=alias dtype=f32 shape=486 bytes=1944 offset=648 base=4");
+  CHECK(plan_lines(l.plan, "buffer 10")[0] == "buffer 10 kind=alias dtype=f32 shape=81 bytes=324 offset=108 base=3");
+  const auto g = plan_lines(l.plan, "step gemm");
   REQUIRE(g.size() == 2);
   CHECK(g[1] ==
         "step gemm a=b8 b=b9 d=b10 m=3 n=9 k=18 batch=2 trans_a=0 trans_b=0 lda=18 ldb=9 ldd=9 stride_a=0 "
@@ -126,7 +119,7 @@ graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 3, 
   CHECK(l.source.find("const long long p0 = o0 * 2LL - 1LL + k0 * 2LL;") != std::string::npos);
   // x, w, b take 2048 + 256-aligned 512 + 256 bytes and col 2816 more; y reuses x's space once
   // im2col has read it.
-  CHECK(lines_starting(l.plan, "arena")[0] == "arena bytes=5632");
+  CHECK(plan_lines(l.plan, "arena")[0] == "arena bytes=5632");
 }
 
 TEST_CASE("conv: 1x1 reads x as its columns; 1-D and bf16 convs use gemms, 3-D convs the direct kernel") {
@@ -138,7 +131,7 @@ graph @g(%x: bf16[2, 4, 5, 5], %w: bf16[8, 4, 1, 1], %s: bf16[2, 4, 10], %v: bf1
   return %c, %d, %e
 })", {.conv = "gemm"});
   CHECK(l.kernels == std::vector<std::string>{"k0_im2col", "k1_conv"});
-  const auto g = lines_starting(l.plan, "step gemm");
+  const auto g = plan_lines(l.plan, "step gemm");
   REQUIRE(g.size() == 2);
   CHECK(g[0] ==
         "step gemm a=b1 b=b0 d=b6 m=8 n=25 k=4 batch=2 trans_a=0 trans_b=0 lda=4 ldb=25 ldd=25 stride_a=0 "
@@ -164,7 +157,7 @@ graph @g(%a: f16[2, 3, 4, 5], %b: f16[5, 6]) -> (f16[2, 3, 4, 6]) {
   %y = matmul(%a, %b) : f16[2, 3, 4, 6]
   return %y
 })");
-  const auto steps = lines_starting(l.plan, "step gemm");
+  const auto steps = plan_lines(l.plan, "step gemm");
   REQUIRE(steps.size() == 1);
   CHECK(steps[0] ==
         "step gemm a=b0 b=b1 d=b2 m=4 n=6 k=5 batch=6 trans_a=0 trans_b=0 lda=5 ldb=6 ldd=6 stride_a=20 "
@@ -176,8 +169,8 @@ graph @g(%a: bf16[2, 1, 4, 5], %b: bf16[1, 3, 5, 6]) -> (bf16[2, 3, 4, 6]) {
   %y = matmul(%a, %b) : bf16[2, 3, 4, 6]
   return %y
 })");
-  CHECK(lines_starting(p.plan, "step launch").size() == 2);
-  const auto g = lines_starting(p.plan, "step gemm");
+  CHECK(plan_lines(p.plan, "step launch").size() == 2);
+  const auto g = plan_lines(p.plan, "step gemm");
   REQUIRE(g.size() == 1);
   CHECK(g[0].find("batch=6") != std::string::npos);
   CHECK(g[0].find("stride_a=20 stride_b=30") != std::string::npos);
@@ -193,10 +186,10 @@ graph @g(%x: f32[1024]) -> (f32[1024]) {
   %d = abs(%c) : f32[1024]
   return %d
 })");
-  CHECK(lines_starting(l.plan, "arena")[0] == "arena bytes=8192");
-  CHECK(lines_starting(l.plan, "buffer 4")[0] ==
+  CHECK(plan_lines(l.plan, "arena")[0] == "arena bytes=8192");
+  CHECK(plan_lines(l.plan, "buffer 4")[0] ==
         "buffer 4 kind=output dtype=f32 shape=1024 bytes=4096 offset=0 name=d");
-  CHECK(lines_starting(l.plan, "step launch").size() == 4);
+  CHECK(plan_lines(l.plan, "step launch").size() == 4);
 }
 
 TEST_CASE("views alias their base; an output that is a view or an input is copied") {
@@ -206,13 +199,13 @@ graph @g(%x: f32[2, 3]) -> (f32[6], f32[2, 3]) {
   %f = reshape(%e) {shape = [6]} : f32[6]
   return %f, %x
 })");
-  CHECK(lines_starting(l.plan, "buffer 2")[0] ==
+  CHECK(plan_lines(l.plan, "buffer 2")[0] ==
         "buffer 2 kind=alias dtype=f32 shape=6 bytes=24 offset=0 base=1 name=f");
-  const auto copies = lines_starting(l.plan, "step copy");
+  const auto copies = plan_lines(l.plan, "step copy");
   REQUIRE(copies.size() == 2);
   CHECK(copies[0] == "step copy src=b2 dst=b3 bytes=24");
   CHECK(copies[1] == "step copy src=b0 dst=b4 bytes=24");
-  CHECK(lines_starting(l.plan, "output")[1] == "output x buffer=4");
+  CHECK(plan_lines(l.plan, "output")[1] == "output x buffer=4");
 }
 
 TEST_CASE("constants go to the weights section, 256-byte aligned; all-constant ops fold") {
@@ -225,14 +218,14 @@ graph @g(%x: f32[3]) -> (f32[3]) {
   %y = mul(%s, %r) : f32[3]
   return %y
 })");
-  CHECK(lines_starting(l.plan, "buffer 1")[0] == "buffer 1 kind=weight dtype=f32 shape=3 bytes=12 offset=0 name=c");
-  CHECK(lines_starting(l.plan, "buffer 2")[0] == "buffer 2 kind=weight dtype=f32 shape=scalar bytes=4 offset=256 name=d");
-  CHECK(lines_starting(l.plan, "buffer 3")[0] == "buffer 3 kind=weight dtype=f32 shape=scalar bytes=4 offset=512 name=r");
+  CHECK(plan_lines(l.plan, "buffer 1")[0] == "buffer 1 kind=weight dtype=f32 shape=3 bytes=12 offset=0 name=c");
+  CHECK(plan_lines(l.plan, "buffer 2")[0] == "buffer 2 kind=weight dtype=f32 shape=scalar bytes=4 offset=256 name=d");
+  CHECK(plan_lines(l.plan, "buffer 3")[0] == "buffer 3 kind=weight dtype=f32 shape=scalar bytes=4 offset=512 name=r");
   REQUIRE(l.weights.size() == 516);
   float r = 0;
   std::memcpy(&r, l.weights.data() + 512, 4);
   CHECK(r == doctest::Approx(0.5));
-  CHECK(lines_starting(l.plan, "step launch").size() == 2);
+  CHECK(plan_lines(l.plan, "step launch").size() == 2);
 }
 
 TEST_CASE("a fused elementwise group becomes exactly one kernel") {
@@ -250,8 +243,8 @@ graph @g(%x: f32[8, 16], %b: f32[16]) -> (f32[8, 16]) {
   }
   return %y
 })");
-  CHECK(lines_starting(l.plan, "step launch").size() == 1);
-  CHECK(lines_starting(l.plan, "kernel").size() == 1);
+  CHECK(plan_lines(l.plan, "step launch").size() == 1);
+  CHECK(plan_lines(l.plan, "kernel").size() == 1);
   CHECK(count(l.source, "__global__") == 1);
   CHECK(l.kernels[0] == "k0_fused");
   // The bias is read through broadcast index math (stride 0 on dim 0).

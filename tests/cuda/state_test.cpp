@@ -13,6 +13,7 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "plan_lines.h"
 
 namespace kiln::cuda {
 namespace {
@@ -30,14 +31,6 @@ LoweredGraph lower_text(const std::string& text) {
   auto l = lower_graph(**g);
   REQUIRE_MESSAGE(l.ok(), l.status().message());
   return *l;
-}
-
-std::vector<std::string> plan_lines(const std::string& plan, const std::string& prefix) {
-  std::vector<std::string> out;
-  std::istringstream in(plan);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(prefix, 0) == 0) out.push_back(line);
-  return out;
 }
 
 /// "buffer N kind=... name=NAME" lines by name: the buffer id and the whole line.

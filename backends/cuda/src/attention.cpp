@@ -9,6 +9,7 @@
 #include <cmath>
 #include <set>
 
+#include "attention_f32.h"
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -631,6 +632,20 @@ bool Lowerer::fold_attention_transpose(const Node& n) {
   return true;
 }
 
+bool Lowerer::f32_tiled_fits(int64_t d, int64_t dv, const std::vector<Sizes>& qkvy, const std::vector<int>& bufs) const {
+  // float4 / cp.async accesses: every row start 16-byte aligned; registers and shared memory
+  // bound the head dims.
+  if (d % 4 != 0 || d > 128 || (dv != 32 && dv != 64 && dv != 128)) return false;
+  for (const Sizes& s : qkvy)
+    for (int64_t x : s)
+      if (x % 4 != 0) return false;
+  const size_t n = bufs.size();
+  for (int id : {bufs[0], bufs[1], bufs[2], bufs[n - 1]})
+    if (!aligned16(id)) return false;
+  const int64_t limit = opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912;
+  return f32_attention_smem_bytes(d, dv) <= limit;
+}
+
 Status Lowerer::attention(const Node& n) {
   for (const Value* v : n.operands()) KILN_RETURN_IF_ERROR(check_static(v));
   const DType t = n.operand(0)->dtype();
@@ -676,9 +691,38 @@ Status Lowerer::attention(const Node& n) {
     const Sizes cs = contiguous_strides(m);
     for (size_t i = 0; i < m.size(); ++i) ms[4 - m.size() + i] = m[i] == 1 ? 0 : cs[i];
   }
-  if (source_.find("#define KILN_ATTN_HELPERS") == std::string::npos) source_ += kHelpers;
   const bool causal = n.get_int("causal") != 0;
   const float scale_log2 = static_cast<float>(n.get_float("scale") * 1.4426950408889634);
+  auto strides = [&](const Value* v) {
+    const auto it = bhs_strides_.find(v);
+    if (it != bhs_strides_.end()) return it->second;
+    const Sizes s = sizes_of(v);
+    return Sizes{s[1] * s[2] * s[3], s[2] * s[3], s[3]};
+  };
+  const std::vector<Sizes> qkvy = {strides(n.operand(0)), strides(n.operand(1)), strides(n.operand(2)), ys};
+  std::vector<int> bufs = {buf(n.operand(0)), buf(n.operand(1)), buf(n.operand(2))};
+  if (has_mask) bufs.push_back(buf(n.operand(3)));
+  bufs.push_back(out);
+  if (t == DType::kF32 && f32_tiled_fits(d, dv, qkvy, bufs)) {
+    if (source_.find("#define KILN_ATTN_F32_TILED") == std::string::npos) source_ += f32_attention_source();
+    const std::string name = kernel_name("attention");
+    std::string call = "kiln_attn_f32_tiled<" + std::to_string(d) + ", " + std::to_string(dv) + ", " +
+                       (causal ? "true" : "false") + ", " + (has_mask ? "true" : "false") + ", " + mt +
+                       ">(q, k, v, " + (has_mask ? "mask" : "(const float*)nullptr") + ", y, " +
+                       std::to_string(hq) + ", " + std::to_string(hkv) + ", " + std::to_string(sq) + ", " +
+                       std::to_string(skv) + ", " + literal(DType::kF32, scale_log2);
+    for (const Sizes& s3 : qkvy)
+      for (int64_t x : s3) call += ", " + int_literal(x);
+    for (int64_t m : ms) call += ", " + int_literal(m);
+    add_kernel_text(name, "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kF32AttentionThreads) +
+                              ") " + name + "(const float* q, const float* k, const float* v, " +
+                              (has_mask ? "const " + mt + "* mask, " : std::string()) + "float* y) {\n  " + call +
+                              ");\n}\n");
+    launch_grid(name, {(sq + kF32AttentionRows - 1) / kF32AttentionRows, hq, B}, kF32AttentionThreads,
+                f32_attention_smem_bytes(d, dv), bufs);
+    return ok_status();
+  }
+  if (source_.find("#define KILN_ATTN_HELPERS") == std::string::npos) source_ += kHelpers;
   // Hopper plans launch the wgmma kernel's shape (2 warpgroups, 128 rows); its sm_90a image runs
   // it, other images of the same plan (compute_90 PTX) the mma.sync kernel as 8 warps of 16 rows.
   const bool wgmma = mma && opts_.target.rfind("cuda-sm90", 0) == 0;
@@ -703,16 +747,10 @@ Status Lowerer::attention(const Node& n) {
                        : "kiln_attn_generic<" + st + ", " + std::to_string(d) + ", " + std::to_string(dv)) +
            ", " + flags + ">" + call;
   }
-  auto strides = [&](const Value* v) {
-    const auto it = bhs_strides_.find(v);
-    if (it != bhs_strides_.end()) return it->second;
-    const Sizes s = sizes_of(v);
-    return Sizes{s[1] * s[2] * s[3], s[2] * s[3], s[3]};
-  };
   std::string args = std::to_string(hq) + ", " + std::to_string(hkv) + ", " + std::to_string(sq) + ", " +
                      std::to_string(skv) + ", " + literal(DType::kF32, scale_log2);
   for (int64_t m : ms) args += ", " + int_literal(m);
-  for (const Sizes& s3 : {strides(n.operand(0)), strides(n.operand(1)), strides(n.operand(2)), ys})
+  for (const Sizes& s3 : qkvy)
     for (int64_t x : s3) args += ", " + int_literal(x);
   const int64_t threads = wgmma ? 256 : mma ? 128 : 256;
   const std::string text = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + name +
@@ -720,9 +758,6 @@ Status Lowerer::attention(const Node& n) {
                            (has_mask ? "const " + mt + "* mask, " : std::string()) + st +
                            "* y) {\n  const KilnAttnArgs a = {" + args + "};\n" + body + "}\n";
   add_kernel_text(name, text);
-  std::vector<int> bufs = {buf(n.operand(0)), buf(n.operand(1)), buf(n.operand(2))};
-  if (has_mask) bufs.push_back(buf(n.operand(3)));
-  bufs.push_back(out);
   launch_grid(name, {(sq + bm - 1) / bm, hq, B}, threads, smem, bufs);
   return ok_status();
 }

@@ -61,10 +61,12 @@ std::string cuda_version() {
 class CudaBackend;
 
 /// Compiles lazily per set of input shapes: symbolic dims are bound from the first inputs
-/// that show them, and each binding gets its own artifact and loaded model.
+/// that show them, and each binding gets its own artifact and loaded model. It keeps its own
+/// copy of the backend's settings: callers may release the backend once it has compiled.
 class CudaExecutable final : public Executable {
  public:
-  CudaExecutable(CudaBackend& backend, std::unique_ptr<Graph> g) : backend_(backend), graph_(std::move(g)) {}
+  CudaExecutable(std::unique_ptr<CudaBackend> backend, std::unique_ptr<Graph> g)
+      : backend_(std::move(backend)), graph_(std::move(g)) {}
   ~CudaExecutable() override {
     for (auto& [key, model] : models_) kiln_model_release(model);
     kiln_runtime_release(runtime_);
@@ -72,7 +74,7 @@ class CudaExecutable final : public Executable {
   StatusOr<std::vector<Tensor>> run(std::span<const Tensor> inputs) override;
 
  private:
-  CudaBackend& backend_;
+  std::unique_ptr<CudaBackend> backend_;
   std::unique_ptr<Graph> graph_;
   kiln_runtime* runtime_ = nullptr;
   std::map<std::string, kiln_model*> models_;
@@ -87,11 +89,12 @@ class CudaBackend final : public Backend {
     autotune_ = o.has("autotune") && o.get_bool("autotune");
     if (o.has("conv")) opts_.conv = o.get_string("conv");
     opts_.fp8 = caps_.fp8;
+    opts_.max_smem_per_block = caps_.max_smem_per_block;
     opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
   }
 
   StatusOr<std::unique_ptr<Executable>> compile(const Graph& g) override {
-    return std::unique_ptr<Executable>(std::make_unique<CudaExecutable>(*this, g.clone()));
+    return std::unique_ptr<Executable>(std::make_unique<CudaExecutable>(std::make_unique<CudaBackend>(*this), g.clone()));
   }
 
   Status build_artifact(const Graph& g, const std::vector<std::string>& targets, ArtifactContents& out) override {
@@ -146,7 +149,7 @@ class CudaBackend final : public Backend {
 };
 
 StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs) {
-  const std::string& who = backend_.caps().plugin;
+  const std::string& who = backend_->caps().plugin;
   if (static_cast<int>(inputs.size()) != graph_->num_inputs())
     return invalid_argument(who + ": graph takes " + std::to_string(graph_->num_inputs()) + " inputs, got " +
                             std::to_string(inputs.size()));
@@ -169,9 +172,9 @@ StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs
     ArtifactContents art;
     art.meta = {{"kiln_version", KILN_VERSION_STRING}, {"created_by", "kiln run"}, {"targets", ""}};
     std::string targets;
-    for (const std::string& t : backend_.caps().targets) targets += (targets.empty() ? "" : ",") + t;
+    for (const std::string& t : backend_->caps().targets) targets += (targets.empty() ? "" : ",") + t;
     art.meta["targets"] = targets;
-    KILN_RETURN_IF_ERROR(backend_.build_artifact(*g, backend_.caps().targets, art));
+    KILN_RETURN_IF_ERROR(backend_->build_artifact(*g, backend_->caps().targets, art));
     const std::string bytes = serialize_artifact(art);
     if (runtime_ == nullptr) {
       kiln_runtime_options o;

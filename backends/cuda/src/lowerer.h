@@ -241,6 +241,9 @@ class Lowerer {
   Status softmax(const Node& n);
   /// attention (attention.cpp): one flash-attention kernel per node.
   Status attention(const Node& n);
+  /// Whether f32 attention can take the register-tiled kernel (attention_f32.cpp): head dims,
+  /// 16-byte aligned rows of q, k, v and y (bufs: q, k, v[, mask], y), shared memory.
+  bool f32_tiled_fits(int64_t d, int64_t dv, const std::vector<Sizes>& qkvy, const std::vector<int>& bufs) const;
   /// A transpose [B, S, H, D] -> [B, H, S, D] whose every user is an attention's q/k/v: no copy,
   /// the attention reads the input through strides (bhs_strides_) (attention.cpp).
   bool fold_attention_transpose(const Node& n);

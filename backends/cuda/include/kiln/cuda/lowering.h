@@ -34,6 +34,9 @@ struct LoweringOptions {
   std::string conv = "cudnn";
   /// Who is lowering, for messages: "cuda-sm80: target sm_80".
   std::string target = "cuda";
+  /// Opt-in dynamic shared memory of the smallest device the plan targets (kernels needing
+  /// more take a leaner variant); 0 assumes the sm_80 limit.
+  int64_t max_smem_per_block = 0;
 };
 
 /// The result of lowering one graph: what an artifact needs besides the kernel images.
