@@ -7,6 +7,8 @@
 // 0x6400 (f16 1024) or 0x4300 (bf16 128) reads as 1024 + q or 128 + q, so one lop3 and one
 // subtraction dequantize two values at once. Signed nibbles become offset binary (q + 8) by an
 // XOR with 0x8 first.
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "lowerer.h"
@@ -171,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // exact integers q and each k-block's sum is scaled in f32 (POST); otherwise (groups 32/64,
 // zeros) the dequantize applies (q - zero) * scale per pair, a lane's 32 values being one group.
 const char* kStream = R"(
-extern "C" __global__ void __launch_bounds__(256, 1) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
@@ -377,14 +379,22 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
-    const int64_t kc = m > 32 ? 256 : 512, nsc = (k + 2 * kc - 1) / (2 * kc), tiles = (nn + 63) / 64;
-    const int64_t want = std::clamp<int64_t>(132 / tiles, 1, nsc);
+    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1;
+    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB" (KC 256
+    // or 512, the blocks split-K aims for, the blocks per SM the registers are bounded for).
+    if (const char* e = std::getenv("KILN_INT4_STREAM")) {
+      long long a = 0, b2 = 0, c = 0;
+      if (std::sscanf(e, "%lld:%lld:%lld", &a, &b2, &c) == 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4)
+        kc = a, blocks = b2, minb = c;
+    }
+    const int64_t nsc = (k + 2 * kc - 1) / (2 * kc), tiles = (nn + 63) / 64;
+    const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     const bool post = g == 128 && !asym;
     const int64_t smem = std::max<int64_t>(2 * 2 * m * (kc + 16) * 2, 2048 * ((m + 7) / 8));
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}});
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$MINB", std::to_string(minb)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
