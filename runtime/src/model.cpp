@@ -266,6 +266,21 @@ kiln_status* launch(kiln_model* m) {
   return enqueue_output_copies(m);
 }
 
+/// Puts back the initial values of the weight-section buffers the plan writes (a model's state,
+/// written by copy steps at the end of the plan), after runs that must not count, such as the
+/// warm-up before graph capture.
+kiln_status* reset_state(kiln_model* m) {
+  const auto* base = static_cast<const unsigned char*>(m->weights);
+  const uint64_t size = m->artifact->weights.size();
+  for (const kiln_model::Step& s : m->steps) {
+    const auto* dst = static_cast<const unsigned char*>(s.dst);
+    if (s.kind != PlanStep::Kind::kCopy || !s.bytes || !dst || dst < base || dst >= base + size) continue;
+    const uint64_t offset = static_cast<uint64_t>(dst - base);
+    KILN_CUDA_TRY(cudaMemcpy(s.dst, m->artifact->weights.data() + offset, s.bytes, cudaMemcpyHostToDevice));
+  }
+  return nullptr;
+}
+
 /// Prefixes a status's message with what was being done.
 kiln_status* context(kiln_status* st, const std::string& what) {
   if (st) st->message = what + ": " + st->message;
@@ -348,6 +363,7 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
     if (plan.arena_bytes) KILN_CUDA_TRY(cudaMemsetAsync(m->arena, 0, plan.arena_bytes, m->stream));
     KILN_RT_TRY(context(enqueue(m.get()), "warm-up run"));
     KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), "warm-up run"));
+    KILN_RT_TRY(context(reset_state(m.get()), "warm-up run"));  // the first real run sees the initial state
     KILN_RT_TRY(capture_graph(m.get()));
   }
   *out = m.release();
