@@ -1,10 +1,13 @@
 // The fuse-attention pass: softmax(q·kᵀ·scale + mask)·v as exporters emit it becomes one attention node.
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "fusion.h"
+#include "kiln/ir/interpreter.h"
 
 namespace kiln::fusion {
 namespace {
@@ -81,23 +84,82 @@ std::optional<Scores> match_scores(Value* v) {
   }
 }
 
-/// Whether constant `mask` (additive, or boolean "may see" when `is_bool`) is exactly the
-/// causal pattern over [Sq, Skv]: key j visible to query i iff j <= i + (Skv - Sq).
-bool is_causal_constant(const Value* mask, int64_t sq, int64_t skv, bool is_bool) {
-  const Node* c = mask->producer();
-  if (!c || c->op_name() != "constant" || !c->attr("value")) return false;
-  const Tensor& t = c->attr("value")->as_tensor();
-  const auto& shape = t.shape();
-  if (shape.size() < 2 || shape[shape.size() - 2] != sq || shape.back() != skv) return false;
-  for (size_t d = 0; d + 2 < shape.size(); ++d)
-    if (shape[d] != 1) return false;
-  for (int64_t i = 0; i < sq; ++i)
-    for (int64_t j = 0; j < skv; ++j) {
-      const double x = t.get_f64(i * skv + j);
-      const bool visible = j <= i + (skv - sq);
-      if (is_bool ? (x != 0) != visible : (visible ? x != 0 : !(x <= kMaskedOut))) return false;
+/// Largest mask computed at compile time to check for the causal pattern (a [B, 1, S, S] f32
+/// mask of batch 16 at seq 1024 is 64 MiB).
+constexpr int64_t kMaskEvalLimitBytes = int64_t{64} << 20;
+
+/// The value of `v` when it is computed from constants alone (no graph input, no state):
+/// masks exporters build from ranges and comparisons, or expand to the batch, and that
+/// canonicalize leaves unfolded because of their size. Evaluated with the reference
+/// interpreter on a private copy of the subgraph; nullopt when it is not constant or too large.
+std::optional<Tensor> constant_value(const Value* v) {
+  std::vector<const Node*> order;  // producers before consumers
+  std::vector<const Node*> stack = {v->producer()};
+  std::vector<const Node*> seen;
+  auto known = [&](const Node* n) { return std::find(seen.begin(), seen.end(), n) != seen.end(); };
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    if (!n || n->op()->has(kTraitSideEffects) || seen.size() > 256) return std::nullopt;
+    bool ready = true;
+    for (const Value* o : n->operands())
+      if (!known(o->producer())) {
+        if (!o->producer()) return std::nullopt;  // a graph input
+        stack.push_back(o->producer());
+        ready = false;
+      }
+    if (!ready) continue;
+    stack.pop_back();
+    if (known(n)) continue;
+    for (int i = 0; i < n->num_results(); ++i) {
+      const TensorType& t = n->result(i)->type();
+      if (!is_static(t.shape) || dtype_storage_bytes(t.dtype, num_elements(t.shape)) > kMaskEvalLimitBytes)
+        return std::nullopt;
     }
-  return true;
+    seen.push_back(n);
+    order.push_back(n);
+  }
+  Graph tmp("mask");
+  std::vector<std::pair<const Node*, Node*>> copies;
+  auto copy_of = [&](const Value* o) -> Value* {
+    for (auto& [orig, c] : copies)
+      if (orig == o->producer()) return c->result(o->index());
+    return nullptr;
+  };
+  for (const Node* n : order) {
+    std::vector<Value*> ins;
+    for (const Value* o : n->operands()) ins.push_back(copy_of(o));
+    std::vector<TensorType> types;
+    for (int i = 0; i < n->num_results(); ++i) types.push_back(n->result(i)->type());
+    auto made = tmp.create_node(n->op_name(), ins, types, n->attrs());
+    if (!made.ok()) return std::nullopt;
+    copies.emplace_back(n, *made);
+  }
+  tmp.set_outputs({copy_of(v)});
+  auto outs = Interpreter().run(tmp, {});
+  if (!outs.ok()) return std::nullopt;
+  return std::move((*outs)[0]);
+}
+
+/// Whether `mask` (additive, or boolean "may see" when `is_bool`) is computed from constants
+/// and is exactly the causal pattern over [Sq, Skv] in every leading slice: key j visible to
+/// query i iff j <= i + (Skv - Sq).
+/// `seen` remembers the answer per mask: one mask usually serves every layer.
+bool is_causal_constant(const Value* mask, int64_t sq, int64_t skv, bool is_bool, std::map<const Value*, bool>& seen) {
+  const auto& dims = mask->shape();
+  if (dims.size() < 2 || dims[dims.size() - 2] != Dim(sq) || dims.back() != Dim(skv)) return false;
+  if (auto it = seen.find(mask); it != seen.end()) return it->second;
+  bool& causal = seen[mask] = false;
+  std::optional<Tensor> t = constant_value(mask);
+  if (!t) return false;
+  const int64_t slices = t->numel() / (sq * skv);
+  for (int64_t b = 0; b < slices; ++b)
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t j = 0; j < skv; ++j) {
+        const double x = t->get_f64((b * sq + i) * skv + j);
+        const bool visible = j <= i + (skv - sq);
+        if (is_bool ? (x != 0) != visible : (visible ? x != 0 : !(x <= kMaskedOut))) return false;
+      }
+  return causal = true;
 }
 
 /// Peels mul/div by scalar constants off an operand of q·kᵀ, folding them into `scale`.
@@ -175,7 +237,7 @@ class Rewriter {
 bool rank4(const Value* v) { return v->shape().size() == 4; }
 
 /// Tries to rewrite the attention ending in matmul `out` = matmul(softmax(...), v).
-StatusOr<bool> fuse_one(Graph& g, Node* out, bool fuse_f32) {
+StatusOr<bool> fuse_one(Graph& g, Node* out, bool fuse_f32, std::map<const Value*, bool>& causal_masks) {
   std::vector<Node*> dead = {out};
   Value* p = out->operand(0);
   if (Node* c = producer_of(p, "cast"); c && single_use(p)) dead.push_back(c), p = c->operand(0);
@@ -208,7 +270,7 @@ StatusOr<bool> fuse_one(Graph& g, Node* out, bool fuse_f32) {
   Value* mask = s->mask;
   if (s->where_fill) {
     Value* cond = s->where_fill->operand(0);
-    if (is_causal_constant(cond, sq, skv, /*is_bool=*/true)) {
+    if (is_causal_constant(cond, sq, skv, /*is_bool=*/true, causal_masks)) {
       causal = true;
     } else {
       // where(cond, scores, fill) == scores + where(cond, 0, fill).
@@ -218,7 +280,7 @@ StatusOr<bool> fuse_one(Graph& g, Node* out, bool fuse_f32) {
       KILN_ASSIGN_OR_RETURN(mask, rw.add("where", {cond, zero, s->where_fill->operand(2)},
                                          TensorType{dt, cond->shape()}, {}));
     }
-  } else if (mask && is_causal_constant(mask, sq, skv, /*is_bool=*/false)) {
+  } else if (mask && is_causal_constant(mask, sq, skv, /*is_bool=*/false, causal_masks)) {
     causal = true;
     mask = nullptr;
   }
@@ -250,8 +312,9 @@ class FuseAttention : public Pass {
     std::vector<Node*> outs;
     for (Node* n : g.node_list())
       if (n->op_name() == "matmul" && n->num_operands() == 2) outs.push_back(n);
+    std::map<const Value*, bool> causal_masks;
     for (Node* n : outs) {
-      KILN_ASSIGN_OR_RETURN(bool f, fuse_one(g, n, fuse_f32_));
+      KILN_ASSIGN_OR_RETURN(bool f, fuse_one(g, n, fuse_f32_, causal_masks));
       changed |= f;
     }
     return changed;
