@@ -217,13 +217,17 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
   #pragma unroll
   for (int j = 0; j < MN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
-  Group cur, nxt;
-  load(sc0, cur);
-  stage(sc0, 0);
-  kiln_i4_commit();
-  for (int sc = sc0; sc < sc1; ++sc) {
+  // FOLD (POST with at most two n8 tiles of x): the mma runs on the raw exponent-trick values
+  // p = BASE + 8 + q and the offset comes off once per k-block, OFF·Σx, Σx being one more mma
+  // with an all-ones A. That trades 4 subtractions per pair step for MN mma; only bf16, whose
+  // p (<= 143) keeps the cancellation small (f16's 1032 + q would cost accuracy).
+  constexpr bool FOLD = POST && $FOLDOK && MN <= 2;
+  const unsigned ones[4] = {$ONES, $ONES, $ONES, $ONES};
+  // One super-chunk: prefetch the weights of sc + 1 into `fill` and x into the other buffer,
+  // then compute on `use`. Called with the two groups alternating, so nothing is copied.
+  auto step = [&](int sc, const Group& use, Group& fill) {
     const int buf = (sc - sc0) & 1;
-    load(sc + 1, nxt);  // in flight while this super-chunk is computed
+    load(sc + 1, fill);  // in flight while this super-chunk is computed
     if (sc + 1 < sc1) stage(sc + 1, buf ^ 1);
     kiln_i4_commit();
     kiln_i4_wait1();
@@ -231,10 +235,12 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
     const E* xb = xs + (buf * 2 + wk) * M * RS;
     #pragma unroll
     for (int d = 0; d < D; ++d) {
-      float tmp[MN][4];
+      float tmp[MN][4], tsum[MN][4];
       #pragma unroll
-      for (int j = 0; j < MN; ++j) tmp[j][0] = tmp[j][1] = tmp[j][2] = tmp[j][3] = 0.f;
-      const E2 sa2 = $CVT2(cur.sa[d]), sb2 = $CVT2(cur.sb[d]), za2 = $CVT2(cur.za[d]), zb2 = $CVT2(cur.zb[d]);
+      for (int j = 0; j < MN; ++j)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) tmp[j][e] = tsum[j][e] = 0.f;
+      const E2 sa2 = $CVT2(use.sa[d]), sb2 = $CVT2(use.sb[d]), za2 = $CVT2(use.za[d]), zb2 = $CVT2(use.zb[d]);
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int cc = d * 16 + 4 * t + v;
@@ -243,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
         for (int j = 0; j < MN; ++j)
           xv[j] = 8 * j + g < M ? *reinterpret_cast<const uint4*>(xb + (8 * j + g) * RS + (cc ^ ((cc >> 3) & 1)) * 8)
                                 : make_uint4(0, 0, 0, 0);
-        const unsigned wa = (&cur.a[d].x)[v] ^ $FLIP, wb = (&cur.b[d].x)[v] ^ $FLIP;
+        const unsigned wa = (&use.a[d].x)[v] ^ $FLIP, wb = (&use.b[d].x)[v] ^ $FLIP;
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
           unsigned af[4];
@@ -253,7 +259,8 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
             const unsigned bits = ((((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1)))) & 0x000F000Fu) | $EXP;
             const E2 p = *reinterpret_cast<const E2*>(&bits);
             E2 q;
-            if (POST) q = __hsub2(p, off2);
+            if (FOLD) q = p;
+            else if (POST) q = __hsub2(p, off2);
             else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
             else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
             af[r] = kiln_i4_u32(q);
@@ -261,20 +268,31 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
           #pragma unroll
           for (int j = 0; j < MN; ++j) {
             const unsigned lo = h ? xv[j].y : xv[j].x, hi = h ? xv[j].w : xv[j].z;
-            kiln_i4_mma(POST ? tmp[j] : acc[j], af, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632), E());
+            const unsigned b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
+            kiln_i4_mma(POST ? tmp[j] : acc[j], af, b0, b1, E());
+            if (FOLD) kiln_i4_mma(tsum[j], ones, b0, b1, E());
           }
         }
       }
       if (POST) {
         #pragma unroll
-        for (int j = 0; j < MN; ++j) {
-          acc[j][0] += cur.sa[d] * tmp[j][0], acc[j][1] += cur.sa[d] * tmp[j][1];
-          acc[j][2] += cur.sb[d] * tmp[j][2], acc[j][3] += cur.sb[d] * tmp[j][3];
-        }
+        for (int j = 0; j < MN; ++j)
+          #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float v = FOLD ? tmp[j][e] - ($BASE + 8.f) * tsum[j][e] : tmp[j][e];
+            acc[j][e] += (e < 2 ? use.sa[d] : use.sb[d]) * v;
+          }
       }
     }
     __syncthreads();  // the buffer is refilled two super-chunks on
-    cur = nxt;
+  };
+  Group ga, gb;
+  load(sc0, ga);
+  stage(sc0, 0);
+  kiln_i4_commit();
+  for (int sc = sc0; sc < sc1; sc += 2) {
+    step(sc, ga, gb);
+    if (sc + 1 < sc1) step(sc + 1, gb, ga);
   }
   // K-warp 1 hands its sums to K-warp 0 (the x buffers are free now).
   float* red = reinterpret_cast<float*>(kiln_i4_smem);
@@ -399,7 +417,8 @@ Status Lowerer::matmul_int4(const Node& n) {
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
-                             {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
+                             {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"},
+                             {"$FOLDOK", bf ? "true" : "false"}, {"$ONES", bf ? "0x3F803F80u" : "0x3C003C00u"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
     if (split == 1) {
       launch_grid(name, {tiles, 1}, 256, smem, {x, w, s, z, b, out, out});
