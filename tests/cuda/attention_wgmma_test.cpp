@@ -7,19 +7,15 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
-#include "plan_lines.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
 
 LoweredGraph lower(const std::string& text, const std::string& target) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
   LoweringOptions o;
   o.target = target;
-  auto l = lower_graph(**g, o);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
+  return lower_text(text, o);
 }
 
 int count(const std::string& s, const std::string& what) {

@@ -8,18 +8,10 @@
 #include "kiln/cuda/backend.h"
 #include "kiln/cuda/lowering.h"
 #include "kiln/ir/text.h"
-#include "plan_lines.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
-
-LoweredGraph lower_conv(const std::string& text, LoweringOptions opts = {}) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g, opts);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
 
 const char* kBiasRelu = R"(
 graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 4, 4]) {
@@ -29,7 +21,7 @@ graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 4, 
 })";
 
 TEST_CASE("conv with bias, groups and stride is one cudnn step that applies the relu") {
-  const LoweredGraph l = lower_conv(kBiasRelu);
+  const LoweredGraph l = lower_text(kBiasRelu);
   CHECK(l.kernels.empty());
   CHECK(plan_lines(l.plan, "step").size() == 1);
   CHECK(plan_lines(l.plan, "step conv")[0] ==
@@ -44,8 +36,8 @@ TEST_CASE("conv with bias, groups and stride is one cudnn step that applies the 
 TEST_CASE("allow_tf32 gives f32 convs math=tf32, half types keep math=f32") {
   LoweringOptions tf32;
   tf32.allow_tf32 = true;
-  CHECK(plan_lines(lower_conv(kBiasRelu, tf32).plan, "step conv")[0].find(" dtype=f32 math=tf32 ") != std::string::npos);
-  const LoweredGraph h = lower_conv(R"(
+  CHECK(plan_lines(lower_text(kBiasRelu, tf32).plan, "step conv")[0].find(" dtype=f32 math=tf32 ") != std::string::npos);
+  const LoweredGraph h = lower_text(R"(
 graph @g(%x: bf16[1, 4, 6, 6], %w: bf16[4, 4, 1, 1], %v: f16[1, 4, 6, 6], %u: f16[4, 4, 3, 3]) -> (bf16[1, 4, 6, 6], f16[1, 4, 6, 6]) {
   %c = conv(%x, %w) : bf16[1, 4, 6, 6]
   %d = conv(%v, %u) {pads = [1, 1, 1, 1]} : f16[1, 4, 6, 6]
@@ -59,7 +51,7 @@ graph @g(%x: bf16[1, 4, 6, 6], %w: bf16[4, 4, 1, 1], %v: f16[1, 4, 6, 6], %u: f1
 }
 
 TEST_CASE("a residual add and its relu fold into the conv as z") {
-  const LoweredGraph l = lower_conv(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3], %b: f32[4]) -> (f32[1, 4, 6, 6]) {
   %c = conv(%x, %w, %b) {pads = [1, 1, 1, 1]} : f32[1, 4, 6, 6]
   %s = add(%c, %x) : f32[1, 4, 6, 6]
@@ -71,7 +63,7 @@ graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3], %b: f32[4]) -> (f32[1, 4, 6, 
   CHECK(plan_lines(l.plan, "step conv")[0].find("step conv x=b0 w=b1 y=b3 bias=b2 z=b0 ") == 0);
   CHECK(plan_lines(l.plan, "step conv")[0].find(" activation=relu") != std::string::npos);
   // Without a relu the add still folds; a relu before the add does not make it a residual.
-  const LoweredGraph a = lower_conv(R"(
+  const LoweredGraph a = lower_text(R"(
 graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3]) -> (f32[1, 4, 6, 6], f32[1, 4, 6, 6]) {
   %c = conv(%x, %w) {pads = [1, 1, 1, 1]} : f32[1, 4, 6, 6]
   %s = add(%x, %c) : f32[1, 4, 6, 6]
@@ -92,7 +84,7 @@ graph @g(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3]) -> (f32[1, 4, 6, 6], f32[1, 4
 TEST_CASE("fuse-pointwise's add+relu group after a conv folds in, a later-computed residual waits for its conv") {
   // As in ResNet's downsampling block: conv2's residual (the 1x1 downsample conv) is computed
   // after it, so the downsample conv is the one that absorbs the group, with conv2 as its z.
-  const LoweredGraph l = lower_conv(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[2, 4, 8, 8], %w: f32[8, 4, 3, 3], %b: f32[8], %v: f32[8, 4, 1, 1], %e: f32[8]) -> (f32[2, 8, 4, 4]) {
   %c = conv(%x, %w, %b) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[2, 8, 4, 4]
   %d = conv(%x, %v, %e) {strides = [2, 2]} : f32[2, 8, 4, 4]
@@ -124,7 +116,7 @@ graph @g(%s: f16[2, 4, 10], %v: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3,
   %f = conv(%x, %w) {pads = [0, 1, 0, 0]} : f32[1, 2, 3, 4]
   return %d, %e, %f
 })";
-  const LoweredGraph l = lower_conv(text);
+  const LoweredGraph l = lower_text(text);
   const auto steps = plan_lines(l.plan, "step conv");
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].find("n=2 c=4 k=3 spatial=10 kernel=3 pad=0 stride=2 dilation=2 groups=1 dtype=f16") != std::string::npos);
@@ -132,10 +124,10 @@ graph @g(%s: f16[2, 4, 10], %v: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3,
   CHECK(l.kernels == std::vector<std::string>{"k0_im2col"});
   CHECK(plan_lines(l.plan, "step gemm").size() == 1);
 
-  const LoweredGraph g = lower_conv(text, {.conv = "gemm"});
+  const LoweredGraph g = lower_text(text, {.conv = "gemm"});
   CHECK(plan_lines(g.plan, "step conv").empty());
   CHECK(g.kernels == std::vector<std::string>{"k0_im2col", "k1_conv", "k2_im2col"});
-  CHECK(plan_lines(lower_conv(kBiasRelu, {.conv = "gemm"}).plan, "step gemm").size() == 2);
+  CHECK(plan_lines(lower_text(kBiasRelu, {.conv = "gemm"}).plan, "step gemm").size() == 2);
 }
 
 TEST_CASE("the backend's conv option takes cudnn or gemm and names a bad value") {

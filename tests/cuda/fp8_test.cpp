@@ -10,7 +10,7 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
-#include "plan_lines.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {

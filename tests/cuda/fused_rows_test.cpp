@@ -7,17 +7,10 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
-
-LoweredGraph lower_rows(const std::string& text) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
 
 std::vector<std::string> launches(const LoweredGraph& l) {
   std::vector<std::string> out;
@@ -50,7 +43,7 @@ graph @g(%x: bf16[64, 4096], %r: bf16[64, 4096], %w: bf16[4096]) -> (bf16[64, 40
 })";
 
 TEST_CASE("rms_norm + residual: one launch, a block per row, 16-byte loads and stores") {
-  const LoweredGraph l = lower_rows(kRmsResidual);
+  const LoweredGraph l = lower_text(kRmsResidual);
   REQUIRE(l.kernels == std::vector<std::string>{"k0_fused_rms_norm"});
   const auto ls = launches(l);
   REQUIRE(ls.size() == 1);
@@ -64,7 +57,7 @@ TEST_CASE("rms_norm + residual: one launch, a block per row, 16-byte loads and s
 
 TEST_CASE("short rows share a block, a few lanes each; odd rows fall back to scalar loads") {
   // 48 f32 = 12 vectors of 4: 16 lanes per row, 16 rows per 256-thread block.
-  const LoweredGraph s = lower_rows(R"(
+  const LoweredGraph s = lower_text(R"(
 graph @g(%x: f32[3, 10, 48], %m: f32[3, 1, 48]) -> (f32[3, 10, 48]) {
   %y = fused(%x, %m) : f32[3, 10, 48] {
     graph @body(%a: f32[3, 10, 48], %b: f32[3, 1, 48]) -> (f32[3, 10, 48]) {
@@ -85,7 +78,7 @@ graph @g(%x: f32[3, 10, 48], %m: f32[3, 1, 48]) -> (f32[3, 10, 48]) {
   compiles_everywhere(s);
 
   // A [48] scale against rows of [10, 48] strides 0 along dim 1: element-wise index math.
-  const LoweredGraph g = lower_rows(R"(
+  const LoweredGraph g = lower_text(R"(
 graph @g(%x: f32[3, 10, 48], %w: f32[48]) -> (f32[3, 10, 48]) {
   %y = fused(%x, %w) : f32[3, 10, 48] {
     graph @body(%a: f32[3, 10, 48], %b: f32[48]) -> (f32[3, 10, 48]) {
@@ -99,7 +92,7 @@ graph @g(%x: f32[3, 10, 48], %w: f32[48]) -> (f32[3, 10, 48]) {
   CHECK(g.source.find("co += c_ * 1LL") != std::string::npos);
   compiles_everywhere(g);
 
-  const LoweredGraph o = lower_rows(R"(
+  const LoweredGraph o = lower_text(R"(
 graph @g(%x: f16[5, 7]) -> (f16[5, 7]) {
   %y = fused(%x) : f16[5, 7] {
     graph @body(%a: f16[5, 7]) -> (f16[5, 7]) {
@@ -115,7 +108,7 @@ graph @g(%x: f16[5, 7]) -> (f16[5, 7]) {
 }
 
 TEST_CASE("layer_norm + residual with a cast epilogue, and a decomposed rms norm, are one kernel each") {
-  const LoweredGraph l = lower_rows(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f16[8, 2, 768], %r: f16[8, 2, 768], %w: f16[768], %b: f16[768]) -> (f32[8, 2, 768], f16[8, 2, 768]) {
   %y, %h = fused(%x, %r, %w, %b) : f32[8, 2, 768], f16[8, 2, 768] {
     graph @body(%a: f16[8, 2, 768], %c: f16[8, 2, 768], %d: f16[768], %e: f16[768]) -> (f32[8, 2, 768], f16[8, 2, 768]) {
@@ -132,7 +125,7 @@ graph @g(%x: f16[8, 2, 768], %r: f16[8, 2, 768], %w: f16[768], %b: f16[768]) -> 
   CHECK(launches(l)[0] == "step launch kernel=k0_fused_layer_norm grid=16,1,1 block=64,1,1 smem=0 args=b0,b1,b2,b3,b4,b5");
   compiles_everywhere(l);
 
-  const LoweredGraph d = lower_rows(R"(
+  const LoweredGraph d = lower_text(R"(
 graph @g(%x: f32[4, 256], %w: f32[256]) -> (f32[4, 256], f32[4, 1]) {
   %y, %ms = fused(%x, %w) : f32[4, 256], f32[4, 1] {
     graph @body(%a: f32[4, 256], %c: f32[256]) -> (f32[4, 256], f32[4, 1]) {
@@ -156,7 +149,7 @@ graph @g(%x: f32[4, 256], %w: f32[256]) -> (f32[4, 256], f32[4, 1]) {
 
 TEST_CASE("groups the row kernel cannot hold are lowered node by node") {
   // softmax over a leading axis: not a row of the group's layout.
-  const LoweredGraph a = lower_rows(R"(
+  const LoweredGraph a = lower_text(R"(
 graph @g(%x: f32[4, 8]) -> (f32[4, 8]) {
   %y = fused(%x) : f32[4, 8] {
     graph @body(%a: f32[4, 8]) -> (f32[4, 8]) {
@@ -169,7 +162,7 @@ graph @g(%x: f32[4, 8]) -> (f32[4, 8]) {
 })");
   CHECK(a.kernels == std::vector<std::string>{"k0_exp", "k1_softmax"});
   // Rows longer than 32 elements per lane at 1024 lanes.
-  const LoweredGraph b = lower_rows(R"(
+  const LoweredGraph b = lower_text(R"(
 graph @g(%x: f32[2, 40000]) -> (f32[2, 40000]) {
   %y = fused(%x) : f32[2, 40000] {
     graph @body(%a: f32[2, 40000]) -> (f32[2, 40000]) {

@@ -6,17 +6,10 @@
 
 #include "kiln/cuda/lowering.h"
 #include "kiln/ir/text.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
-
-LoweredGraph lower_gemm(const std::string& text) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
 
 std::vector<std::string> gemm_steps(const LoweredGraph& l) {
   std::vector<std::string> out;
@@ -27,7 +20,7 @@ std::vector<std::string> gemm_steps(const LoweredGraph& l) {
 }
 
 TEST_CASE("a residual add becomes C with beta 1, after the bias; no kernel is left") {
-  const LoweredGraph l = lower_gemm(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: bf16[64, 32], %w: bf16[48, 32], %b: bf16[48], %r: bf16[64, 48]) -> (bf16[64, 48]) {
   %h = linear(%x, %w, %b) : bf16[64, 48]
   %y = add(%r, %h) : bf16[64, 48]
@@ -42,7 +35,7 @@ graph @g(%x: bf16[64, 32], %w: bf16[48, 32], %b: bf16[48], %r: bf16[64, 48]) -> 
 }
 
 TEST_CASE("matmul + bias add + relu: the batch folds into M and the adds become the epilogue") {
-  const LoweredGraph l = lower_gemm(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%a: f32[2, 3, 8], %w: f32[8, 5], %b: f32[5], %r: f32[2, 3, 5]) -> (f32[2, 3, 5], f32[2, 3, 5]) {
   %m = matmul(%a, %w) : f32[2, 3, 5]
   %s = add(%m, %b) : f32[2, 3, 5]
@@ -62,7 +55,7 @@ graph @g(%a: f32[2, 3, 8], %w: f32[8, 5], %b: f32[5], %r: f32[2, 3, 5]) -> (f32[
 }
 
 TEST_CASE("what stays a kernel: shared results, later residuals, broadcast addends, activations before adds") {
-  const LoweredGraph l = lower_gemm(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[4, 8], %w: f32[6, 8], %r: f32[4, 6], %c: f32[4, 1]) -> (f32[4, 6], f32[4, 6], f32[4, 6], f32[4, 6]) {
   %h = linear(%x, %w) : f32[4, 6]
   %y = add(%h, %r) : f32[4, 6]
@@ -79,7 +72,7 @@ graph @g(%x: f32[4, 8], %w: f32[6, 8], %r: f32[4, 6], %c: f32[4, 1]) -> (f32[4, 
 }
 
 TEST_CASE("fuse-horizontal's form: one batched gemm with A broadcast, split pieces are views") {
-  const LoweredGraph l = lower_gemm(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: bf16[2, 64, 32], %w: bf16[3, 32, 48]) -> (bf16[2, 64, 48]) {
   %rows = reshape(%x) {shape = [128, 32]} : bf16[128, 32]
   %s = matmul(%rows, %w) : bf16[3, 128, 48]
@@ -100,7 +93,7 @@ graph @g(%x: bf16[2, 64, 32], %w: bf16[3, 32, 48]) -> (bf16[2, 64, 48]) {
 }
 
 TEST_CASE("transposes of the last two dims read by matmuls become trans_a/trans_b, not copies") {
-  const LoweredGraph l = lower_gemm(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%q: f32[2, 80, 16], %k: f32[2, 80, 16], %a: f32[32, 96], %b: f32[96, 24]) -> (f32[2, 80, 80], f32[96, 24], f32[2, 16, 80]) {
   %kt = transpose(%k) {perm = [0, 2, 1]} : f32[2, 16, 80]
   %s = matmul(%q, %kt) : f32[2, 80, 80]

@@ -7,17 +7,10 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
-
-LoweredGraph lower(const std::string& text) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
 
 std::vector<std::string> steps(const std::string& plan, const std::string& kind) {
   std::vector<std::string> out;
@@ -44,7 +37,7 @@ std::string mlp(int layers, int width, int batch, const std::string& dtype) {
 }
 
 TEST_CASE("gemv: the batch-1 MLP lowers to one kernel launch per layer, relu included, no gemm steps") {
-  const LoweredGraph l = lower(mlp(8, 512, 1, "f32"));
+  const LoweredGraph l = lower_text(mlp(8, 512, 1, "f32"));
   CHECK(steps(l.plan, "gemm").empty());
   const auto launches = steps(l.plan, "launch");
   REQUIRE(launches.size() == 8);
@@ -60,11 +53,11 @@ TEST_CASE("gemv: the batch-1 MLP lowers to one kernel launch per layer, relu inc
 }
 
 TEST_CASE("gemv: above 16 rows and for tiny weights the gemm step stays") {
-  CHECK(steps(lower(mlp(1, 512, 16, "f32")).plan, "gemm").empty());
-  CHECK(steps(lower(mlp(1, 512, 17, "f32")).plan, "gemm").size() == 1);
-  CHECK(steps(lower(mlp(1, 16, 1, "f32")).plan, "gemm").size() == 1);
+  CHECK(steps(lower_text(mlp(1, 512, 16, "f32")).plan, "gemm").empty());
+  CHECK(steps(lower_text(mlp(1, 512, 17, "f32")).plan, "gemm").size() == 1);
+  CHECK(steps(lower_text(mlp(1, 16, 1, "f32")).plan, "gemm").size() == 1);
   // A large weight that would give too few blocks goes to cuBLASLt's split-K.
-  CHECK(steps(lower(R"(
+  CHECK(steps(lower_text(R"(
 graph @g(%x: f32[1, 65536], %w: f32[16, 65536]) -> (f32[1, 16]) {
   %y = linear(%x, %w) : f32[1, 16]
   return %y
@@ -72,7 +65,7 @@ graph @g(%x: f32[1, 65536], %w: f32[16, 65536]) -> (f32[1, 16]) {
 }
 
 TEST_CASE("gemv: batch dims fold into M; odd K loads scalars; gelu and exact gelu are absorbed") {
-  const LoweredGraph l = lower(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: bf16[3, 1, 130], %w: bf16[77, 130], %b: bf16[77]) -> (bf16[3, 1, 77]) {
   %h = linear(%x, %w, %b) : bf16[3, 1, 77]
   %y = gelu(%h) : bf16[3, 1, 77]
@@ -86,7 +79,7 @@ graph @g(%x: bf16[3, 1, 130], %w: bf16[77, 130], %b: bf16[77]) -> (bf16[3, 1, 77
 }
 
 TEST_CASE("gemv: matmul against a [K, N] weight, with broadcast batch rows; batched weights use cuBLASLt") {
-  const LoweredGraph l = lower(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f16[2, 3, 128], %w: f16[128, 96], %v: f16[4, 128, 96]) -> (f16[2, 3, 96], f16[4, 1, 96]) {
   %y = matmul(%x, %w) : f16[2, 3, 96]
   %r = relu(%y) : f16[2, 3, 96]
@@ -107,7 +100,7 @@ TEST_CASE("gemv: kernels compile for sm_80, sm_90a and sm_100a in f32, f16 and b
   for (const char* dt : {"f32", "f16", "bf16"}) {
     CAPTURE(dt);
     const std::string t = dt;
-    const LoweredGraph l = lower("graph @g(%x: " + t + "[16, 130], %w: " + t + "[77, 130], %b: " + t + "[77], %u: " + t +
+    const LoweredGraph l = lower_text("graph @g(%x: " + t + "[16, 130], %w: " + t + "[77, 130], %b: " + t + "[77], %u: " + t +
                                  "[5, 128], %v: " + t + "[128, 96], %k: " + t + "[77, 128], %q: " + t +
                                  "[130, 77]) -> (" + t + "[16, 77], " + t + "[5, 96], " + t + "[5, 77], " + t +
                                  "[16, 77]) {\n"

@@ -10,7 +10,7 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
-#include "plan_lines.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
@@ -30,18 +30,10 @@ std::string int4_graph(int64_t m, int64_t n, int64_t k, int64_t g, bool asym, co
          (asym ? ", asymmetric = 1" : "") + "} : " + yt + "\n  return %y\n}\n";
 }
 
-LoweredGraph lower(const std::string& text) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
-
 TEST_CASE("matmul_int4: the streaming kernel for f16/bf16 x up to M = 64 (one launch at N = 8192)") {
   for (int64_t m : {1, 3, 4, 8, 16, 17, 33, 64}) {
     CAPTURE(m);
-    const LoweredGraph l = lower(int4_graph(m, 8192, 8192, 128, false, "bf16", "f16", false));
+    const LoweredGraph l = lower_text(int4_graph(m, 8192, 8192, 128, false, "bf16", "f16", false));
     const std::vector<std::string> s = steps(l.plan);
     REQUIRE(s.size() == 1);
     CHECK(s[0].find("kernel=k0_matmul_int4_stream") != std::string::npos);
@@ -55,33 +47,33 @@ TEST_CASE("matmul_int4: the streaming kernel for f16/bf16 x up to M = 64 (one la
 
 TEST_CASE("matmul_int4: small N splits K across blocks (memset, stream, sum)") {
   // N = 4096: 64 blocks of rows, so K splits in two; K = 8192 holds 8 super-chunks of 1024.
-  const std::vector<std::string> s = steps(lower(int4_graph(16, 4096, 8192, 64, true, "f16", "f16", true)).plan);
+  const std::vector<std::string> s = steps(lower_text(int4_graph(16, 4096, 8192, 64, true, "f16", "f16", true)).plan);
   REQUIRE(s.size() == 3);
   CHECK(s[0].find("step memset") != std::string::npos);
   CHECK(s[0].find("bytes=" + std::to_string(16 * 4096 * 4)) != std::string::npos);
   CHECK(s[1].find("kernel=k0_matmul_int4_stream grid=64,2,1") != std::string::npos);
   CHECK(s[2].find("kernel=k1_matmul_int4_splitk_sum") != std::string::npos);
   // N = 257 and K = 8192: 5 row blocks, K split into 8 (one super-chunk each).
-  CHECK(steps(lower(int4_graph(1, 257, 8192, 32, false, "bf16", "bf16", false)).plan)[1].find("grid=5,8,1") !=
+  CHECK(steps(lower_text(int4_graph(1, 257, 8192, 32, false, "bf16", "bf16", false)).plan)[1].find("grid=5,8,1") !=
         std::string::npos);
   // K within one super-chunk never splits.
-  CHECK(steps(lower(int4_graph(1, 257, 1024, 32, false, "bf16", "bf16", false)).plan).size() == 1);
+  CHECK(steps(lower_text(int4_graph(1, 257, 1024, 32, false, "bf16", "bf16", false)).plan).size() == 1);
 }
 
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);
-    const LoweredGraph l = lower(int4_graph(m, 8192, 8192, 128, false, "f32", "f16", false));
+    const LoweredGraph l = lower_text(int4_graph(m, 8192, 8192, 128, false, "f32", "f16", false));
     const std::vector<std::string> s = steps(l.plan);
     REQUIRE(s.size() == 1);
     CHECK(s[0].find("kernel=k0_matmul_int4_gemv") != std::string::npos);
   }
   // GEMV: 4 rows per warp, 8 warps per block at N = 8192 -> 256 blocks; x staged per 1024 k.
-  CHECK(steps(lower(int4_graph(1, 8192, 8192, 128, false, "f32", "f16", false)).plan)[0].find(
+  CHECK(steps(lower_text(int4_graph(1, 8192, 8192, 128, false, "f32", "f16", false)).plan)[0].find(
             "grid=256,1,1 block=256,1,1 smem=4608") != std::string::npos);
-  CHECK(steps(lower(int4_graph(9, 64, 256, 64, false, "f32", "f16", false)).plan)[0].find("kernel=k0_int4_dequantize") !=
+  CHECK(steps(lower_text(int4_graph(9, 64, 256, 64, false, "f32", "f16", false)).plan)[0].find("kernel=k0_int4_dequantize") !=
         std::string::npos);
-  const LoweredGraph big = lower(int4_graph(65, 64, 256, 64, true, "f16", "f16", true));
+  const LoweredGraph big = lower_text(int4_graph(65, 64, 256, 64, true, "f16", "f16", true));
   const std::vector<std::string> s = steps(big.plan);
   REQUIRE(s.size() == 2);
   CHECK(s[0].find("kernel=k0_int4_dequantize") != std::string::npos);

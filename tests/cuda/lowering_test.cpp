@@ -6,18 +6,10 @@
 
 #include "kiln/cuda/lowering.h"
 #include "kiln/ir/text.h"
-#include "plan_lines.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
-
-LoweredGraph lower_text(const std::string& text, LoweringOptions opts = {}) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g, opts);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
 
 Status lower_error(const std::string& text) {
   auto g = parse_graph(text);

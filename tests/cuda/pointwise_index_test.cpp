@@ -7,17 +7,10 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
-
-LoweredGraph lower(const std::string& text) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
 
 size_t launches(const LoweredGraph& l) {
   size_t n = 0;
@@ -63,7 +56,7 @@ graph @g(%q: bf16[2, 8, 64], %cos: bf16[1, 1, 8, 16], %sin: bf16[1, 1, 8, 16]) -
 })";
 
 TEST_CASE("a fused RoPE (view, transpose, slices, neg, concat, mul/add) is exactly one launch") {
-  const LoweredGraph l = lower(kRope);
+  const LoweredGraph l = lower_text(kRope);
   CHECK(launches(l) == 1);
   REQUIRE(l.kernels.size() == 1);
   CHECK(l.kernels[0] == "k0_fused");
@@ -77,7 +70,7 @@ TEST_CASE("a fused RoPE (view, transpose, slices, neg, concat, mul/add) is exact
 }
 
 TEST_CASE("transpose+add, a concat of computed values, slice steps, expand and reshape in one kernel") {
-  const LoweredGraph l = lower(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[3, 4], %y: f32[4, 3], %z: f32[4, 6], %b: f32[4, 1], %r: f32[12]) -> (f32[4, 3], f32[4, 3]) {
   %o1, %o2 = fused(%x, %y, %z, %b, %r) : f32[4, 3], f32[4, 3] {
     graph @fused(%x: f32[3, 4], %y: f32[4, 3], %z: f32[4, 6], %b: f32[4, 1], %r: f32[12]) -> (f32[4, 3], f32[4, 3]) {
@@ -108,7 +101,7 @@ graph @g(%x: f32[3, 4], %y: f32[4, 3], %z: f32[4, 6], %b: f32[4, 1], %r: f32[12]
 }
 
 TEST_CASE("a movement group whose outputs differ in shape falls back to node-by-node kernels") {
-  const LoweredGraph l = lower(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[2, 3]) -> (f32[3, 2], f32[2, 3]) {
   %t, %e = fused(%x) : f32[3, 2], f32[2, 3] {
     graph @fused(%a: f32[2, 3]) -> (f32[3, 2], f32[2, 3]) {

@@ -6,17 +6,10 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
-
-LoweredGraph lower(const std::string& text) {
-  auto g = parse_graph(text);
-  REQUIRE_MESSAGE(g.ok(), g.status().message());
-  auto l = lower_graph(**g);
-  REQUIRE_MESSAGE(l.ok(), l.status().message());
-  return *l;
-}
 
 bool has(const LoweredGraph& l, const std::string& what) { return l.source.find(what) != std::string::npos; }
 
@@ -36,7 +29,7 @@ std::string swiglu(const std::string& t, int rows, int cols) {
 }
 
 TEST_CASE("a contiguous bf16 SwiGLU moves 8 elements per 16-byte load and store") {
-  const LoweredGraph l = lower(swiglu("bf16", 64, 1024));
+  const LoweredGraph l = lower_text(swiglu("bf16", 64, 1024));
   CAPTURE(l.source);
   CHECK(has(l, "*reinterpret_cast<uint4*>(a0) = reinterpret_cast<const uint4*>(in0)[q];"));
   CHECK(has(l, "reinterpret_cast<uint4*>(out0)[q] = *reinterpret_cast<uint4*>(s0);"));
@@ -47,15 +40,15 @@ TEST_CASE("a contiguous bf16 SwiGLU moves 8 elements per 16-byte load and store"
 }
 
 TEST_CASE("f32 takes 4 elements per vector; an odd element count stays scalar") {
-  CHECK(has(lower(swiglu("f32", 6, 10)), "for (int e = 0; e < 4; ++e)"));
-  const LoweredGraph odd = lower(swiglu("bf16", 3, 5));
+  CHECK(has(lower_text(swiglu("f32", 6, 10)), "for (int e = 0; e < 4; ++e)"));
+  const LoweredGraph odd = lower_text(swiglu("bf16", 3, 5));
   CHECK_FALSE(has(odd, "uint4"));
   CHECK(has(odd, "out0[i] = "));
   compiles_everywhere(odd);
 }
 
 TEST_CASE("mixed dtypes size the vector by the widest; broadcast inputs are read per lane") {
-  const LoweredGraph l = lower(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: bf16[16, 64], %b: bf16[64], %s: f32[]) -> (f32[16, 64]) {
   %c = cast(%x) {to = f32} : f32[16, 64]
   %bb = cast(%b) {to = f32} : f32[64]
@@ -79,7 +72,7 @@ graph @g(%x: bf16[16, 64], %b: bf16[64], %s: f32[]) -> (f32[16, 64]) {
 }
 
 TEST_CASE("a view 8 bytes into its buffer is not 16-byte aligned: scalar kernel") {
-  const LoweredGraph l = lower(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: bf16[20]) -> (bf16[16], bf16[16]) {
   %p, %q = split(%x) {axis = 0, sizes = [4, 16]} : bf16[4], bf16[16]
   %r = slice(%x) {axes = [0], starts = [0], ends = [16]} : bf16[16]
@@ -98,7 +91,7 @@ graph @g(%x: bf16[20]) -> (bf16[16], bf16[16]) {
 }
 
 TEST_CASE("a transpose keeping the innermost dim copies 16-byte rows; permuting it tiles through shared memory") {
-  const LoweredGraph keep = lower(R"(
+  const LoweredGraph keep = lower_text(R"(
 graph @g(%x: bf16[1, 64, 4, 32]) -> (bf16[1, 4, 64, 32]) {
   %y = transpose(%x) {perm = [0, 2, 1, 3]} : bf16[1, 4, 64, 32]
   return %y
@@ -108,7 +101,7 @@ graph @g(%x: bf16[1, 64, 4, 32]) -> (bf16[1, 4, 64, 32]) {
   CHECK_FALSE(has(keep, "tile["));
   compiles_everywhere(keep);
 
-  const LoweredGraph swap = lower(R"(
+  const LoweredGraph swap = lower_text(R"(
 graph @g(%x: f32[3, 40, 72]) -> (f32[3, 72, 40]) {
   %y = transpose(%x) {perm = [0, 2, 1]} : f32[3, 72, 40]
   return %y
@@ -119,7 +112,7 @@ graph @g(%x: f32[3, 40, 72]) -> (f32[3, 72, 40]) {
   compiles_everywhere(swap);
 
   // A row of 6 bf16 cannot be split into 16- or 8-byte pieces at every offset: 4-byte pieces.
-  const LoweredGraph odd = lower(R"(
+  const LoweredGraph odd = lower_text(R"(
 graph @g(%x: bf16[5, 7, 6]) -> (bf16[7, 5, 6]) {
   %y = transpose(%x) {perm = [1, 0, 2]} : bf16[7, 5, 6]
   return %y
@@ -148,7 +141,7 @@ std::string rope(int d) {
 }
 
 TEST_CASE("an indexed RoPE group loads and stores 8 consecutive bf16 per thread") {
-  const LoweredGraph l = lower(rope(32));
+  const LoweredGraph l = lower_text(rope(32));
   CAPTURE(l.source);
   CHECK(has(l, "*reinterpret_cast<const uint4*>(&in0["));
   CHECK(has(l, "*reinterpret_cast<const uint4*>(&in1["));
@@ -159,7 +152,7 @@ TEST_CASE("an indexed RoPE group loads and stores 8 consecutive bf16 per thread"
 
 TEST_CASE("an indexed group whose halves are not a multiple of the width keeps one element per thread") {
   // Head dim 12: the rows are 8-aligned nowhere; 4 lanes would split at the concat (6).
-  const LoweredGraph l = lower(rope(12));
+  const LoweredGraph l = lower_text(rope(12));
   CAPTURE(l.source);
   CHECK_FALSE(has(l, "reinterpret_cast"));
   CHECK(has(l, "out0[i] = "));
@@ -167,7 +160,7 @@ TEST_CASE("an indexed group whose halves are not a multiple of the width keeps o
 }
 
 TEST_CASE("an indexed group whose transpose moves the lanes off the innermost input dim reads them strided") {
-  const LoweredGraph l = lower(R"(
+  const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[16, 8], %y: f32[8, 16]) -> (f32[8, 16]) {
   %z = fused(%x, %y) : f32[8, 16] {
     graph @fused(%a: f32[16, 8], %b: f32[8, 16]) -> (f32[8, 16]) {
