@@ -18,16 +18,6 @@ namespace {
 
 using namespace kiln;
 
-double sqnr_db(const Tensor& ref, const Tensor& got) {
-  double signal = 0, noise = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double r = ref.get_f64(i), d = r - got.get_f64(i);
-    signal += r * r;
-    noise += d * d;
-  }
-  return noise == 0 ? INFINITY : 10 * std::log10(signal / noise);
-}
-
 StatusOr<std::unique_ptr<Executable>> executable(const std::string& backend, const Graph& g) {
   KILN_ASSIGN_OR_RETURN(const BackendInfo* info, Registry::global().backend(backend));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, info->create(Options()));

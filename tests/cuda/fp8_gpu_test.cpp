@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_util.h"
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
 
@@ -28,16 +29,6 @@ std::string case_text(const std::string& t, const std::string& act, int m, int n
          "  %y = scaled_matmul(" + ops + ") {dtype = " + t + "} : " + yt + "\n"
          "  %xd = dequantize(%xq, %sx) {dtype = " + t + "} : " + xt + "\n"
          "  return %y, %xd\n}\n";
-}
-
-double sqnr_db(const Tensor& ref, const Tensor& got) {
-  double signal = 0, noise = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double r = ref.get_f64(i), d = r - got.get_f64(i);
-    signal += r * r;
-    noise += d * d;
-  }
-  return noise == 0 ? INFINITY : 10 * std::log10(signal / noise);
 }
 
 }  // namespace
