@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "artifact_run.h"
 #include "gpu_test_util.h"
 #include "kiln/core/artifact.h"
 #include "kiln/core/driver.h"
@@ -48,33 +49,6 @@ std::vector<std::string> plan_lines(const std::string& plan, const std::string& 
   for (std::string line; std::getline(in, line);)
     if (line.starts_with(prefix)) out.push_back(line);
   return out;
-}
-
-/// Loads and runs the artifact (CUDA graphs on); "" or why it failed. `problems` receives the
-/// non-empty step descriptors.
-std::string run(const std::string& bytes, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
-                std::vector<std::string>* problems = nullptr) {
-  kiln_runtime* rt = nullptr;
-  kiln_model* model = nullptr;
-  std::string why;
-  auto check = [&](kiln_status* st) {
-    if (st && why.empty()) why = kiln_status_get_message(st);
-    kiln_status_release(st);
-    return why.empty();
-  };
-  if (check(kiln_runtime_create(nullptr, &rt)) && check(kiln_model_load_memory(rt, bytes.data(), bytes.size(), &model))) {
-    std::vector<kiln_host_tensor> in, out;
-    for (const Tensor& t : inputs) in.push_back({const_cast<std::byte*>(t.data()), t.nbytes()});
-    for (Tensor& t : outputs) out.push_back({t.mutable_data(), t.nbytes()});
-    check(kiln_model_run(model, in.data(), in.size(), out.data(), out.size()));
-    for (size_t i = 0; problems && why.empty() && i < kiln_model_num_steps(model); ++i) {
-      char buf[2048];
-      if (check(kiln_model_step_problem(model, i, buf, sizeof buf)) && buf[0]) problems->push_back(buf);
-    }
-  }
-  if (model) kiln_model_release(model);
-  if (rt) kiln_runtime_release(rt);
-  return why;
 }
 
 /// PyTorch's assert_close defaults, atol = rtol for the half types (one rounding apart).
@@ -149,7 +123,7 @@ int main() {
 
     std::vector<Tensor> got = fresh_outputs();
     std::vector<std::string> problems;
-    why = run(bytes, *inputs, got, &problems);
+    why = run_artifact(bytes, *inputs, got, {.problems = &problems});
     if (why.empty()) why = compare(*want, got);
     failures += report_case("the tuned plan matches the reference", why);
     if (why.empty() && problems.size() != 3) why = std::to_string(problems.size()) + " tunable steps, expected 3";
@@ -164,7 +138,7 @@ int main() {
     const size_t algo = bad.plan.find(" algo=", at);
     bad.plan.replace(algo + 6, 128, std::string(128, '0'));
     got = fresh_outputs();
-    why = run(serialize_artifact(bad), *inputs, got);
+    why = run_artifact(serialize_artifact(bad), *inputs, got);
     if (why.empty()) why = compare(*want, got);
     failures += report_case("a gemm algo= that does not fit falls back to the heuristic", why);
   }

@@ -13,6 +13,7 @@
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
 #include "kiln/runtime.h"
+#include "artifact_run.h"
 #include "gpu_test_util.h"
 
 namespace {
@@ -81,31 +82,6 @@ StatusOr<std::string> build(const Graph& g, Registry& reg, bool tf32) {
   return serialize_artifact(art);
 }
 
-/// Loads and runs the artifact with CUDA graphs on or off; "" or why it failed.
-std::string run(const std::string& bytes, bool graphs, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) {
-  kiln_runtime_options o;
-  kiln_runtime_options_initialize(&o);
-  o.use_cuda_graphs = graphs ? 1 : 0;
-  kiln_runtime* rt = nullptr;
-  kiln_model* model = nullptr;
-  std::string why;
-  auto check = [&](kiln_status* st) {
-    if (st && why.empty()) why = kiln_status_get_message(st);
-    kiln_status_release(st);
-    return why.empty();
-  };
-  if (check(kiln_runtime_create(&o, &rt)) && check(kiln_model_load_memory(rt, bytes.data(), bytes.size(), &model))) {
-    std::vector<kiln_host_tensor> in, out;
-    for (const Tensor& t : inputs) in.push_back({const_cast<std::byte*>(t.data()), t.nbytes()});
-    for (Tensor& t : outputs) out.push_back({t.mutable_data(), t.nbytes()});
-    // Twice: the second run replays the captured graph.
-    for (int i = 0; i < 2 && why.empty(); ++i) check(kiln_model_run(model, in.data(), in.size(), out.data(), out.size()));
-  }
-  if (model) kiln_model_release(model);
-  if (rt) kiln_runtime_release(rt);
-  return why;
-}
-
 }  // namespace
 
 int main() {
@@ -133,7 +109,7 @@ int main() {
           else if (!bytes.ok()) why = bytes.status().message();
           std::vector<Tensor> got;
           for (const Value* v : (*g)->outputs()) got.emplace_back(v->dtype(), static_sizes(v->shape()));
-          if (why.empty()) why = run(*bytes, graphs, *inputs, got);
+          if (why.empty()) why = run_artifact(*bytes, *inputs, got, {.cuda_graphs = graphs, .runs = 2});
           double rtol, atol;
           tolerances(cfg.dtype, cfg.tf32, rtol, atol);
           for (size_t i = 0; why.empty() && i < got.size(); ++i)
