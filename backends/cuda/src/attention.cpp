@@ -20,6 +20,15 @@ const char* kHelpers = R"(
 #define KILN_ATTN_HELPERS
 #define KILN_LOG2E 1.4426950408889634f
 #define KILN_ATTN_INF __int_as_float(0x7f800000)
+// Key blocks of BN keys that the query rows [q0, q0 + BM) see: all of them, or when causal those
+// up to the diagonal of row q0 + BM - 1 (key j visible to row i iff j <= i + Skv - Sq); 0 if none.
+template <bool CAUSAL>
+__device__ __forceinline__ int kiln_attn_key_blocks(int q0, int BM, int BN, int Sq, int Skv) {
+  const int all = (Skv + BN - 1) / BN;
+  if (!CAUSAL) return all;
+  const int last = q0 + BM - 1 + Skv - Sq;
+  return min(all, last < 0 ? 0 : last / BN + 1);
+}
 // Sizes, the scale, mask strides and element strides of batch, head and sequence for q, k, v
 // and y (the innermost dim is contiguous): transposes around attention are read through them.
 struct KilnAttnArgs {
@@ -94,11 +103,7 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
   const T* kp = k + b * a.kb + hk * a.kh;
   const T* vp = v + b * a.vb + hk * a.vh;
   const int off = Skv - Sq;
-  int nblocks = (Skv + BN - 1) / BN;
-  if (CAUSAL) {
-    const int last = q0 + BM - 1 + off;
-    nblocks = min(nblocks, last < 0 ? 0 : last / BN + 1);
-  }
+  const int nblocks = kiln_attn_key_blocks<CAUSAL>(q0, BM, BN, Sq, Skv);
   for (int c = tid; c < BM * CH; c += NT) {
     const int r = c / CH, cc = c % CH;
     const bool ok = q0 + r < Sq;
@@ -262,11 +267,7 @@ __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const
   const T* kp = k + b * a.kb + hk * a.kh;
   const T* vp = v + b * a.vb + hk * a.vh;
   const int off = Skv - Sq;
-  int nblocks = (Skv + BN - 1) / BN;
-  if (CAUSAL) {
-    const int last = q0 + BM - 1 + off;
-    nblocks = min(nblocks, last < 0 ? 0 : last / BN + 1);
-  }
+  const int nblocks = kiln_attn_key_blocks<CAUSAL>(q0, BM, BN, Sq, Skv);
   for (int i = tid; i < BM * D; i += NT)
     sQ[i] = q0 + i / D < Sq ? kiln_attn_f(qp[(q0 + i / D) * a.qs + i % D]) * a.scale_log2 : 0.f;
   float o[RPW][VP], mrow[RPW], lrow[RPW];
@@ -392,11 +393,7 @@ __device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, c
   // Key blocks the tile sees. A warpgroup computes them all: one that sees none of a block
   // (only when Skv - Sq is not a multiple of the tile) masks it whole, which keeps every wgmma
   // unconditional so that ptxas can keep them asynchronous.
-  int nblocks = (Skv + BN - 1) / BN;
-  if (CAUSAL) {
-    const int last = q0 + BM - 1 + off;
-    nblocks = min(nblocks, last < 0 ? 0 : last / BN + 1);
-  }
+  const int nblocks = kiln_attn_key_blocks<CAUSAL>(q0, BM, BN, Sq, Skv);
   for (int c = tid; c < BM * CH; c += NT) {
     const int r = c / CH, cc = c % CH;
     const bool ok = q0 + r < Sq;
