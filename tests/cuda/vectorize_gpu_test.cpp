@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gpu_test_util.h"
+#include "vectorize_graphs.h"
 
 namespace {
 
@@ -77,19 +78,7 @@ int main() {
     run("rope " + d + " head dim 32", rope(d, 32));
     run("rope " + d + " head dim 12 (scalar)", rope(d, 12));
   }
-  run("bias row and scalar broadcast, bf16 -> f32", R"(
-graph @g(%x: bf16[16, 64], %b: bf16[64], %s: f32[]) -> (f32[16, 64]) {
-  %c = cast(%x) {to = f32} : f32[16, 64]
-  %bb = cast(%b) {to = f32} : f32[64]
-  %y = fused(%c, %bb, %s) : f32[16, 64] {
-    graph @fused(%p: f32[16, 64], %q: f32[64], %r: f32[]) -> (f32[16, 64]) {
-      %a = add(%p, %q) : f32[16, 64]
-      %y = mul(%a, %r) : f32[16, 64]
-      return %y
-    }
-  }
-  return %y
-})");
+  run("bias row and scalar broadcast, bf16 -> f32", kBiasScalarBroadcast);
   run("column broadcast bf16", R"(
 graph @g(%x: bf16[32, 48], %b: bf16[32, 1]) -> (bf16[32, 48]) {
   %y = add(%x, %b) : bf16[32, 48]

@@ -7,6 +7,7 @@
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
 #include "lowering_test_util.h"
+#include "vectorize_graphs.h"
 
 namespace kiln::cuda {
 namespace {
@@ -48,19 +49,7 @@ TEST_CASE("f32 takes 4 elements per vector; an odd element count stays scalar") 
 }
 
 TEST_CASE("mixed dtypes size the vector by the widest; broadcast inputs are read per lane") {
-  const LoweredGraph l = lower_text(R"(
-graph @g(%x: bf16[16, 64], %b: bf16[64], %s: f32[]) -> (f32[16, 64]) {
-  %c = cast(%x) {to = f32} : f32[16, 64]
-  %bb = cast(%b) {to = f32} : f32[64]
-  %y = fused(%c, %bb, %s) : f32[16, 64] {
-    graph @fused(%p: f32[16, 64], %q: f32[64], %r: f32[]) -> (f32[16, 64]) {
-      %a = add(%p, %q) : f32[16, 64]
-      %y = mul(%a, %r) : f32[16, 64]
-      return %y
-    }
-  }
-  return %y
-})");
+  const LoweredGraph l = lower_text(kBiasScalarBroadcast);
   CAPTURE(l.source);
   // The bf16 -> f32 cast: 4 lanes, 8-byte loads and 16-byte stores.
   CHECK(has(l, "reinterpret_cast<const uint2*>(in0)[q]"));
