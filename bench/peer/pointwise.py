@@ -14,13 +14,12 @@ listed for reference. Writes a Markdown table to OUT/<date>-pointwise.md.
 """
 import argparse
 import datetime
-import json
 import os
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
+
+from peer_common import kiln_bench, median_ms
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,37 +49,6 @@ TRANSPOSE = """graph @transpose(%x: bf16[1, {S}, {H}, {D}]) -> (bf16[1, {H}, {S}
   return %y
 }}
 """
-
-
-def median_ms(torch, fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def kiln_ms(a, work, name, text):
-    """Median device time of the Kiln artifact (CUDA graph replay) and its kernel count."""
-    model = os.path.join(work, name + ".kir")
-    with open(model, "w") as f:
-        f.write(text)
-    artifact, report = os.path.join(work, name + ".kiln"), os.path.join(work, name + ".json")
-    subprocess.run([a.kiln, "compile", model, "--target", a.target, "-o", artifact], check=True)
-    info = subprocess.run([a.kiln, "inspect", artifact], check=True, capture_output=True, text=True).stdout
-    found = re.search(r"kernels (\d+)", info)
-    subprocess.run([a.kiln, "bench", artifact, "--graphs", "on", "--iterations", str(a.iterations),
-                    "--warmup", str(a.warmup), "--report-json", report], check=True, stdout=subprocess.DEVNULL)
-    with open(report) as f:
-        g = json.load(f)["graphs"]["on"]
-    ms = g["device_ms"]["median"] if g.get("device_ms") else g["latency_ms"]["median"]
-    return ms, int(found.group(1)) if found else -1
 
 
 def main():
@@ -131,7 +99,7 @@ def main():
             copy_gbs = moved / copy_ms / 1e6
             eager_ms = median_ms(torch, eager, a.iterations, a.warmup)
             try:
-                k_ms, kernels = kiln_ms(a, work, name, kir.format(**dims))
+                k_ms, kernels, _ = kiln_bench(a.kiln, work, name, kir.format(**dims), a.target, a.iterations, a.warmup, quiet=True)
                 k_gbs = moved / k_ms / 1e6
                 lines.append(f"| {title} ({kernels} kernel{'s' if kernels != 1 else ''}) | {moved / 1e6:.1f} | "
                              f"{copy_ms:.4f} | {copy_gbs:.0f} | {k_ms:.4f} | {k_gbs:.0f} | {100 * k_gbs / copy_gbs:.1f}% | "

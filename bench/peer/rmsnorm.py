@@ -10,13 +10,12 @@ a copy. GB/s = bytes / median device time. Writes a Markdown table to OUT/<date>
 """
 import argparse
 import datetime
-import json
 import os
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
+
+from peer_common import kiln_bench, median_ms
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -26,37 +25,6 @@ KIR = """graph @rmsnorm_residual(%x: bf16[{R}, {D}], %r: bf16[{R}, {D}], %w: bf1
   return %y, %h
 }}
 """
-
-
-def median_ms(torch, fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
-def kiln_ms(a, work):
-    """Median device time of the Kiln artifact (CUDA graph replay), and its kernel count."""
-    model = os.path.join(work, "rmsnorm.kir")
-    with open(model, "w") as f:
-        f.write(KIR.format(R=a.rows, D=a.dim))
-    artifact, report = os.path.join(work, "rmsnorm.kiln"), os.path.join(work, "bench.json")
-    subprocess.run([a.kiln, "compile", model, "--target", a.target, "-o", artifact], check=True)
-    info = subprocess.run([a.kiln, "inspect", artifact], check=True, capture_output=True, text=True).stdout
-    found = re.search(r"kernels (\d+)", info)
-    kernels = int(found.group(1)) if found else -1
-    subprocess.run([a.kiln, "bench", artifact, "--graphs", "on", "--iterations", str(a.iterations),
-                    "--warmup", str(a.warmup), "--report-json", report], check=True)
-    with open(report) as f:
-        g = json.load(f)["graphs"]["on"]
-    return g["device_ms"]["median"] if g.get("device_ms") else g["latency_ms"]["median"], kernels, info
 
 
 def main():
@@ -96,7 +64,7 @@ def main():
     note = ""
     with tempfile.TemporaryDirectory() as work:
         try:
-            k_ms, kernels, _ = kiln_ms(a, work)
+            k_ms, kernels, _ = kiln_bench(a.kiln, work, "rmsnorm", KIR.format(R=a.rows, D=a.dim), a.target, a.iterations, a.warmup)
             rows.append((f"Kiln ({kernels} kernel{'s' if kernels != 1 else ''})", k_ms, moved / k_ms / 1e6))
         except (subprocess.CalledProcessError, OSError, KeyError, ValueError) as e:
             note = f"Kiln failed: {e}"

@@ -1,0 +1,42 @@
+"""What the kernel benchmarks under bench/peer/ share: timing a PyTorch callable with CUDA events,
+and compiling + benchmarking a .kir text with the kiln CLI."""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+
+
+def median_ms(torch, fn, iters, warmup):
+    """Median of `iters` CUDA-event timings of fn() after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def kiln_bench(kiln, work, name, text, target, iterations, warmup, quiet=False):
+    """Writes `text` to WORK/NAME.kir, compiles it for `target` and benchmarks it with CUDA graph
+    replay. Returns (median device ms, kernel count from `kiln inspect` or -1, the inspect text)."""
+    model = os.path.join(work, name + ".kir")
+    with open(model, "w") as f:
+        f.write(text)
+    artifact, report = os.path.join(work, name + ".kiln"), os.path.join(work, name + ".json")
+    subprocess.run([kiln, "compile", model, "--target", target, "-o", artifact], check=True)
+    info = subprocess.run([kiln, "inspect", artifact], check=True, capture_output=True, text=True).stdout
+    found = re.search(r"kernels (\d+)", info)
+    subprocess.run([kiln, "bench", artifact, "--graphs", "on", "--iterations", str(iterations),
+                    "--warmup", str(warmup), "--report-json", report], check=True,
+                   stdout=subprocess.DEVNULL if quiet else None)
+    with open(report) as f:
+        g = json.load(f)["graphs"]["on"]
+    ms = g["device_ms"]["median"] if g.get("device_ms") else g["latency_ms"]["median"]
+    return ms, int(found.group(1)) if found else -1, info
