@@ -252,7 +252,7 @@ kiln_status* ConvStep::create(const artifact::PlanStep& step,
     if (st == CUDNN_STATUS_SUCCESS && need <= workspace_bytes) {
       g->algo_ = algo;
       g->math_ = strict ? CUDNN_FMA_MATH : tuned_math;
-      chosen = true;
+      chosen = g->from_plan_ = true;
     } else {
       static std::atomic<bool> noted{false};
       if (!noted.exchange(true))
@@ -315,8 +315,15 @@ kiln_status* ConvStep::enqueue(bool fused, void* workspace, uint64_t workspace_b
   return nullptr;
 }
 
-kiln_status* ConvStep::tune(void* workspace, uint64_t workspace_bytes, cudaStream_t stream, int max_candidates,
-                            int iterations, TuneOutcome* out) {
+kiln_status* ConvStep::use_algorithm(std::pair<cudnnConvolutionFwdAlgo_t, cudnnMathType_t> choice) {
+  const CudnnApi& api = cudnn_->api();
+  algo_ = choice.first, math_ = choice.second;
+  KILN_CUDNN_TRY(api, api.cudnnSetConvolutionMathType(conv_desc_, math_));
+  return nullptr;
+}
+
+kiln_status* ConvStep::time_candidates(void* workspace, uint64_t workspace_bytes, cudaStream_t stream,
+                                       int max_candidates, int iterations, TuneOutcome* out, bool keep) {
   const CudnnApi& api = cudnn_->api();
   *out = {};
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -324,8 +331,8 @@ kiln_status* ConvStep::tune(void* workspace, uint64_t workspace_bytes, cudaStrea
   KILN_CUDNN_TRY(api, api.cudnnFindConvolutionForwardAlgorithmEx(
                           cudnn_->handle(), x_desc_, x_, w_desc_, w_, conv_desc_, y_desc_, y_,
                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf, workspace, workspace_bytes));
-  const cudnnConvolutionFwdAlgo_t own_algo = algo_;
-  const cudnnMathType_t own_math = math_;
+  cudnnConvolutionFwdAlgo_t own_algo = algo_;
+  cudnnMathType_t own_math = math_;
   double best = 0;
   bool first = true;
   for (int i = 0; i < found && out->candidates < std::max(max_candidates, 1); ++i) {
@@ -346,6 +353,7 @@ kiln_status* ConvStep::tune(void* workspace, uint64_t workspace_bytes, cudaStrea
     if (out->candidates++ == 0 || ms < best) {
       best = ms;
       out->choice = std::string("algo=") + artifact::kConvAlgoNames[algo_] + " algo_math=" + artifact::kConvMathNames[math_];
+      if (keep) own_algo = algo_, own_math = math_;
     }
   }
   out->best_ms = best;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "gemm.h"
 #include "kiln/artifact_reader.h"
@@ -78,11 +79,30 @@ class ConvStep {
   /// Times each algorithm cuDNN can run here, as run() enqueues it (see kiln_model_tune_step);
   /// the step keeps its own algorithm.
   kiln_status* tune(void* workspace, uint64_t workspace_bytes, cudaStream_t stream, int max_candidates,
-                    int iterations, TuneOutcome* out);
+                    int iterations, TuneOutcome* out) {
+    return time_candidates(workspace, workspace_bytes, stream, max_candidates, iterations, out, false);
+  }
+  /// Whether the algorithm came from the plan's algo= (autotuned at compile time).
+  bool algorithm_from_plan() const { return from_plan_; }
+  /// Re-times the first `max_candidates` algorithms of cuDNN's search with warmed-up median
+  /// launches and keeps the fastest: cuDNN's search runs each algorithm once, and a first launch
+  /// that pays for lazy module loading can rank a slow algorithm first. Load time only (writes y).
+  kiln_status* settle(void* workspace, uint64_t workspace_bytes, cudaStream_t stream, int max_candidates,
+                      int iterations) {
+    TuneOutcome unused;
+    return time_candidates(workspace, workspace_bytes, stream, max_candidates, iterations, &unused, true);
+  }
+  /// The algorithm and math type in use, to share between steps of one problem.
+  std::pair<cudnnConvolutionFwdAlgo_t, cudnnMathType_t> algorithm() const { return {algo_, math_}; }
+  /// Uses `algo` with `math` (as another step of the same problem settled on).
+  kiln_status* use_algorithm(std::pair<cudnnConvolutionFwdAlgo_t, cudnnMathType_t> choice);
 
  private:
   ConvStep() = default;
   kiln_status* enqueue(bool fused, void* workspace, uint64_t workspace_bytes) const;
+  /// tune() and settle(): times candidates; `keep` keeps the fastest, else the step's own algorithm.
+  kiln_status* time_candidates(void* workspace, uint64_t workspace_bytes, cudaStream_t stream, int max_candidates,
+                               int iterations, TuneOutcome* out, bool keep);
   const CudnnContext* cudnn_ = nullptr;
   cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr, bias_desc_ = nullptr;
   cudnnFilterDescriptor_t w_desc_ = nullptr;
@@ -94,7 +114,7 @@ class ConvStep {
   std::string problem_;
   const void *x_ = nullptr, *w_ = nullptr, *z_ = nullptr, *bias_ = nullptr;
   void* y_ = nullptr;
-  bool relu_ = false, fused_ = false;
+  bool relu_ = false, fused_ = false, from_plan_ = false;
   int line_ = 0;
 };
 

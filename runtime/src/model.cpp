@@ -3,6 +3,7 @@
 
 #include <charconv>
 #include <cstring>
+#include <map>
 
 namespace kiln::rt {
 namespace {
@@ -287,6 +288,22 @@ kiln_status* context(kiln_status* st, const std::string& what) {
   return st;
 }
 
+/// Conv steps the plan did not tune: cuDNN's one-shot search ranked the algorithms; re-time its
+/// first few with warmed-up median launches and keep the fastest (once per problem).
+kiln_status* settle_convs(kiln_model* m) {
+  std::map<std::string, std::pair<cudnnConvolutionFwdAlgo_t, cudnnMathType_t>> settled;
+  for (kiln_model::Step& s : m->steps) {
+    if (!s.conv || s.conv->algorithm_from_plan()) continue;
+    if (auto it = settled.find(s.conv->problem()); it != settled.end()) {
+      KILN_RT_TRY(s.conv->use_algorithm(it->second));
+      continue;
+    }
+    KILN_RT_TRY(context(s.conv->settle(m->workspace, m->workspace_bytes, m->stream, 4, 5), "timing conv algorithms"));
+    settled.emplace(s.conv->problem(), s.conv->algorithm());
+  }
+  return nullptr;
+}
+
 /// Captures input copies, steps and output copies (the steps alone when timing) as one CUDA
 /// graph. The staging and arena addresses never change, so the graph stays valid for every
 /// later run.
@@ -354,6 +371,7 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
     KILN_CUDA_TRY(cudaEventCreate(&m->steps_end));
   }
   KILN_RT_TRY(prepare_steps(m.get()));
+  KILN_RT_TRY(settle_convs(m.get()));
 
   const bool graph_work = m->steps_begin ? !m->steps.empty() : !m->steps.empty() || m->staging_bytes;
   if (runtime->options.use_cuda_graphs && graph_work) {
