@@ -149,9 +149,10 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // weights once at full HBM bandwidth. mma.sync m16n8k16 with A = dequantized weights (16 rows
 // of N) and B = x^T (8 rows of M per n8 tile), so M = 1..8 pads only to 8, not 16.
 //
-// Block: 256 threads = 4 N-warps x 2 K-warps, 64 weight rows (grid.x = N / 64). The block walks
-// its K range in super-chunks of 2 KC; K-warp wk takes KC of each (D = KC / 128 k-blocks), and
-// the two halves are summed through shared memory at the end. grid.y splits K across blocks
+// Block: 128·KW threads = 4 N-warps x KW K-warps (KW 2 by default, 4 by the sweep knob), 64
+// weight rows (grid.x = N / 64). The block walks its K range in super-chunks of KW·KC; K-warp wk
+// takes KC of each (D = KC / 128 k-blocks), and the KW parts are summed through shared memory at
+// the end. grid.y splits K across blocks
 // when N gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32
 // scratch and a second kernel adds the bias and rounds (the lowering zeroes the scratch).
 // Memory parallelism: a warp loads all D k-blocks of its next super-chunk (2 x 16 B per lane and
@@ -173,11 +174,12 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // exact integers q and each k-block's sum is scaled in f32 (POST); otherwise (groups 32/64,
 // zeros) the dequantize applies (q - zero) * scale per pair, a lane's 32 values being one group.
 const char* kStream = R"(
-extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
+extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
-  constexpr int NSC = (K + 2 * KC - 1) / (2 * KC), PER = $PER, SPLIT = $SPLIT;
+  constexpr int KW = $KW, NT = 128 * KW, SCK = KW * KC;  // K-warps, threads, k per super-chunk
+  constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   constexpr bool POST = $POST, ASYM = $ASYM;
   typedef $XT E;
   typedef $E2 E2;
@@ -194,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
   auto load = [&](int sc, Group& q) {
     #pragma unroll
     for (int d = 0; d < D; ++d) {
-      const int kb = sc * 2 * KC + wk * KC + d * 128, k = kb + 32 * t;
+      const int kb = sc * SCK + wk * KC + d * 128, k = kb + 32 * t;
       const bool kin = sc < sc1 && k < K, oka = kin && ra < N, okb = kin && rb < N;
       q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(w + (long long)ra * (K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
       q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(w + (long long)rb * (K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
@@ -207,10 +209,10 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
   };
   // x[:, super-chunk sc] into buffer buf with cp.async (zero past K; K % 32 == 0).
   auto stage = [&](int sc, int buf) {
-    for (int i = threadIdx.x; i < M * (2 * KC / 8); i += 256) {
-      const int m = i / (2 * KC / 8), c = i % (2 * KC / 8), h = c / (KC / 8), cc = c % (KC / 8);
-      const int k = sc * 2 * KC + c * 8;
-      kiln_i4_cp16(xs + ((buf * 2 + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8, x + (long long)m * K + (k < K ? k : 0), k < K);
+    for (int i = threadIdx.x; i < M * (SCK / 8); i += NT) {
+      const int m = i / (SCK / 8), c = i % (SCK / 8), h = c / (KC / 8), cc = c % (KC / 8);
+      const int k = sc * SCK + c * 8;
+      kiln_i4_cp16(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8, x + (long long)m * K + (k < K ? k : 0), k < K);
     }
   };
   float acc[MN][4];
@@ -232,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
     kiln_i4_commit();
     kiln_i4_wait1();
     __syncthreads();
-    const E* xb = xs + (buf * 2 + wk) * M * RS;
+    const E* xb = xs + (buf * KW + wk) * M * RS;
     #pragma unroll
     for (int d = 0; d < D; ++d) {
       float tmp[MN][4], tsum[MN][4];
@@ -294,13 +296,13 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
     step(sc, ga, gb);
     if (sc + 1 < sc1) step(sc + 1, gb, ga);
   }
-  // K-warp 1 hands its sums to K-warp 0 (the x buffers are free now).
+  // K-warps 1..KW-1 hand their sums to K-warp 0 (the x buffers are free now).
   float* red = reinterpret_cast<float*>(kiln_i4_smem);
-  if (wk == 1)
+  if (wk > 0)
     #pragma unroll
     for (int j = 0; j < MN; ++j)
       #pragma unroll
-      for (int e = 0; e < 4; ++e) red[((wn * MN + j) * 4 + e) * 32 + lane] = acc[j][e];
+      for (int e = 0; e < 4; ++e) red[((((wk - 1) * 4 + wn) * MN + j) * 4 + e) * 32 + lane] = acc[j][e];
   __syncthreads();
   if (wk == 0)
     #pragma unroll
@@ -308,7 +310,9 @@ extern "C" __global__ void __launch_bounds__(256, $MINB) $NAME(const $XT* __rest
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int n = n0 + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
-        const float v = acc[j][e] + red[((wn * MN + j) * 4 + e) * 32 + lane];
+        float v = acc[j][e];
+        #pragma unroll
+        for (int o = 1; o < KW; ++o) v += red[((((o - 1) * 4 + wn) * MN + j) * 4 + e) * 32 + lane];
         if (m < M && n < N) {
           if (SPLIT > 1) atomicAdd(part + (long long)m * N + n, v);
           else kiln_i4_st(y + (long long)m * N + n, v + $BIAS(n));
@@ -397,22 +401,26 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
-    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1;
-    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB" (KC 256
-    // or 512, the blocks split-K aims for, the blocks per SM the registers are bounded for).
+    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2;
+    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW]" (KC
+    // 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded for,
+    // K-warps per block 2 or 4: 4 doubles the warps that hide each other's latency).
     if (const char* e = std::getenv("KILN_INT4_STREAM")) {
-      long long a = 0, b2 = 0, c = 0;
-      if (std::sscanf(e, "%lld:%lld:%lld", &a, &b2, &c) == 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4)
-        kc = a, blocks = b2, minb = c;
+      long long a = 0, b2 = 0, c = 0, w4 = 2;
+      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld", &a, &b2, &c, &w4);
+      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4))
+        kc = a, blocks = b2, minb = c, kw = w4;
     }
-    const int64_t nsc = (k + 2 * kc - 1) / (2 * kc), tiles = (nn + 63) / 64;
+    const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + 63) / 64;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     const bool post = g == 128 && !asym;
-    const int64_t smem = std::max<int64_t>(2 * 2 * m * (kc + 16) * 2, 2048 * ((m + 7) / 8));
+    // x double buffer of KW parts; the final hand-over of KW - 1 warps' sums reuses it.
+    const int64_t smem = std::max<int64_t>(2 * kw * m * (kc + 16) * 2, (kw - 1) * 2048 * ((m + 7) / 8));
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$MINB", std::to_string(minb)}});
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)},
+                               {"$MINB", std::to_string(minb)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
@@ -421,12 +429,12 @@ Status Lowerer::matmul_int4(const Node& n) {
                              {"$FOLDOK", bf ? "true" : "false"}, {"$ONES", bf ? "0x3F803F80u" : "0x3C003C00u"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
     if (split == 1) {
-      launch_grid(name, {tiles, 1}, 256, smem, {x, w, s, z, b, out, out});
+      launch_grid(name, {tiles, 1}, 128 * kw, smem, {x, w, s, z, b, out, out});
       return ok_status();
     }
     const int part = add_buffer("activation", DType::kF32, {m, nn}, "");
     steps_.push_back({"step memset dst=b" + std::to_string(part) + " bytes=" + std::to_string(bufs_[part].bytes), {part}});
-    launch_grid(name, {tiles, split}, 256, smem, {x, w, s, z, b, out, part});
+    launch_grid(name, {tiles, split}, 128 * kw, smem, {x, w, s, z, b, out, part});
     const std::string sum = kernel_name("matmul_int4_splitk_sum");
     add_kernel_text(sum, with_bias(fill(kSplitSum, {{"$NAME", sum}, {"$XT", xs}, {"$M", std::to_string(m)},
                                                      {"$N", std::to_string(nn)}})));
