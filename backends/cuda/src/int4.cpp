@@ -39,6 +39,9 @@ __device__ __forceinline__ __half2 kiln_i4_pair(unsigned w, int j) {
   unsigned h = ((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
   return *reinterpret_cast<__half2*>(&h);
 }
+// Both values of a packed half pair as floats.
+__device__ __forceinline__ float2 kiln_i4_f2(__half, unsigned u) { return __half22float2(*reinterpret_cast<__half2*>(&u)); }
+__device__ __forceinline__ float2 kiln_i4_f2(__nv_bfloat16, unsigned u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u)); }
 __device__ __forceinline__ unsigned kiln_i4_u32(__half2 h) { return *reinterpret_cast<unsigned*>(&h); }
 __device__ __forceinline__ unsigned kiln_i4_u32(__nv_bfloat162 h) { return *reinterpret_cast<unsigned*>(&h); }
 // The two 4-bit values of byte b (low nibble first) as a dequantized pair of the mma's dtype:
@@ -54,12 +57,12 @@ __device__ __forceinline__ unsigned kiln_i4_deq(__nv_bfloat16, unsigned b, __nv_
   return kiln_i4_u32(__hmul2(__hsub2(q, zero), scale));
 }
 __device__ __forceinline__ void kiln_i4_mma(float* c, const unsigned* a, unsigned b0, unsigned b1, __half) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ void kiln_i4_mma(float* c, const unsigned* a, unsigned b0, unsigned b1, __nv_bfloat16) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
@@ -155,30 +158,36 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // the end. grid.y splits K across blocks
 // when N gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32
 // scratch and a second kernel adds the bias and rounds (the lowering zeroes the scratch).
-// Memory parallelism: a warp loads all D k-blocks of its next super-chunk (2 x 16 B per lane and
-// k-block: 4 KB per warp at D = 4, 32 KB per SM with one block of 8 warps, 256 B contiguous
-// per row) into registers before it computes the current one; x for the next super-chunk goes
-// to the other half of a double buffer with cp.async, so neither waits on the other.
+// Memory parallelism: a warp loads all D k-blocks of the super-chunk PF ahead (2 x 16 B per lane
+// and k-block: 4 KB per warp at D = 4, 32 KB per SM and super-chunk with one block of 8 warps,
+// 256 B contiguous per row) into registers before it computes the current one; x for the next
+// super-chunk goes to the other half of a double buffer with cp.async, so neither waits on the
+// other.
 //
 // Fragments: lane (g = l / 4, t = l % 4) loads 16 bytes (32 values) of rows g and g + 8 at
 // k = kb + 32 t of each 128-wide k-block. The sum over k is order-free, so the mma's k slots
 // follow the nibbles: word v of the 16 bytes holds values 8v..8v+7, and one lop3 of
-// (w >> 4j) & 0x000F000F turns nibbles j and j + 4 into a half pair (exponent trick). Step
-// (v, h) puts pairs 2h / 2h+1 in slots 2t, 2t+1 / 2t+8, 2t+9, so the B fragment needs
-// x[m][8v + 2h, +4] and x[m][8v + 2h + 1, +5]: two byte permutes of one 16-byte read of x.
+// (w >> 4j) & 0x000F000F (with the sign flip and exponent bits folded into its constant) turns
+// nibbles j and j + 4 into a half pair (exponent trick). Step (v, h) puts pairs 2h / 2h+1 in
+// slots 2t, 2t+1 / 2t+8, 2t+9, so the B fragment needs x[m][8v + 2h, +4] and
+// x[m][8v + 2h + 1, +5]. Once a super-chunk of x has landed, each 16-byte chunk is reordered in
+// place to x0 x4 x1 x5 x2 x6 x3 x7, so one 16-byte read gives both steps' B fragments.
 // x sits in shared memory as [buffer][wk][M][KC + 16]: the 16-byte chunk c of a row is stored
 // at c ^ ((c >> 3) & 1) and rows are 32 mod 128 bytes apart, which makes each quarter-warp's
 // 16-byte reads (rows g, g+1, chunks 4t + v) hit 8 distinct bank groups.
 //
-// Scales: with group 128 and symmetric weights a k-block is one group, so the mma runs on the
-// exact integers q and each k-block's sum is scaled in f32 (POST); otherwise (groups 32/64,
-// zeros) the dequantize applies (q - zero) * scale per pair, a lane's 32 values being one group.
+// Scales: with group 128 and symmetric weights a k-block is one group (POST): the mma runs on the
+// raw exponent-trick values p = BASE + 8 + q, and per k-block the sum loses (BASE + 8)·Σx (Σx
+// per column, summed once in shared memory when x is reordered) and is scaled in f32, so the
+// dequantize is the lop3 alone. Otherwise (groups 32/64, zeros) the dequantize applies
+// (q - zero) * scale per pair, a lane's 32 values being one group.
 const char* kStream = R"(
 extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
   constexpr int KW = $KW, NT = 128 * KW, SCK = KW * KC;  // K-warps, threads, k per super-chunk
+  constexpr int PF = $PF;  // super-chunks of weights loaded ahead
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   constexpr bool POST = $POST, ASYM = $ASYM;
   typedef $XT E;
@@ -215,33 +224,70 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       kiln_i4_cp16(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8, x + (long long)m * K + (k < K ? k : 0), k < K);
     }
   };
+  // Per-k-block correction of the raw mma sums (POST): (BASE + 8) * sum(x) for each column m of
+  // each k-block of the two buffers, written by prep() (MP pads M to whole n8 tiles).
+  constexpr int MP = MN * 8, KBS = SCK / 128;
+  float* corr = reinterpret_cast<float*>(kiln_i4_smem + 2 * KW * M * RS * sizeof(E));
+  // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
+  // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of the two mma steps of a word (so the 4 N-warps
+  // read them without byte permutes), and for POST sum each k-block's 128 values per column (the
+  // 16 chunks of a k-block and column sit on 16 consecutive lanes; M·SCK/8 is a multiple of 32,
+  // so whole warps take part).
+  auto prep = [&](int buf) {
+    for (int i = threadIdx.x; i < M * (SCK / 8); i += NT) {
+      const int m = i / (SCK / 8), c = i % (SCK / 8), h = c / (KC / 8), cc = c % (KC / 8);
+      uint4* p = reinterpret_cast<uint4*>(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8);
+      const uint4 v = *p;
+      if (POST) {
+        float s = 0.f;
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float2 f = kiln_i4_f2(E(), (&v.x)[u]);
+          s += f.x + f.y;
+        }
+        #pragma unroll
+        for (int o = 1; o < 16; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if ((c & 15) == 0) corr[(buf * KBS + c / 16) * MP + m] = ($BASE + 8.f) * s;
+      }
+      *p = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                      __byte_perm(v.y, v.w, 0x7632));
+    }
+  };
   float acc[MN][4];
+  // Two accumulator sets (the word's two mma steps) break the mma dependency chain when there
+  // are few n8 tiles; with more tiles the tiles themselves are independent.
+  constexpr int NA = MN <= 2 ? 2 : 1;
+  float acc2[NA][MN][4];
   #pragma unroll
-  for (int j = 0; j < MN; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  for (int j = 0; j < MN; ++j)
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc[j][e] = 0.f;
+      #pragma unroll
+      for (int a = 0; a < NA; ++a) acc2[a][j][e] = 0.f;
+    }
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
-  // FOLD (POST with at most two n8 tiles of x): the mma runs on the raw exponent-trick values
-  // p = BASE + 8 + q and the offset comes off once per k-block, OFF·Σx, Σx being one more mma
-  // with an all-ones A. That trades 4 subtractions per pair step for MN mma; only bf16, whose
-  // p (<= 143) keeps the cancellation small (f16's 1032 + q would cost accuracy).
-  constexpr bool FOLD = POST && $FOLDOK && MN <= 2;
-  const unsigned ones[4] = {$ONES, $ONES, $ONES, $ONES};
-  // One super-chunk: prefetch the weights of sc + 1 into `fill` and x into the other buffer,
-  // then compute on `use`. Called with the two groups alternating, so nothing is copied.
+  // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the other
+  // buffer, then compute on `use`.
   auto step = [&](int sc, const Group& use, Group& fill) {
     const int buf = (sc - sc0) & 1;
-    load(sc + 1, fill);  // in flight while this super-chunk is computed
+    load(sc + PF, fill);  // in flight while this super-chunk is computed
     if (sc + 1 < sc1) stage(sc + 1, buf ^ 1);
     kiln_i4_commit();
     kiln_i4_wait1();
+    prep(buf);
     __syncthreads();
     const E* xb = xs + (buf * KW + wk) * M * RS;
     #pragma unroll
     for (int d = 0; d < D; ++d) {
-      float tmp[MN][4], tsum[MN][4];
+      // POST: raw sums of the exponent-trick values p = BASE + 8 + q, corrected once per k-block.
+      float tmp[NA][MN][4];
       #pragma unroll
-      for (int j = 0; j < MN; ++j)
+      for (int a = 0; a < NA; ++a)
         #pragma unroll
-        for (int e = 0; e < 4; ++e) tmp[j][e] = tsum[j][e] = 0.f;
+        for (int j = 0; j < MN; ++j)
+          #pragma unroll
+          for (int e = 0; e < 4; ++e) tmp[a][j][e] = 0.f;
       const E2 sa2 = $CVT2(use.sa[d]), sb2 = $CVT2(use.sb[d]), za2 = $CVT2(use.za[d]), zb2 = $CVT2(use.zb[d]);
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
@@ -251,51 +297,61 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
         for (int j = 0; j < MN; ++j)
           xv[j] = 8 * j + g < M ? *reinterpret_cast<const uint4*>(xb + (8 * j + g) * RS + (cc ^ ((cc >> 3) & 1)) * 8)
                                 : make_uint4(0, 0, 0, 0);
-        const unsigned wa = (&use.a[d].x)[v] ^ $FLIP, wb = (&use.b[d].x)[v] ^ $FLIP;
+        const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
           unsigned af[4];
           #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            // af: row g pair 2h, row g+8 pair 2h, row g pair 2h+1, row g+8 pair 2h+1.
-            const unsigned bits = ((((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1)))) & 0x000F000Fu) | $EXP;
+            // af: row g pair 2h, row g+8 pair 2h, row g pair 2h+1, row g+8 pair 2h+1. One lop3:
+            // the nibble pair, the sign flip of signed weights and the exponent bits.
+            const unsigned bits = ((((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1)))) & 0x000F000Fu) ^ ($EXP ^ ($FLIP & 0x00080008u));
             const E2 p = *reinterpret_cast<const E2*>(&bits);
             E2 q;
-            if (FOLD) q = p;
-            else if (POST) q = __hsub2(p, off2);
+            if (POST) q = p;
             else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
             else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
             af[r] = kiln_i4_u32(q);
           }
           #pragma unroll
-          for (int j = 0; j < MN; ++j) {
-            const unsigned lo = h ? xv[j].y : xv[j].x, hi = h ? xv[j].w : xv[j].z;
-            const unsigned b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
-            kiln_i4_mma(POST ? tmp[j] : acc[j], af, b0, b1, E());
-            if (FOLD) kiln_i4_mma(tsum[j], ones, b0, b1, E());
-          }
+          for (int j = 0; j < MN; ++j)
+            kiln_i4_mma(POST ? tmp[h % NA][j] : acc2[h % NA][j], af, h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y, E());
         }
       }
       if (POST) {
         #pragma unroll
-        for (int j = 0; j < MN; ++j)
+        for (int j = 0; j < MN; ++j) {
+          const float2 cr = *reinterpret_cast<const float2*>(corr + (buf * KBS + wk * D + d) * MP + 8 * j + 2 * t);
           #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float v = FOLD ? tmp[j][e] - ($BASE + 8.f) * tsum[j][e] : tmp[j][e];
+            float v = tmp[0][j][e] - ((e & 1) ? cr.y : cr.x);
+            if (NA > 1) v += tmp[NA - 1][j][e];
             acc[j][e] += (e < 2 ? use.sa[d] : use.sb[d]) * v;
           }
+        }
       }
     }
     __syncthreads();  // the buffer is refilled two super-chunks on
   };
-  Group ga, gb;
-  load(sc0, ga);
+  // PF + 1 register groups in rotation: the weights of PF super-chunks are in flight while one
+  // is computed (the loop is unrolled by PF + 1, so every group index is a constant).
+  Group gq[PF + 1];
+  #pragma unroll
+  for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p]);
   stage(sc0, 0);
   kiln_i4_commit();
-  for (int sc = sc0; sc < sc1; sc += 2) {
-    step(sc, ga, gb);
-    if (sc + 1 < sc1) step(sc + 1, gb, ga);
+  for (int sc = sc0; sc < sc1; sc += PF + 1) {
+    #pragma unroll
+    for (int u = 0; u <= PF; ++u)
+      if (sc + u < sc1) step(sc + u, gq[u], gq[(u + PF) % (PF + 1)]);
   }
+  if (!POST)
+    #pragma unroll
+    for (int j = 0; j < MN; ++j)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e)
+        #pragma unroll
+        for (int a = 0; a < NA; ++a) acc[j][e] += acc2[a][j][e];
   // K-warps 1..KW-1 hand their sums to K-warp 0 (the x buffers are free now).
   float* red = reinterpret_cast<float*>(kiln_i4_smem);
   if (wk > 0)
@@ -401,32 +457,37 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
-    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2;
-    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW]" (KC
-    // 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded for,
-    // K-warps per block 2 or 4: 4 doubles the warps that hide each other's latency).
+    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2, pf = 1;
+    // x double buffer of KW parts and the per-k-block corrections; the final hand-over of KW - 1
+    // warps' sums reuses it.
+    auto smem_for = [&](int64_t c, int64_t w) {
+      const int64_t x_bytes = 2 * w * m * (c + 16) * 2, corr_bytes = 2 * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
+      return std::max<int64_t>(x_bytes + corr_bytes, (w - 1) * 2048 * ((m + 7) / 8));
+    };
+    const int64_t smem_limit = opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912;
+    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF]]"
+    // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
+    // for, K-warps per block 2 or 4, super-chunks of weights loaded ahead 1 or 2).
     if (const char* e = std::getenv("KILN_INT4_STREAM")) {
-      long long a = 0, b2 = 0, c = 0, w4 = 2;
-      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld", &a, &b2, &c, &w4);
-      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4))
-        kc = a, blocks = b2, minb = c, kw = w4;
+      long long a = 0, b2 = 0, c = 0, w4 = 2, p2 = 1;
+      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &p2);
+      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (p2 == 1 || p2 == 2))
+        if (smem_for(a, w4) <= smem_limit) kc = a, blocks = b2, minb = c, kw = w4, pf = p2;
     }
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + 63) / 64;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     const bool post = g == 128 && !asym;
-    // x double buffer of KW parts; the final hand-over of KW - 1 warps' sums reuses it.
-    const int64_t smem = std::max<int64_t>(2 * kw * m * (kc + 16) * 2, (kw - 1) * 2048 * ((m + 7) / 8));
+    const int64_t smem = smem_for(kc, kw);
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)},
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)},
                                {"$MINB", std::to_string(minb)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
-                             {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"},
-                             {"$FOLDOK", bf ? "true" : "false"}, {"$ONES", bf ? "0x3F803F80u" : "0x3C003C00u"}});
+                             {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
     if (split == 1) {
       launch_grid(name, {tiles, 1}, 128 * kw, smem, {x, w, s, z, b, out, out});
