@@ -39,6 +39,12 @@ __device__ __forceinline__ __half2 kiln_i4_pair(unsigned w, int j) {
   unsigned h = ((w >> (4 * j)) & 0x000F000Fu) | 0x64006400u;
   return *reinterpret_cast<__half2*>(&h);
 }
+// (v & 0x000F000F) ^ c in one lop3 (the compiler splits two immediates into two).
+__device__ __forceinline__ unsigned kiln_i4_pair_bits(unsigned v, unsigned c) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;\n" : "=r"(r) : "r"(v), "r"(0x000F000Fu), "r"(c));
+  return r;
+}
 // Both values of a packed half pair as floats.
 __device__ __forceinline__ float2 kiln_i4_f2(__half, unsigned u) { return __half22float2(*reinterpret_cast<__half2*>(&u)); }
 __device__ __forceinline__ float2 kiln_i4_f2(__nv_bfloat16, unsigned u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u)); }
@@ -158,11 +164,10 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // the end. grid.y splits K across blocks
 // when N gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32
 // scratch and a second kernel adds the bias and rounds (the lowering zeroes the scratch).
-// Memory parallelism: a warp loads all D k-blocks of the super-chunk PF ahead (2 x 16 B per lane
-// and k-block: 4 KB per warp at D = 4, 32 KB per SM and super-chunk with one block of 8 warps,
-// 256 B contiguous per row) into registers before it computes the current one; x for the next
-// super-chunk goes to the other half of a double buffer with cp.async, so neither waits on the
-// other.
+// Memory parallelism: a warp loads all D k-blocks of its next super-chunk (2 x 16 B per lane and
+// k-block: 4 KB per warp at D = 4, 32 KB per SM with one block of 8 warps, 256 B contiguous
+// per row) into registers before it computes the current one; x for the next super-chunk goes
+// to the other half of a double buffer with cp.async, so neither waits on the other.
 //
 // Fragments: lane (g = l / 4, t = l % 4) loads 16 bytes (32 values) of rows g and g + 8 at
 // k = kb + 32 t of each 128-wide k-block. The sum over k is order-free, so the mma's k slots
@@ -187,16 +192,31 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
   constexpr int KW = $KW, NT = 128 * KW, SCK = KW * KC;  // K-warps, threads, k per super-chunk
-  constexpr int PF = $PF;  // super-chunks of weights loaded ahead
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   constexpr bool POST = $POST, ASYM = $ASYM;
+  // FOLD (POST, one n8 tile of x): the mma runs on the raw exponent-trick values
+  // p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being summed
+  // when x is reordered; above M = 8 that sum costs more than the per-pair subtraction it saves.
+  constexpr bool FOLD = POST && MN == 1;
+  constexpr bool KFULL = K % SCK == 0, NFULL = N % 64 == 0, MFULL = M % 8 == 0;
   typedef $XT E;
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
   E* xs = reinterpret_cast<E*>(kiln_i4_smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp & 3, wk = warp >> 2, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * 64 + wn * 16, ra = n0 + g, rb = n0 + g + 8;
+  const bool ina = NFULL || ra < N, inb = NFULL || rb < N;
   const int sc0 = blockIdx.y * PER, sc1 = min(sc0 + PER, NSC);
+  // This lane's weight bytes and scale/zero entries at super-chunk 0; super-chunk sc adds
+  // sc·SCK/2 bytes and sc·SCK/G entries (rows past N are clamped and never used).
+  const long long rowa = min(ra, N - 1), rowb = min(rb, N - 1);
+  const int kl = wk * KC + 32 * t, gl = (wk * KC + (POST ? 0 : 32 * t)) / G;
+  const unsigned char* wpa = w + rowa * (K / 2) + kl / 2;
+  const unsigned char* wpb = w + rowb * (K / 2) + kl / 2;
+  const $ST* spa = scales + rowa * (K / G) + gl;
+  const $ST* spb = scales + rowb * (K / G) + gl;
+  const $ST* zpa = zeros + rowa * (K / G) + gl;
+  const $ST* zpb = zeros + rowb * (K / G) + gl;
   struct Group {
     uint4 a[D], b[D];
     float sa[D], sb[D], za[D], zb[D];
@@ -205,15 +225,14 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   auto load = [&](int sc, Group& q) {
     #pragma unroll
     for (int d = 0; d < D; ++d) {
-      const int kb = sc * SCK + wk * KC + d * 128, k = kb + 32 * t;
-      const bool kin = sc < sc1 && k < K, oka = kin && ra < N, okb = kin && rb < N;
-      q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(w + (long long)ra * (K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
-      q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(w + (long long)rb * (K / 2) + k / 2)) : make_uint4(0, 0, 0, 0);
-      const int gk = (POST ? kb : k) / G;
-      q.sa[d] = oka ? kiln_i4_f(scales[(long long)ra * (K / G) + gk]) : 0.f;
-      q.sb[d] = okb ? kiln_i4_f(scales[(long long)rb * (K / G) + gk]) : 0.f;
-      q.za[d] = ASYM && oka ? kiln_i4_f(zeros[(long long)ra * (K / G) + gk]) : 0.f;
-      q.zb[d] = ASYM && okb ? kiln_i4_f(zeros[(long long)rb * (K / G) + gk]) : 0.f;
+      const bool kin = sc < sc1 && (KFULL || sc * SCK + kl + d * 128 < K), oka = kin && ina, okb = kin && inb;
+      const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
+      q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
+      q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
+      q.sa[d] = oka ? kiln_i4_f(spa[so]) : 0.f;
+      q.sb[d] = okb ? kiln_i4_f(spb[so]) : 0.f;
+      q.za[d] = ASYM && oka ? kiln_i4_f(zpa[so]) : 0.f;
+      q.zb[d] = ASYM && okb ? kiln_i4_f(zpb[so]) : 0.f;
     }
   };
   // x[:, super-chunk sc] into buffer buf with cp.async (zero past K; K % 32 == 0).
@@ -224,13 +243,13 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       kiln_i4_cp16(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8, x + (long long)m * K + (k < K ? k : 0), k < K);
     }
   };
-  // Per-k-block correction of the raw mma sums (POST): (BASE + 8) * sum(x) for each column m of
-  // each k-block of the two buffers, written by prep() (MP pads M to whole n8 tiles).
+  // FOLD's per-k-block corrections (BASE + 8)·Σx for each column of each k-block of the two
+  // buffers, written by prep() (MP pads M to a whole n8 tile).
   constexpr int MP = MN * 8, KBS = SCK / 128;
   float* corr = reinterpret_cast<float*>(kiln_i4_smem + 2 * KW * M * RS * sizeof(E));
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
-  // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of the two mma steps of a word (so the 4 N-warps
-  // read them without byte permutes), and for POST sum each k-block's 128 values per column (the
+  // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
+  // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
   // 16 chunks of a k-block and column sit on 16 consecutive lanes; M·SCK/8 is a multiple of 32,
   // so whole warps take part).
   auto prep = [&](int buf) {
@@ -238,7 +257,7 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       const int m = i / (SCK / 8), c = i % (SCK / 8), h = c / (KC / 8), cc = c % (KC / 8);
       uint4* p = reinterpret_cast<uint4*>(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8);
       const uint4 v = *p;
-      if (POST) {
+      if (FOLD) {
         float s = 0.f;
         #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -253,6 +272,11 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
                       __byte_perm(v.y, v.w, 0x7632));
     }
   };
+  // This lane's x reads: row g of its K-warp's part, chunks d·16 + 4t + v stored at
+  // d·16 + 4t + (v ^ sw) (the swizzle above with sw = t / 2), i.e. +sw for even v, -sw for odd.
+  const int sw = t >> 1;
+  const E* xla = xs + (wk * M + g) * RS + (4 * t + sw) * 8;
+  const E* xlb = xs + (wk * M + g) * RS + (4 * t - sw) * 8;
   float acc[MN][4];
   // Two accumulator sets (the word's two mma steps) break the mma dependency chain when there
   // are few n8 tiles; with more tiles the tiles themselves are independent.
@@ -267,21 +291,18 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       for (int a = 0; a < NA; ++a) acc2[a][j][e] = 0.f;
     }
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
-  // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the other
-  // buffer, then compute on `use`.
-  auto step = [&](int sc, const Group& use, Group& fill) {
-    const int buf = (sc - sc0) & 1;
-    load(sc + PF, fill);  // in flight while this super-chunk is computed
+  // One super-chunk: prefetch the weights of sc + 1 into `fill` and x into the other buffer
+  // (buf is a constant: the loop below is unrolled by two), then compute on `use`.
+  auto step = [&](int sc, const Group& use, Group& fill, const int buf) {
+    load(sc + 1, fill);  // in flight while this super-chunk is computed
     if (sc + 1 < sc1) stage(sc + 1, buf ^ 1);
     kiln_i4_commit();
     kiln_i4_wait1();
     prep(buf);
     __syncthreads();
-    const E* xb = xs + (buf * KW + wk) * M * RS;
     #pragma unroll
     for (int d = 0; d < D; ++d) {
-      // POST: raw sums of the exponent-trick values p = BASE + 8 + q, corrected once per k-block.
-      float tmp[NA][MN][4];
+      float tmp[NA][MN][4];  // POST: this k-block's unscaled sums
       #pragma unroll
       for (int a = 0; a < NA; ++a)
         #pragma unroll
@@ -291,12 +312,12 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       const E2 sa2 = $CVT2(use.sa[d]), sb2 = $CVT2(use.sb[d]), za2 = $CVT2(use.za[d]), zb2 = $CVT2(use.zb[d]);
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
-        const int cc = d * 16 + 4 * t + v;
         uint4 xv[MN];
         #pragma unroll
-        for (int j = 0; j < MN; ++j)
-          xv[j] = 8 * j + g < M ? *reinterpret_cast<const uint4*>(xb + (8 * j + g) * RS + (cc ^ ((cc >> 3) & 1)) * 8)
-                                : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < MN; ++j) {
+          const E* xp = ((v & 1) ? xlb : xla) + (buf * KW * M + 8 * j) * RS + (d * 16 + v) * 8;
+          xv[j] = MFULL || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
+        }
         const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -305,10 +326,11 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
           for (int r = 0; r < 4; ++r) {
             // af: row g pair 2h, row g+8 pair 2h, row g pair 2h+1, row g+8 pair 2h+1. One lop3:
             // the nibble pair, the sign flip of signed weights and the exponent bits.
-            const unsigned bits = ((((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1)))) & 0x000F000Fu) ^ ($EXP ^ ($FLIP & 0x00080008u));
+            const unsigned bits = kiln_i4_pair_bits(((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1))), $EXP ^ ($FLIP & 0x00080008u));
             const E2 p = *reinterpret_cast<const E2*>(&bits);
             E2 q;
-            if (POST) q = p;
+            if (FOLD) q = p;
+            else if (POST) q = __hsub2(p, off2);
             else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
             else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
             af[r] = kiln_i4_u32(q);
@@ -321,7 +343,8 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       if (POST) {
         #pragma unroll
         for (int j = 0; j < MN; ++j) {
-          const float2 cr = *reinterpret_cast<const float2*>(corr + (buf * KBS + wk * D + d) * MP + 8 * j + 2 * t);
+          float2 cr = make_float2(0.f, 0.f);
+          if (FOLD) cr = *reinterpret_cast<const float2*>(corr + (buf * KBS + wk * D + d) * MP + 8 * j + 2 * t);
           #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float v = tmp[0][j][e] - ((e & 1) ? cr.y : cr.x);
@@ -333,17 +356,13 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     }
     __syncthreads();  // the buffer is refilled two super-chunks on
   };
-  // PF + 1 register groups in rotation: the weights of PF super-chunks are in flight while one
-  // is computed (the loop is unrolled by PF + 1, so every group index is a constant).
-  Group gq[PF + 1];
-  #pragma unroll
-  for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p]);
+  Group ga, gb;
+  load(sc0, ga);
   stage(sc0, 0);
   kiln_i4_commit();
-  for (int sc = sc0; sc < sc1; sc += PF + 1) {
-    #pragma unroll
-    for (int u = 0; u <= PF; ++u)
-      if (sc + u < sc1) step(sc + u, gq[u], gq[(u + PF) % (PF + 1)]);
+  for (int sc = sc0; sc < sc1; sc += 2) {
+    step(sc, ga, gb, 0);
+    if (sc + 1 < sc1) step(sc + 1, gb, ga, 1);
   }
   if (!POST)
     #pragma unroll
@@ -457,7 +476,7 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
-    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2, pf = 1;
+    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2;
     // x double buffer of KW parts and the per-k-block corrections; the final hand-over of KW - 1
     // warps' sums reuses it.
     auto smem_for = [&](int64_t c, int64_t w) {
@@ -465,14 +484,15 @@ Status Lowerer::matmul_int4(const Node& n) {
       return std::max<int64_t>(x_bytes + corr_bytes, (w - 1) * 2048 * ((m + 7) / 8));
     };
     const int64_t smem_limit = opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912;
-    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF]]"
-    // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
-    // for, K-warps per block 2 or 4, super-chunks of weights loaded ahead 1 or 2).
+    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW]" (KC
+    // 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded for,
+    // K-warps per block 2 or 4: 4 doubles the warps that hide each other's latency). A shape
+    // whose shared memory does not fit is ignored.
     if (const char* e = std::getenv("KILN_INT4_STREAM")) {
-      long long a = 0, b2 = 0, c = 0, w4 = 2, p2 = 1;
-      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &p2);
-      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (p2 == 1 || p2 == 2))
-        if (smem_for(a, w4) <= smem_limit) kc = a, blocks = b2, minb = c, kw = w4, pf = p2;
+      long long a = 0, b2 = 0, c = 0, w4 = 2;
+      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld", &a, &b2, &c, &w4);
+      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && smem_for(a, w4) <= smem_limit)
+        kc = a, blocks = b2, minb = c, kw = w4;
     }
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + 63) / 64;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
@@ -481,7 +501,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     const int64_t smem = smem_for(kc, kw);
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)},
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)},
                                {"$MINB", std::to_string(minb)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
