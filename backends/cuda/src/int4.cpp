@@ -164,10 +164,11 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // the end. grid.y splits K across blocks
 // when N gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32
 // scratch and a second kernel adds the bias and rounds (the lowering zeroes the scratch).
-// Memory parallelism: a warp loads all D k-blocks of its next super-chunk (2 x 16 B per lane and
-// k-block: 4 KB per warp at D = 4, 32 KB per SM with one block of 8 warps, 256 B contiguous
-// per row) into registers before it computes the current one; x for the next super-chunk goes
-// to the other half of a double buffer with cp.async, so neither waits on the other.
+// Memory parallelism: a warp loads all D k-blocks of the super-chunk PF ahead (2 x 16 B per lane
+// and k-block: 4 KB per warp at D = 4, 32 KB per SM and super-chunk with one block of 8 warps,
+// 256 B contiguous per row) into registers before it computes the current one; x for the next
+// super-chunk goes to the next of PF + 1 shared buffers with cp.async, so neither waits on the
+// other.
 //
 // Fragments: lane (g = l / 4, t = l % 4) loads 16 bytes (32 values) of rows g and g + 8 at
 // k = kb + 32 t of each 128-wide k-block. The sum over k is order-free, so the mma's k slots
@@ -176,16 +177,18 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // nibbles j and j + 4 into a half pair (exponent trick). Step (v, h) puts pairs 2h / 2h+1 in
 // slots 2t, 2t+1 / 2t+8, 2t+9, so the B fragment needs x[m][8v + 2h, +4] and
 // x[m][8v + 2h + 1, +5]. Once a super-chunk of x has landed, each 16-byte chunk is reordered in
-// place to x0 x4 x1 x5 x2 x6 x3 x7, so one 16-byte read gives both steps' B fragments.
+// place to x0 x4 x1 x5 x2 x6 x3 x7, so one 16-byte read gives both steps' B fragments (up to
+// M = 16; above, each read does the four byte permutes itself).
 // x sits in shared memory as [buffer][wk][M][KC + 16]: the 16-byte chunk c of a row is stored
 // at c ^ ((c >> 3) & 1) and rows are 32 mod 128 bytes apart, which makes each quarter-warp's
 // 16-byte reads (rows g, g+1, chunks 4t + v) hit 8 distinct bank groups.
 //
-// Scales: with group 128 and symmetric weights a k-block is one group (POST): the mma runs on the
-// raw exponent-trick values p = BASE + 8 + q, and per k-block the sum loses (BASE + 8)·Σx (Σx
-// per column, summed once in shared memory when x is reordered) and is scaled in f32, so the
-// dequantize is the lop3 alone. Otherwise (groups 32/64, zeros) the dequantize applies
-// (q - zero) * scale per pair, a lane's 32 values being one group.
+// Scales: with group 128 and symmetric weights a k-block is one group (POST): the mma runs on
+// exact integers and each k-block's sum is scaled in f32. Up to M = 8 (FOLD) the integers are
+// the raw exponent-trick values p = BASE + 8 + q, and the k-block's sum loses (BASE + 8)·Σx
+// (Σx per column, summed once in shared memory when x is reordered), so the dequantize is the
+// lop3 alone. Otherwise (groups 32/64, zeros) the dequantize applies (q - zero) * scale per
+// pair, a lane's 32 values being one group.
 const char* kStream = R"(
 extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
@@ -193,7 +196,12 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
   constexpr int KW = $KW, NT = 128 * KW, SCK = KW * KC;  // K-warps, threads, k per super-chunk
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
+  // PF super-chunks of weights in flight; PF + 1 register groups and x buffers in rotation.
+  constexpr int PF = $PF, NB = PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
+  // PERM (at most two n8 tiles): x chunks are reordered once in shared memory; with more tiles
+  // that pass costs more than the byte permutes at each read.
+  constexpr bool PERM = MN <= 2;
   // FOLD (POST, one n8 tile of x): the mma runs on the raw exponent-trick values
   // p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being summed
   // when x is reordered; above M = 8 that sum costs more than the per-pair subtraction it saves.
@@ -246,13 +254,14 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   // FOLD's per-k-block corrections (BASE + 8)·Σx for each column of each k-block of the two
   // buffers, written by prep() (MP pads M to a whole n8 tile).
   constexpr int MP = MN * 8, KBS = SCK / 128;
-  float* corr = reinterpret_cast<float*>(kiln_i4_smem + 2 * KW * M * RS * sizeof(E));
+  float* corr = reinterpret_cast<float*>(kiln_i4_smem + NB * KW * M * RS * sizeof(E));
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
   // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
   // 16 chunks of a k-block and column sit on 16 consecutive lanes; M·SCK/8 is a multiple of 32,
   // so whole warps take part).
   auto prep = [&](int buf) {
+    if (!PERM) return;
     for (int i = threadIdx.x; i < M * (SCK / 8); i += NT) {
       const int m = i / (SCK / 8), c = i % (SCK / 8), h = c / (KC / 8), cc = c % (KC / 8);
       uint4* p = reinterpret_cast<uint4*>(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8);
@@ -291,11 +300,11 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       for (int a = 0; a < NA; ++a) acc2[a][j][e] = 0.f;
     }
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
-  // One super-chunk: prefetch the weights of sc + 1 into `fill` and x into the other buffer
-  // (buf is a constant: the loop below is unrolled by two), then compute on `use`.
+  // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
+  // buffer (buf is a constant: the loop below is unrolled by NB), then compute on `use`.
   auto step = [&](int sc, const Group& use, Group& fill, const int buf) {
-    load(sc + 1, fill);  // in flight while this super-chunk is computed
-    if (sc + 1 < sc1) stage(sc + 1, buf ^ 1);
+    load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
+    if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
     kiln_i4_commit();
     kiln_i4_wait1();
     prep(buf);
@@ -317,6 +326,9 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
         for (int j = 0; j < MN; ++j) {
           const E* xp = ((v & 1) ? xlb : xla) + (buf * KW * M + 8 * j) * RS + (d * 16 + v) * 8;
           xv[j] = MFULL || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
+          if (!PERM)
+            xv[j] = make_uint4(__byte_perm(xv[j].x, xv[j].z, 0x5410), __byte_perm(xv[j].x, xv[j].z, 0x7632),
+                               __byte_perm(xv[j].y, xv[j].w, 0x5410), __byte_perm(xv[j].y, xv[j].w, 0x7632));
         }
         const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
         #pragma unroll
@@ -354,15 +366,17 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
         }
       }
     }
-    __syncthreads();  // the buffer is refilled two super-chunks on
+    __syncthreads();  // the buffer is refilled NB super-chunks on
   };
-  Group ga, gb;
-  load(sc0, ga);
+  Group gq[NB];
+  #pragma unroll
+  for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p]);
   stage(sc0, 0);
   kiln_i4_commit();
-  for (int sc = sc0; sc < sc1; sc += 2) {
-    step(sc, ga, gb, 0);
-    if (sc + 1 < sc1) step(sc + 1, gb, ga, 1);
+  for (int sc = sc0; sc < sc1; sc += NB) {
+    #pragma unroll
+    for (int u = 0; u < NB; ++u)
+      if (sc + u < sc1) step(sc + u, gq[u], gq[(u + PF) % NB], u);
   }
   if (!POST)
     #pragma unroll
@@ -476,32 +490,33 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
-    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2;
-    // x double buffer of KW parts and the per-k-block corrections; the final hand-over of KW - 1
-    // warps' sums reuses it.
-    auto smem_for = [&](int64_t c, int64_t w) {
-      const int64_t x_bytes = 2 * w * m * (c + 16) * 2, corr_bytes = 2 * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
+    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2, pf = 1;
+    // PF + 1 x buffers of KW parts and their per-k-block corrections; the final hand-over of
+    // KW - 1 warps' sums reuses them.
+    auto smem_for = [&](int64_t c, int64_t w, int64_t f) {
+      const int64_t x_bytes = (f + 1) * w * m * (c + 16) * 2, corr_bytes = (f + 1) * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
       return std::max<int64_t>(x_bytes + corr_bytes, (w - 1) * 2048 * ((m + 7) / 8));
     };
     const int64_t smem_limit = opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912;
-    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW]" (KC
-    // 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded for,
-    // K-warps per block 2 or 4: 4 doubles the warps that hide each other's latency). A shape
-    // whose shared memory does not fit is ignored.
+    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF]]"
+    // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
+    // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 or 2). A shape whose
+    // shared memory does not fit is ignored.
     if (const char* e = std::getenv("KILN_INT4_STREAM")) {
-      long long a = 0, b2 = 0, c = 0, w4 = 2;
-      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld", &a, &b2, &c, &w4);
-      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && smem_for(a, w4) <= smem_limit)
-        kc = a, blocks = b2, minb = c, kw = w4;
+      long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1;
+      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f);
+      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (f == 1 || f == 2) &&
+          smem_for(a, w4, f) <= smem_limit)
+        kc = a, blocks = b2, minb = c, kw = w4, pf = f;
     }
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + 63) / 64;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     const bool post = g == 128 && !asym;
-    const int64_t smem = smem_for(kc, kw);
+    const int64_t smem = smem_for(kc, kw, pf);
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)},
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)},
                                {"$MINB", std::to_string(minb)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
