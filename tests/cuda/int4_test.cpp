@@ -37,12 +37,15 @@ TEST_CASE("matmul_int4: the streaming kernel for f16/bf16 x up to M = 64 (one la
     const std::vector<std::string> s = steps(l.plan);
     REQUIRE(s.size() == 1);
     CHECK(s[0].find("kernel=k0_matmul_int4_stream") != std::string::npos);
-    // 64 rows a block -> 128 blocks, no K split; x double buffer: 2 x 2 x M rows of KC + 16,
-    // then one f32 correction per k-block (2 KC / 128 of them) and padded column per buffer.
-    const int64_t kc = m > 32 ? 256 : 512;
-    const int64_t corr = 2 * (2 * kc / 128) * ((m + 7) / 8 * 8) * 4;
-    const int64_t smem = std::max<int64_t>(2 * 2 * m * (kc + 16) * 2 + corr, 2048 * ((m + 7) / 8));
-    CHECK(s[0].find("grid=128,1,1 block=256,1,1 smem=" + std::to_string(smem) + " ") != std::string::npos);
+    // 64 rows a block -> 128 blocks, no K split. Up to M = 16 four K-warps (512 threads) with
+    // KC 256, up to M = 8 three x buffers (two super-chunks of weights in flight), else two; a
+    // buffer holds KW x M rows of KC + 16, then one f32 correction per k-block (KW KC / 128 of
+    // them) and padded column.
+    const int64_t kc = m > 32 || m <= 16 ? 256 : 512, kw = m <= 16 ? 4 : 2, nb = m <= 8 ? 3 : 2;
+    const int64_t corr = nb * (kw * kc / 128) * ((m + 7) / 8 * 8) * 4;
+    const int64_t smem = std::max<int64_t>(nb * kw * m * (kc + 16) * 2 + corr, (kw - 1) * 2048 * ((m + 7) / 8));
+    CHECK(s[0].find("grid=128,1,1 block=" + std::to_string(128 * kw) + ",1,1 smem=" + std::to_string(smem) + " ") !=
+          std::string::npos);
     CHECK(l.kernels == std::vector<std::string>{"k0_matmul_int4_stream"});
   }
 }

@@ -483,14 +483,18 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - f16/bf16 x, M <= 64: the streaming mma kernel for every M. At M = 1 its tensor-core and
   //    dequantize work (~2 and ~4 us over the SMs) hides under the ~10 us weight stream, so a
   //    separate CUDA-core path would not be faster; above, mma keeps the math off the bound.
-  //    KC (k per K-warp and super-chunk) is 512, 256 above M = 32 so the x double buffer stays
-  //    within 163 KB (sm_80). grid.y splits K only when N / 64 blocks leave SMs idle.
+  //    The launch shape (KC, K-warps, prefetch depth) depends on M, below; every shape's
+  //    shared memory stays within 163 KB (sm_80). grid.y splits K only when N / 64 blocks leave
+  //    SMs idle.
   //  - f32 x, M <= 8: the GEMV kernel (exact f32 products); it and the streaming kernel read w
   //    (and x) 16 bytes at a time, so a view off 16-byte alignment takes the last path.
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
-    int64_t kc = m > 32 ? 256 : 512, blocks = 132, minb = 1, kw = 2, pf = 1;
+    // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
+    // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
+    // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
+    int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1;
     // PF + 1 x buffers of KW parts and their per-k-block corrections; the final hand-over of
     // KW - 1 warps' sums reuses them.
     auto smem_for = [&](int64_t c, int64_t w, int64_t f) {
