@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from peer_common import kiln_device_ms, median_ms
+
 
 def kir_text(b, h, s, d, layout="bhsd"):
     t = f"bf16[{b}, {h}, {s}, {d}]"
@@ -48,19 +50,7 @@ def time_torch(torch, b, h, s, d, iters):
                      ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             with sdpa_kernel([be]):
-                for _ in range(5):
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                torch.cuda.synchronize()
-                times = []
-                for _ in range(iters):
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                    e1.record()
-                    e1.synchronize()
-                    times.append(e0.elapsed_time(e1))
-            times.sort()
-            out[name] = times[len(times) // 2]
+                out[name] = median_ms(torch, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), iters, 5)
         except Exception as e:  # a backend that does not run here is left out, and said so
             out[name] = None
             print(f"torch {name} s={s}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
@@ -74,12 +64,7 @@ def time_kiln(kiln, work, b, h, s, d, iters, target, layout):
     with open(kir, "w") as f:
         f.write(kir_text(b, h, s, d, layout))
     subprocess.run([kiln, "compile", kir, "--target", target, "-o", art], check=True)
-    subprocess.run([kiln, "bench", art, "--iterations", str(iters), "--graphs", "on", "--report-json", rep],
-                   check=True, stdout=subprocess.DEVNULL)
-    with open(rep) as f:
-        g = json.load(f)["graphs"]["on"]
-    dev = g.get("device_ms")
-    return (dev or g["latency_ms"])["median"], dev is not None
+    return kiln_device_ms(kiln, art, rep, iters)
 
 
 def main():

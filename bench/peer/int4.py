@@ -13,30 +13,19 @@ group size, --asymmetric uses zero points.
     /opt/torch/.venv/bin/python3 bench/peer/int4.py --kiln BUILD/bin/kiln --out bench/results/int4.md
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
+
+from peer_common import kiln_device_ms, median_ms
 
 
 def torch_ms(m, n, k, iters):
     import torch
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    for _ in range(10):
-        torch.matmul(x, w.t())
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        torch.matmul(x, w.t())
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    return median_ms(torch, lambda: torch.matmul(x, w.t()), iters, 10)
 
 
 def kiln_ms(kiln, m, n, k, g, symmetric, work):
@@ -54,12 +43,7 @@ def kiln_ms(kiln, m, n, k, g, symmetric, work):
     with open(base + ".kir", "w") as f:
         f.write(text)
     subprocess.run([kiln, "compile", base + ".kir", "--target", "sm_90a", "-o", base + ".kiln"], check=True)
-    subprocess.run([kiln, "bench", base + ".kiln", "--report-json", base + ".json"], check=True,
-                   stdout=subprocess.DEVNULL)
-    with open(base + ".json") as f:
-        report = json.load(f)
-    dev = report["graphs"].get("on", {}).get("device_ms") or report["graphs"]["off"]["device_ms"]
-    return dev["median"]
+    return kiln_device_ms(kiln, base + ".kiln", base + ".json")[0]
 
 
 def main():
@@ -85,7 +69,7 @@ def main():
                 try:
                     kms = kiln_ms(a.kiln, m, a.n, a.k, g, not a.asymmetric, work)
                     rows.append((m, t, kms, t / kms))
-                except (subprocess.CalledProcessError, KeyError, TypeError) as e:
+                except (subprocess.CalledProcessError, RuntimeError, KeyError, TypeError) as e:
                     rows.append((m, t, None, None))
                     print(f"M={m} group={g}: kiln failed: {e}", file=sys.stderr)
                 print(g, rows[-1], flush=True)

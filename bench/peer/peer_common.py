@@ -23,6 +23,24 @@ def median_ms(torch, fn, iters, warmup):
     return statistics.median(times)
 
 
+def kiln_device_ms(kiln, artifact, report, iterations=None, warmup=None, quiet=True):
+    """Benchmarks a compiled artifact with `kiln bench --graphs on` and returns (median ms, whether
+    that is device time): CUDA events around the plan's steps, else host latency where the
+    device time is not reported. A run that failed is an error."""
+    cmd = [kiln, "bench", artifact, "--graphs", "on", "--report-json", report]
+    if iterations is not None:
+        cmd += ["--iterations", str(iterations)]
+    if warmup is not None:
+        cmd += ["--warmup", str(warmup)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if quiet else None)
+    with open(report) as f:
+        g = json.load(f)["graphs"]["on"]
+    if "error" in g:
+        raise RuntimeError(f"kiln bench {artifact}: {g['error']}")
+    dev = g.get("device_ms")
+    return (dev or g["latency_ms"])["median"], dev is not None
+
+
 def kiln_bench(kiln, work, name, text, target, iterations, warmup, quiet=False):
     """Writes `text` to WORK/NAME.kir, compiles it for `target` and benchmarks it with CUDA graph
     replay. Returns (median device ms, kernel count from `kiln inspect` or -1, the inspect text)."""
@@ -33,10 +51,5 @@ def kiln_bench(kiln, work, name, text, target, iterations, warmup, quiet=False):
     subprocess.run([kiln, "compile", model, "--target", target, "-o", artifact], check=True)
     info = subprocess.run([kiln, "inspect", artifact], check=True, capture_output=True, text=True).stdout
     found = re.search(r"kernels (\d+)", info)
-    subprocess.run([kiln, "bench", artifact, "--graphs", "on", "--iterations", str(iterations),
-                    "--warmup", str(warmup), "--report-json", report], check=True,
-                   stdout=subprocess.DEVNULL if quiet else None)
-    with open(report) as f:
-        g = json.load(f)["graphs"]["on"]
-    ms = g["device_ms"]["median"] if g.get("device_ms") else g["latency_ms"]["median"]
+    ms, _ = kiln_device_ms(kiln, artifact, report, iterations, warmup, quiet)
     return ms, int(found.group(1)) if found else -1, info

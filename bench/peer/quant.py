@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from peer_common import kiln_device_ms, median_ms
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -39,33 +41,6 @@ def run(cmd, timeout=1200):
     return p.stdout
 
 
-def kiln_device_ms(kiln, artifact, work, iters, warmup):
-    report = os.path.join(work, os.path.basename(artifact) + ".bench.json")
-    run([kiln, "bench", artifact, "--graphs", "on", "--iterations", str(iters), "--warmup", str(warmup),
-         "--report-json", report])
-    with open(report) as f:
-        g = json.load(f)["graphs"]["on"]
-    if "error" in g:
-        raise RuntimeError(g["error"])
-    return (g.get("device_ms") or g["latency_ms"])["median"]
-
-
-def cuda_ms(torch, fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def gemm_rows(a, torch, work):
     rows = []
     for n in a.sizes:
@@ -76,10 +51,10 @@ def gemm_rows(a, torch, work):
         sw = (w.abs().max() / 448).float()
         xq = (x / sx).to(torch.float8_e4m3fn)
         wq = (w / sw).to(torch.float8_e4m3fn)  # [N, K] row-major: its .t() is the column-major B
-        t_fp8 = cuda_ms(torch, lambda: torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16),
+        t_fp8 = median_ms(torch, lambda: torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16),
                         a.iterations, a.warmup)
         xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
-        t_bf16 = cuda_ms(torch, lambda: torch.matmul(xb, wb.t()), a.iterations, a.warmup)
+        t_bf16 = median_ms(torch, lambda: torch.matmul(xb, wb.t()), a.iterations, a.warmup)
         del x, w, xq, wq, xb, wb
         torch.cuda.empty_cache()
 
@@ -100,7 +75,8 @@ def gemm_rows(a, torch, work):
         for name, src in (("fp8", kir), ("bf16", bkir)):
             art = src[:-4] + ".kiln"
             run([a.kiln, "compile", src, "--target", a.target, "-o", art])
-            k[name] = kiln_device_ms(a.kiln, art, work, a.iterations, a.warmup)
+            report = os.path.join(work, os.path.basename(art) + ".bench.json")
+            k[name] = kiln_device_ms(a.kiln, art, report, a.iterations, a.warmup)[0]
         tf = lambda ms: flops / (ms * 1e-3) / 1e12
         rows.append({"size": n, "torch_scaled_mm_ms": t_fp8, "kiln_fp8_ms": k["fp8"], "torch_bf16_ms": t_bf16,
                      "kiln_bf16_ms": k["bf16"], "torch_scaled_mm_tflops": tf(t_fp8), "kiln_fp8_tflops": tf(k["fp8"]),
@@ -161,7 +137,8 @@ def llama_row(a, torch, work):
     for name, passes in (("bf16", f"{a.pre},{a.post}"), ("fp8", f"{a.pre},quantize-fp8{{scales={path}}},{a.post}")):
         art = os.path.join(work, f"llama-block-{name}.kiln")
         run([a.kiln, "compile", onnx, "--passes", passes, "--target", a.target, "-o", art], timeout=3600)
-        ms[name] = kiln_device_ms(a.kiln, art, work, a.iterations, a.warmup)
+        report = os.path.join(work, os.path.basename(art) + ".bench.json")
+        ms[name] = kiln_device_ms(a.kiln, art, report, a.iterations, a.warmup)[0]
         log(f"llama {name}: {ms[name]:.3f} ms")
     return {"seq": a.seq, "passes": f"{a.pre},[quantize-fp8],{a.post}", "kiln_bf16_ms": ms["bf16"],
             "kiln_fp8_ms": ms["fp8"], "speedup": ms["bf16"] / ms["fp8"]}
