@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Runs a quantizing pipeline on one exported model with a backend and with the reference
+interpreter, and checks that the two agree (SQNR of every output, the reference as signal).
+
+    check_quantized.py KILN MODEL_DIR --pipeline FILE.toml [--backend NAME] [--floor DB]
+
+Both runs use the same pipeline, so the same quantization: what is measured is the backend's
+kernels (fused quantize epilogues, FP8 GEMMs, INT4 dequantize-GEMMs) against the op definitions,
+not the quantization error. A pipeline that reads static scales (scales=scales.json) gets them
+from `kiln calibrate` over the model's saved inputs first, in a scratch folder.
+"""
+import argparse
+import glob
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kiln")
+    ap.add_argument("model_dir")
+    ap.add_argument("--pipeline", required=True)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--floor", type=float, default=20.0, help="smallest SQNR in dB that passes")
+    a = ap.parse_args()
+    kiln, model = os.path.abspath(a.kiln), os.path.abspath(os.path.join(a.model_dir, "model.onnx"))
+    pipeline = os.path.abspath(a.pipeline)
+    common = []
+    dims_file = os.path.join(a.model_dir, "dims.txt")
+    if os.path.exists(dims_file):
+        for line in open(dims_file):
+            if line.strip():
+                common += ["--sym", line.strip()]
+    inputs = []
+    for path in sorted(glob.glob(os.path.join(os.path.abspath(a.model_dir), "input_*.npy"))):
+        name = os.path.basename(path)[len("input_"):-len(".npy")]
+        inputs += ["--input", f"{name}=@{path}"]
+    outputs = [os.path.basename(p)[len("output_"):-len(".npy")]
+               for p in sorted(glob.glob(os.path.join(a.model_dir, "output_*.npy")))]
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(cmd):
+            print(" ".join(cmd), flush=True)
+            p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+            sys.stderr.write(p.stderr)
+            return p.returncode == 0
+
+        if "scales=" in open(pipeline).read():
+            calib = os.path.join(tmp, "calib")
+            os.makedirs(calib)
+            for path in glob.glob(os.path.join(a.model_dir, "input_*.npy")):
+                os.symlink(os.path.abspath(path), os.path.join(calib, os.path.basename(path)))
+            if not run([kiln, "calibrate", model, "--pipeline", pipeline, "--inputs", calib, "-o", "scales.json"] + common):
+                print("FAIL: kiln calibrate failed")
+                return 1
+        got = {}
+        for backend in (a.backend, "reference"):
+            outs = []
+            for name in outputs:
+                outs += ["--output", f"{name}=@{os.path.join(tmp, backend + '_' + name + '.npy')}"]
+            if not run([kiln, "run", model, "--pipeline", pipeline, "--backend", backend] + common + inputs + outs):
+                print(f"FAIL: kiln run on {backend} failed")
+                return 1
+            got[backend] = {n: np.load(os.path.join(tmp, backend + "_" + n + ".npy")).astype(np.float64) for n in outputs}
+    ok = True
+    for name in outputs:
+        ref, out = got["reference"][name], got[a.backend][name]
+        noise = float(np.sum((ref - out) ** 2))
+        sqnr = math.inf if noise == 0 else 10 * math.log10(float(np.sum(ref ** 2)) / noise)
+        passed = out.shape == ref.shape and not np.isnan(out).any() and sqnr >= a.floor
+        print(f"{name}: {a.backend} vs reference SQNR {sqnr:.1f} dB (floor {a.floor}): {passed}")
+        ok &= passed
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
