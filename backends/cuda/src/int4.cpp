@@ -158,12 +158,12 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // weights once at full HBM bandwidth. mma.sync m16n8k16 with A = dequantized weights (16 rows
 // of N) and B = x^T (8 rows of M per n8 tile), so M = 1..8 pads only to 8, not 16.
 //
-// Block: 128·KW threads = 4 N-warps x KW K-warps (KW 2 by default, 4 by the sweep knob), 64
-// weight rows (grid.x = N / 64). The block walks its K range in super-chunks of KW·KC; K-warp wk
-// takes KC of each (D = KC / 128 k-blocks), and the KW parts are summed through shared memory at
-// the end. grid.y splits K across blocks
-// when N gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32
-// scratch and a second kernel adds the bias and rounds (the lowering zeroes the scratch).
+// Block: 128·KW threads = 4 N-warps x KW K-warps (KW 4 up to M = 16, else 2; see the lowering),
+// 64 weight rows (grid.x = N / 64). The block walks its K range in super-chunks of KW·KC; K-warp
+// wk takes KC of each (D = KC / 128 k-blocks), and the KW parts are summed through shared memory
+// at the end. grid.y splits K across blocks when N gives too few blocks for the SMs; the partial
+// sums then meet by atomicAdd in an f32 scratch and a second kernel adds the bias and rounds
+// (the lowering zeroes the scratch).
 // Memory parallelism: a warp loads all D k-blocks of the super-chunk PF ahead (2 x 16 B per lane
 // and k-block: 4 KB per warp at D = 4, 32 KB per SM and super-chunk with one block of 8 warps,
 // 256 B contiguous per row) into registers before it computes the current one; x for the next
@@ -251,8 +251,8 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       kiln_i4_cp16(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8, x + (long long)m * K + (k < K ? k : 0), k < K);
     }
   };
-  // FOLD's per-k-block corrections (BASE + 8)·Σx for each column of each k-block of the two
-  // buffers, written by prep() (MP pads M to a whole n8 tile).
+  // FOLD's per-k-block corrections (BASE + 8)·Σx for each column of each k-block of each x
+  // buffer, written by prep() (MP pads M to a whole n8 tile).
   constexpr int MP = MN * 8, KBS = SCK / 128;
   float* corr = reinterpret_cast<float*>(kiln_i4_smem + NB * KW * M * RS * sizeof(E));
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
