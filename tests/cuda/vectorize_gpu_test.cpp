@@ -93,17 +93,7 @@ graph @g(%x: bf16[20]) -> (bf16[16], bf16[16], bf16[8]) {
   %z = exp(%r) : bf16[16]
   return %y, %z, %s
 })");
-  run("indexed group reading lanes strided f32", R"(
-graph @g(%x: f32[16, 8], %y: f32[8, 16]) -> (f32[8, 16]) {
-  %z = fused(%x, %y) : f32[8, 16] {
-    graph @fused(%a: f32[16, 8], %b: f32[8, 16]) -> (f32[8, 16]) {
-      %t = transpose(%a) : f32[8, 16]
-      %z = add(%t, %b) : f32[8, 16]
-      return %z
-    }
-  }
-  return %z
-})");
+  run("indexed group reading lanes strided f32", kStridedTransposeGroup);
   run("concat of rows bf16", R"(
 graph @g(%x: bf16[4, 24], %y: bf16[4, 40]) -> (bf16[4, 64]) {
   %z = concat(%x, %y) {axis = 1} : bf16[4, 64]

@@ -20,4 +20,18 @@ graph @g(%x: bf16[16, 64], %b: bf16[64], %s: f32[]) -> (f32[16, 64]) {
   return %y
 })";
 
+/// An indexed group whose transpose moves the vector lanes off the innermost input dim: the
+/// transposed input is read strided, the other with 16-byte loads.
+inline constexpr const char* kStridedTransposeGroup = R"(
+graph @g(%x: f32[16, 8], %y: f32[8, 16]) -> (f32[8, 16]) {
+  %z = fused(%x, %y) : f32[8, 16] {
+    graph @fused(%a: f32[16, 8], %b: f32[8, 16]) -> (f32[8, 16]) {
+      %t = transpose(%a) : f32[8, 16]
+      %z = add(%t, %b) : f32[8, 16]
+      return %z
+    }
+  }
+  return %z
+})";
+
 }  // namespace kiln

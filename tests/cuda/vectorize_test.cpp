@@ -149,17 +149,7 @@ TEST_CASE("an indexed group whose halves are not a multiple of the width keeps o
 }
 
 TEST_CASE("an indexed group whose transpose moves the lanes off the innermost input dim reads them strided") {
-  const LoweredGraph l = lower_text(R"(
-graph @g(%x: f32[16, 8], %y: f32[8, 16]) -> (f32[8, 16]) {
-  %z = fused(%x, %y) : f32[8, 16] {
-    graph @fused(%a: f32[16, 8], %b: f32[8, 16]) -> (f32[8, 16]) {
-      %t = transpose(%a) : f32[8, 16]
-      %z = add(%t, %b) : f32[8, 16]
-      return %z
-    }
-  }
-  return %z
-})");
+  const LoweredGraph l = lower_text(kStridedTransposeGroup);
   CAPTURE(l.source);
   CHECK(has(l, "v0[e] = in0[c1 * 8u + c0 + e * 8u];"));
   CHECK(has(l, "*reinterpret_cast<const uint4*>(&in1["));
