@@ -7,13 +7,14 @@ MODEL_DIR holds model.onnx, input_<name>.npy and output_<name>.npy (written by
 bench/models/export.py on a machine with PyTorch and onnxruntime).
 """
 import argparse
-import glob
 import os
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from model_dir import input_args, output_files, sym_args
 
 
 def main():
@@ -27,21 +28,10 @@ def main():
     a = ap.parse_args()
 
     cmd = [a.kiln, "run", os.path.join(a.model_dir, "model.onnx"), "--backend", a.backend,
-           "--passes", a.passes]
-    # dims.txt binds symbolic dims (NAME=SIZE per line) for models whose shape arithmetic
-    # needs them at import (the TorchScript exporter's dynamic axes).
-    dims_file = os.path.join(a.model_dir, "dims.txt")
-    if os.path.exists(dims_file):
-        for line in open(dims_file):
-            if line.strip():
-                cmd += ["--sym", line.strip()]
-    for path in sorted(glob.glob(os.path.join(a.model_dir, "input_*.npy"))):
-        name = os.path.basename(path)[len("input_"):-len(".npy")]
-        cmd += ["--input", f"{name}=@{path}"]
+           "--passes", a.passes] + sym_args(a.model_dir) + input_args(a.model_dir)
     expected = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for path in sorted(glob.glob(os.path.join(a.model_dir, "output_*.npy"))):
-            name = os.path.basename(path)[len("output_"):-len(".npy")]
+        for name, path in output_files(a.model_dir):
             expected[name] = (np.load(path), os.path.join(tmp, name + ".npy"))
             cmd += ["--output", f"{name}=@{expected[name][1]}"]
         print(" ".join(cmd), flush=True)

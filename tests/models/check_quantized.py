@@ -19,6 +19,8 @@ import tempfile
 
 import numpy as np
 
+from model_dir import input_args, output_files, sym_args
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -30,18 +32,8 @@ def main():
     a = ap.parse_args()
     kiln, model = os.path.abspath(a.kiln), os.path.abspath(os.path.join(a.model_dir, "model.onnx"))
     pipeline = os.path.abspath(a.pipeline)
-    common = []
-    dims_file = os.path.join(a.model_dir, "dims.txt")
-    if os.path.exists(dims_file):
-        for line in open(dims_file):
-            if line.strip():
-                common += ["--sym", line.strip()]
-    inputs = []
-    for path in sorted(glob.glob(os.path.join(os.path.abspath(a.model_dir), "input_*.npy"))):
-        name = os.path.basename(path)[len("input_"):-len(".npy")]
-        inputs += ["--input", f"{name}=@{path}"]
-    outputs = [os.path.basename(p)[len("output_"):-len(".npy")]
-               for p in sorted(glob.glob(os.path.join(a.model_dir, "output_*.npy")))]
+    common, inputs = sym_args(a.model_dir), input_args(a.model_dir)
+    outputs = [name for name, _ in output_files(a.model_dir)]
     with tempfile.TemporaryDirectory() as tmp:
         def run(cmd):
             print(" ".join(cmd), flush=True)
