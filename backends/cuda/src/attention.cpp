@@ -639,8 +639,7 @@ bool Lowerer::f32_tiled_fits(int64_t d, int64_t dv, const std::vector<Sizes>& qk
   const size_t n = bufs.size();
   for (int id : {bufs[0], bufs[1], bufs[2], bufs[n - 1]})
     if (!aligned16(id)) return false;
-  const int64_t limit = opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912;
-  return f32_attention_smem_bytes(d, dv) <= limit;
+  return f32_attention_smem_bytes(d, dv) <= smem_limit();
 }
 
 Status Lowerer::attention(const Node& n) {

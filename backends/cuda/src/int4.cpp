@@ -501,7 +501,6 @@ Status Lowerer::matmul_int4(const Node& n) {
       const int64_t x_bytes = (f + 1) * w * m * (c + 16) * 2, corr_bytes = (f + 1) * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
       return std::max<int64_t>(x_bytes + corr_bytes, (w - 1) * 2048 * ((m + 7) / 8));
     };
-    const int64_t smem_limit = opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912;
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
     // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 or 2). A shape whose
@@ -510,7 +509,7 @@ Status Lowerer::matmul_int4(const Node& n) {
       long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1;
       const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f);
       if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (f == 1 || f == 2) &&
-          smem_for(a, w4, f) <= smem_limit)
+          smem_for(a, w4, f) <= smem_limit())
         kc = a, blocks = b2, minb = c, kw = w4, pf = f;
     }
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + 63) / 64;

@@ -187,6 +187,9 @@ class Lowerer {
                       const std::string& body, const std::vector<int>& args);
   /// Whether buffer `id` starts 16-byte aligned (roots do; a view only at a multiple of 16).
   bool aligned16(int id) const { return id == root(id) || bufs_[id].offset % 16 == 0; }
+  /// The most dynamic shared memory a block may ask for: the target's (Capabilities), else
+  /// sm_80's 163 KB, which every target this backend builds for allows.
+  int64_t smem_limit() const { return opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912; }
   /// Elements per 16-byte vector of the widest of `types`, 0 when that is not at least 2.
   static int64_t vector_width(const std::vector<DType>& types);
   /// strided_copy as 16-byte row copies (innermost dim contiguous on both sides) or a 32x32
