@@ -36,6 +36,12 @@ TEST_CASE("quant: quantize divides by the scale, rounds to nearest even and satu
   check_values(e5, {3}, {57344, -57344, 3.5});
 }
 
+TEST_CASE("quant: quantize divides in f32, as the GPU kernels and PyTorch do") {
+  // 0.5 / 0.01f is 50.0000011 in f64 (rounds up to 52 in e4m3's steps of 4 on [32, 64)) but
+  // exactly 50 in f32, a tie that rounds to the even 48. Scale 0.01 makes such ties common.
+  check_values(run1("quantize", {f32({2}, {0.5, -0.5}), scale(0.01)}), {2}, {48, -48});
+}
+
 TEST_CASE("quant: dequantize multiplies by the scale into f32, bf16 or f16") {
   Tensor q = f8(DType::kF8E4M3FN, {3}, {448, -0.5, 0.015625});
   check_values(run1("dequantize", {q, scale(0.25)}), {3}, {112, -0.125, 0.00390625});

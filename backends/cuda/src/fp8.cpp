@@ -67,9 +67,10 @@ Status Lowerer::quantize(const Node& n) {
   if (count == 0) return ok_status();
   const std::string params =
       "const " + st + "* __restrict__ x, const float* __restrict__ s, unsigned char* __restrict__ q";
-  // Division, not a reciprocal multiply: the reference divides, and so must this.
+  // An f32 division, not a reciprocal multiply: the reference divides in f32, and so must this.
   auto cvt = [&](const std::string& v) {
-    return "__nv_cvt_float_to_fp8(" + v + " / s[0], __NV_SATFINITE, " + interp(qt) + ")";
+    const std::string f = xt == DType::kF64 ? "(float)(" + v + ")" : v;
+    return "__nv_cvt_float_to_fp8(" + f + " / s[0], __NV_SATFINITE, " + interp(qt) + ")";
   };
   // Eight elements a thread with 16-byte loads and an 8-byte store where sizes and alignment
   // allow: this is a pure bandwidth kernel, and one element a thread reaches a third of it.

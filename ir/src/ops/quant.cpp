@@ -55,11 +55,15 @@ Status quantize_infer(InferContext& ctx) {
   return ok_status();
 }
 
+// The quotient is an f32 division, as on the GPU (and in PyTorch's (x / scale).to(f8)): a
+// division in f64 rounds differently wherever x / scale lies within an f32 ulp of a tie
+// between two f8 values, which "round" scales such as 0.01 make common (~1% of bf16 inputs).
 Status quantize_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  const double scale = ctx.input(1).get_f64(0);
+  const float scale = static_cast<float>(ctx.input(1).get_f64(0));
   Tensor& y = ctx.output();
-  for (int64_t i = 0; i < x.numel(); ++i) y.set_f64(i, to_f8(y.dtype(), x.get_f64(i) / scale));
+  for (int64_t i = 0; i < x.numel(); ++i)
+    y.set_f64(i, to_f8(y.dtype(), static_cast<float>(x.get_f64(i)) / scale));
   return ok_status();
 }
 
@@ -73,8 +77,9 @@ Status dequantize_infer(InferContext& ctx) {
 
 Status dequantize_kernel(KernelContext& ctx) {
   const Tensor& q = ctx.input(0);
-  const double scale = ctx.input(1).get_f64(0);
-  for (int64_t i = 0; i < q.numel(); ++i) ctx.output().set_f64(i, q.get_f64(i) * scale);
+  // An f32 product, as on the GPU, then rounded to the result dtype.
+  const float scale = static_cast<float>(ctx.input(1).get_f64(0));
+  for (int64_t i = 0; i < q.numel(); ++i) ctx.output().set_f64(i, static_cast<float>(q.get_f64(i)) * scale);
   return ok_status();
 }
 
@@ -147,7 +152,7 @@ Status amax_kernel(KernelContext& ctx) {
 
 void register_quant_ops(OpRegistry& r) {
   add_op_or_die(r, {.name = "quantize",
-                    .summary = "q = x / scale rounded to nearest even into an f8 dtype, saturating",
+                    .summary = "q = x / scale (an f32 division) rounded to nearest even into an f8 dtype, saturating",
                     .traits = kTraitNone,
                     .inputs = {"x", "scale"},
                     .outputs = {"q"},
@@ -156,7 +161,7 @@ void register_quant_ops(OpRegistry& r) {
                     .infer = quantize_infer,
                     .reference = quantize_kernel});
   add_op_or_die(r, {.name = "dequantize",
-                    .summary = "y = q * scale, from an f8 dtype to f32, bf16 or f16",
+                    .summary = "y = q * scale (an f32 product), from an f8 dtype to f32, bf16 or f16",
                     .traits = kTraitNone,
                     .inputs = {"q", "scale"},
                     .outputs = {"y"},
