@@ -38,10 +38,10 @@ TEST_CASE("matmul_int4: the streaming kernel for f16/bf16 x up to M = 64 (one la
     REQUIRE(s.size() == 1);
     CHECK(s[0].find("kernel=k0_matmul_int4_stream") != std::string::npos);
     // 64 rows a block -> 128 blocks, no K split. Up to M = 16 four K-warps (512 threads) with
-    // KC 256, up to M = 8 three x buffers (two super-chunks of weights in flight), else two; a
-    // buffer holds KW x M rows of KC + 16, then one f32 correction per k-block (KW KC / 128 of
-    // them) and padded column.
-    const int64_t kc = m > 32 || m <= 16 ? 256 : 512, kw = m <= 16 ? 4 : 2, nb = m <= 8 ? 3 : 2;
+    // KC 256. Up to M = 8 the block stages all of x at once (8 super-chunks of 1024), else two
+    // buffers; a buffer holds KW x M rows of KC + 16, then one f32 correction per k-block
+    // (KW KC / 128 of them) and padded column.
+    const int64_t kc = m > 32 || m <= 16 ? 256 : 512, kw = m <= 16 ? 4 : 2, nb = m <= 8 ? 8 : 2;
     const int64_t corr = nb * (kw * kc / 128) * ((m + 7) / 8 * 8) * 4;
     const int64_t smem = std::max<int64_t>(nb * kw * m * (kc + 16) * 2 + corr, (kw - 1) * 2048 * ((m + 7) / 8));
     CHECK(s[0].find("grid=128,1,1 block=" + std::to_string(128 * kw) + ",1,1 smem=" + std::to_string(smem) + " ") !=

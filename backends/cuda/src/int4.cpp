@@ -78,6 +78,7 @@ __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
 }
 __device__ __forceinline__ void kiln_i4_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void kiln_i4_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void kiln_i4_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 #endif
 )";
 
@@ -197,7 +198,10 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   constexpr int KW = $KW, NT = 128 * KW, SCK = KW * KC;  // K-warps, threads, k per super-chunk
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   // PF super-chunks of weights in flight; PF + 1 register groups and x buffers in rotation.
-  constexpr int PF = $PF, NB = PF + 1;
+  // XALL: all of the block's x (PER super-chunks) is staged and reordered once before the loop,
+  // which then needs no block-wide barrier: each warp streams its weights at its own pace.
+  constexpr bool XALL = $XALL;
+  constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
   // PERM (at most two n8 tiles): x chunks are reordered once in shared memory; with more tiles
   // that pass costs more than the byte permutes at each read.
@@ -301,14 +305,18 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     }
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
   // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
-  // buffer (buf is a constant: the loop below is unrolled by NB), then compute on `use`.
-  auto step = [&](int sc, const Group& use, Group& fill, const int buf) {
+  // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
+  auto step = [&](int sc, const Group& use, Group& fill, int buf) {
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
-    if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
-    kiln_i4_commit();
-    kiln_i4_wait1();
-    prep(buf);
-    __syncthreads();
+    if (XALL) {
+      buf = sc - sc0;
+    } else {
+      if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
+      kiln_i4_commit();
+      kiln_i4_wait1();
+      prep(buf);
+      __syncthreads();
+    }
     #pragma unroll
     for (int d = 0; d < D; ++d) {
       float tmp[NA][MN][4];  // POST: this k-block's unscaled sums
@@ -366,17 +374,25 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
         }
       }
     }
-    __syncthreads();  // the buffer is refilled NB super-chunks on
+    if (!XALL) __syncthreads();  // the buffer is refilled PF + 1 super-chunks on
   };
-  Group gq[NB];
+  Group gq[PF + 1];
   #pragma unroll
   for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p]);
-  stage(sc0, 0);
-  kiln_i4_commit();
-  for (int sc = sc0; sc < sc1; sc += NB) {
+  if (XALL) {
+    for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
+    kiln_i4_commit();
+    kiln_i4_wait0();
+    for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
+    __syncthreads();
+  } else {
+    stage(sc0, 0);
+    kiln_i4_commit();
+  }
+  for (int sc = sc0; sc < sc1; sc += PF + 1) {
     #pragma unroll
-    for (int u = 0; u < NB; ++u)
-      if (sc + u < sc1) step(sc + u, gq[u], gq[(u + PF) % NB], u);
+    for (int u = 0; u <= PF; ++u)
+      if (sc + u < sc1) step(sc + u, gq[u], gq[(u + PF) % (PF + 1)], u);
   }
   if (!POST)
     #pragma unroll
@@ -385,7 +401,9 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       for (int e = 0; e < 4; ++e)
         #pragma unroll
         for (int a = 0; a < NA; ++a) acc[j][e] += acc2[a][j][e];
-  // K-warps 1..KW-1 hand their sums to K-warp 0 (the x buffers are free now).
+  // K-warps 1..KW-1 hand their sums to K-warp 0 (the x buffers are free once every warp is done:
+  // with XALL, warps leave the loop at their own pace).
+  if (XALL) __syncthreads();
   float* red = reinterpret_cast<float*>(kiln_i4_smem);
   if (wk > 0)
     #pragma unroll
@@ -495,10 +513,10 @@ Status Lowerer::matmul_int4(const Node& n) {
     // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
     // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
     int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1;
-    // PF + 1 x buffers of KW parts and their per-k-block corrections; the final hand-over of
-    // KW - 1 warps' sums reuses them.
-    auto smem_for = [&](int64_t c, int64_t w, int64_t f) {
-      const int64_t x_bytes = (f + 1) * w * m * (c + 16) * 2, corr_bytes = (f + 1) * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
+    // nb x buffers (super-chunks) of KW parts and their per-k-block corrections; the final
+    // hand-over of KW - 1 warps' sums reuses them.
+    auto smem_for = [&](int64_t c, int64_t w, int64_t nb) {
+      const int64_t x_bytes = nb * w * m * (c + 16) * 2, corr_bytes = nb * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
       return std::max<int64_t>(x_bytes + corr_bytes, (w - 1) * 2048 * ((m + 7) / 8));
     };
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF]]"
@@ -509,17 +527,21 @@ Status Lowerer::matmul_int4(const Node& n) {
       long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1;
       const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f);
       if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (f == 1 || f == 2) &&
-          smem_for(a, w4, f) <= smem_limit())
+          smem_for(a, w4, f + 1) <= smem_limit())
         kc = a, blocks = b2, minb = c, kw = w4, pf = f;
     }
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + 63) / 64;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     const bool post = g == 128 && !asym;
-    const int64_t smem = smem_for(kc, kw, pf);
+    // Up to M = 8 a block's whole x (per super-chunks) is staged once when it fits, so the loop
+    // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
+    const char* xall_env = std::getenv("KILN_INT4_XALL");
+    const bool xall = m <= 8 && smem_for(kc, kw, per) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
+    const int64_t smem = smem_for(kc, kw, xall ? per : pf + 1);
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)},
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"},
                                {"$MINB", std::to_string(minb)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
