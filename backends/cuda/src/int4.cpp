@@ -203,9 +203,9 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   constexpr bool XALL = $XALL;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
-  // PERM (at most two n8 tiles): x chunks are reordered once in shared memory; with more tiles
-  // that pass costs more than the byte permutes at each read.
-  constexpr bool PERM = MN <= 2;
+  // PERM: x chunks are reordered once in shared memory instead of by byte permutes at each read
+  // (the lowering's choice: up to two n8 tiles).
+  constexpr bool PERM = $PERM;
   // FOLD (POST, one n8 tile of x): the mma runs on the raw exponent-trick values
   // p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being summed
   // when x is reordered; above M = 8 that sum costs more than the per-pair subtraction it saves.
@@ -539,9 +539,13 @@ Status Lowerer::matmul_int4(const Node& n) {
     const char* xall_env = std::getenv("KILN_INT4_XALL");
     const bool xall = m <= 8 && smem_for(kc, kw, per) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
     const int64_t smem = smem_for(kc, kw, xall ? per : pf + 1);
+    // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
+    // comparisons): above, the reordering pass was measured slower with the Σx sums it then did.
+    const char* perm_env = std::getenv("KILN_INT4_PERM");
+    const bool perm = m <= 16 || (perm_env && std::string(perm_env) == "1");
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"},
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
