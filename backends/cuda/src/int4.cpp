@@ -247,12 +247,28 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
       q.zb[d] = ASYM && okb ? kiln_i4_f(zpb[so]) : 0.f;
     }
   };
+  // The 16-byte chunks of x this thread copies (and reorders) in every super-chunk: chunk i =
+  // threadIdx.x + r·NT of the M·SCK/8 is row m, chunk c of the super-chunk (part h = c / (KC/8)
+  // of the KW, chunk cc within it). Their offsets are the same in every super-chunk, so they are
+  // computed once here rather than by divisions per copy (M·SCK/8 is a multiple of 64, so a
+  // warp's lanes are all in or all out).
+  constexpr int XC = M * (SCK / 8), XR = (XC + NT - 1) / NT;
+  int xsrc[XR], xdst[XR], xcol[XR];
+  #pragma unroll
+  for (int r = 0; r < XR; ++r) {
+    const int i = threadIdx.x + r * NT, m = i / (SCK / 8), c = i % (SCK / 8), h = c / (KC / 8), cc = c % (KC / 8);
+    xsrc[r] = m * K + c * 8;  // element offset in x at super-chunk 0
+    xdst[r] = (h * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8;  // in a buffer
+    xcol[r] = c;
+  }
+  auto mine = [&](int r) { return XC % NT == 0 || threadIdx.x + r * NT < XC; };
   // x[:, super-chunk sc] into buffer buf with cp.async (zero past K; K % 32 == 0).
   auto stage = [&](int sc, int buf) {
-    for (int i = threadIdx.x; i < M * (SCK / 8); i += NT) {
-      const int m = i / (SCK / 8), c = i % (SCK / 8), h = c / (KC / 8), cc = c % (KC / 8);
-      const int k = sc * SCK + c * 8;
-      kiln_i4_cp16(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8, x + (long long)m * K + (k < K ? k : 0), k < K);
+    #pragma unroll
+    for (int r = 0; r < XR; ++r) {
+      if (!mine(r)) continue;
+      const bool in = KFULL || sc * SCK + xcol[r] * 8 < K;
+      kiln_i4_cp16(xs + buf * KW * M * RS + xdst[r], x + (in ? sc * SCK + xsrc[r] : 0), in);
     }
   };
   // FOLD's per-k-block corrections (BASE + 8)·Σx for each column of each k-block of each x
@@ -262,13 +278,13 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
   // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
-  // 16 chunks of a k-block and column sit on 16 consecutive lanes; M·SCK/8 is a multiple of 32,
-  // so whole warps take part).
+  // 16 chunks of a k-block and column sit on 16 consecutive lanes).
   auto prep = [&](int buf) {
     if (!PERM) return;
-    for (int i = threadIdx.x; i < M * (SCK / 8); i += NT) {
-      const int m = i / (SCK / 8), c = i % (SCK / 8), h = c / (KC / 8), cc = c % (KC / 8);
-      uint4* p = reinterpret_cast<uint4*>(xs + ((buf * KW + h) * M + m) * RS + (cc ^ ((cc >> 3) & 1)) * 8);
+    #pragma unroll
+    for (int r = 0; r < XR; ++r) {
+      if (!mine(r)) continue;
+      uint4* p = reinterpret_cast<uint4*>(xs + buf * KW * M * RS + xdst[r]);
       const uint4 v = *p;
       if (FOLD) {
         float s = 0.f;
@@ -279,7 +295,8 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
         }
         #pragma unroll
         for (int o = 1; o < 16; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if ((c & 15) == 0) corr[(buf * KBS + c / 16) * MP + m] = ($BASE + 8.f) * s;
+        const int i = threadIdx.x + r * NT;
+        if ((xcol[r] & 15) == 0) corr[(buf * KBS + xcol[r] / 16) * MP + i / (SCK / 8)] = ($BASE + 8.f) * s;
       }
       *p = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
                       __byte_perm(v.y, v.w, 0x7632));
@@ -508,7 +525,8 @@ Status Lowerer::matmul_int4(const Node& n) {
   //    (and x) 16 bytes at a time, so a view off 16-byte alignment takes the last path.
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
-  if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w)) {
+  // (x offsets are 32-bit in the kernel.)
+  if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w) && m * k < (int64_t{1} << 31)) {
     // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
     // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
     // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
