@@ -64,6 +64,7 @@ namespace {
 /// region (elementwise ops and identity, one result each), with shapes whose broadcasting can
 /// be checked here.
 bool is_member_candidate(const Node& n) {
+  if (is_quantize_epilogue(n)) return true;
   if (!n.op() || n.num_results() != 1 || n.num_regions() > 0 || has_side_effects(n)) return false;
   if (!n.op()->has(kTraitElementwise) && n.op_name() != "identity") return false;
   const Shape& out = n.result()->shape();
@@ -95,6 +96,8 @@ class Grouper {
       if (!is_member_candidate(*order_[static_cast<size_t>(i)])) continue;
       int mine = -1;
       for (const Value* v : order_[static_cast<size_t>(i)]->operands()) {
+        // An f8 value (a quantize's) only leaves its group: nothing joins through it.
+        if (v->dtype() == DType::kF8E4M3FN || v->dtype() == DType::kF8E5M2) continue;
         const int gid = v->producer() ? group_of_[static_cast<size_t>(pos_.at(v->producer()))] : -1;
         if (gid < 0 || gid == mine) continue;
         std::vector<int> merged = groups_[static_cast<size_t>(gid)];

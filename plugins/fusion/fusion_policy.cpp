@@ -69,8 +69,20 @@ RowValue row_value(const Shape& s, const RowSpace& space) {
   return RowValue::kPerRow;
 }
 
+bool is_quantize_epilogue(const Node& n) {
+  if (n.op_name() != "quantize" || n.num_operands() != 2 || n.num_results() != 1 || n.num_regions() > 0) return false;
+  const DType q = n.result()->dtype();
+  if (q != DType::kF8E4M3FN && q != DType::kF8E5M2) return false;
+  const Value* s = n.operand(1);
+  if (!static_float(n.operand(0)) || s->dtype() != DType::kF32 || has_unknown_dim(s->shape())) return false;
+  for (const Dim& d : s->shape())
+    if (d != Dim(1)) return false;
+  return n.operand(0)->shape() == n.result()->shape();
+}
+
 GroupKind group_kind(const Node& n) {
   if (row_anchor(n)) return GroupKind::kRows;
+  if (is_quantize_epilogue(n)) return GroupKind::kPointwise;
   if (!n.op() || n.num_results() != 1 || n.num_regions() > 0 || has_side_effects(n)) return GroupKind::kNone;
   if (!n.op()->has(kTraitElementwise) && n.op_name() != "identity") return GroupKind::kNone;
   const Shape& out = n.result()->shape();
@@ -94,12 +106,14 @@ bool is_movement_member(const Node& n) {
 
 bool can_join_rows(const Node& n, const RowSpace& space) {
   if (std::optional<RowSpace> s = row_anchor(n)) return *s == space;
+  if (is_quantize_epilogue(n)) return row_value(n.result()->shape(), space) == RowValue::kFull;
   if (group_kind(n) != GroupKind::kPointwise || !static_float(n.result())) return false;
   // Operands broadcast into the result (group_kind), so a per-row op only sees per-row values.
   return row_value(n.result()->shape(), space) != RowValue::kNone;
 }
 
 bool can_fuse(const Node& producer, const Node& consumer, const std::optional<RowSpace>& space) {
+  if (is_quantize_epilogue(producer)) return false;  // f8 values only leave a group
   if (!space) return group_kind(producer) == GroupKind::kPointwise && group_kind(consumer) == GroupKind::kPointwise;
   if (!can_join_rows(producer, *space) || !can_join_rows(consumer, *space)) return false;
   // A reduction that drops its axes yields values a consumer would broadcast along the wrong dims.

@@ -34,6 +34,12 @@ std::optional<RowSpace> row_anchor(const Node& n);
 enum class RowValue { kNone, kFull, kPerRow };
 RowValue row_value(const Shape& s, const RowSpace& space);
 
+/// Whether `n` is a quantize to f8 that may end a pointwise or row group: a float (not f8) input
+/// of static shape and a one-element scale. Its f8 result only leaves the group (no member reads
+/// an f8 value), so the group's kernel writes the quantized tensor in place of its input's
+/// round trip through memory.
+bool is_quantize_epilogue(const Node& n);
+
 /// The group kind `n` anchors (kRows) or joins as a member (kPointwise), kNone otherwise.
 GroupKind group_kind(const Node& n);
 

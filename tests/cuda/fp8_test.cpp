@@ -119,6 +119,45 @@ TEST_CASE("fp8: a constant f8 weight dequantizes at compile time on the fallback
   CHECK(has(s[2], " dtype=f32 "));
 }
 
+TEST_CASE("fp8: a quantize ending a fused row or pointwise group is stored by that group's kernel") {
+  // tests/lit/fuse-quantize-epilogue.kir after fuse-rows,fuse-pointwise.
+  const LoweredGraph l = lower(R"(graph @block(%x: bf16[4, 64], %d: bf16[4, 64], %g: bf16[64], %a: bf16[4, 128], %b: bf16[4, 128]) -> (bf16[4, 64], f8e4m3fn[4, 64], f8e4m3fn[4, 128], f32[4, 64], f8e4m3fn[4, 64]) {
+  %s = constant() {value = dense<f32[]>[0.25]} : f32[]
+  %r, %hq = fused(%x, %d, %g) : bf16[4, 64], f8e4m3fn[4, 64] {
+    graph @fused(%x: bf16[4, 64], %d: bf16[4, 64], %g: bf16[64]) -> (bf16[4, 64], f8e4m3fn[4, 64]) {
+      %s = constant() {value = dense<f32[]>[0.25]} : f32[]
+      %r = add(%x, %d) : bf16[4, 64]
+      %h = rms_norm(%r, %g) {axis = -1, epsilon = 1e-05} : bf16[4, 64]
+      %hq = quantize(%h, %s) {dtype = f8e4m3fn} : f8e4m3fn[4, 64]
+      return %r, %hq
+    }
+  }
+  %pq = fused(%a, %b) : f8e4m3fn[4, 128] {
+    graph @fused(%a: bf16[4, 128], %b: bf16[4, 128]) -> (f8e4m3fn[4, 128]) {
+      %s2 = constant() {value = dense<f32[]>[0.5]} : f32[]
+      %sa = silu(%a) : bf16[4, 128]
+      %p = mul(%sa, %b) : bf16[4, 128]
+      %pq = quantize(%p, %s2) {dtype = f8e4m3fn} : f8e4m3fn[4, 128]
+      return %pq
+    }
+  }
+  %dq = dequantize(%hq, %s) : f32[4, 64]
+  %xq = quantize(%x, %s) {dtype = f8e4m3fn} : f8e4m3fn[4, 64]
+  return %r, %hq, %pq, %dq, %xq
+})");
+  // RMSNorm + residual + quantize, SwiGLU + quantize: one kernel each; the dequantize and the
+  // quantize of a graph input keep theirs.
+  CHECK(l.kernels == std::vector<std::string>{"k0_fused_rms_norm", "k1_fused", "k2_dequantize", "k3_quantize"});
+  CHECK(has(l.source, "#include <cuda_fp8.h>"));
+  // x / scale in f32, rounded to f8 (saturating) only by the store, as the quantize kernel does.
+  CHECK(has(l.source, "(unsigned char)__nv_cvt_float_to_fp8(v"));
+  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
+    CAPTURE(target);
+    auto image = compile_cuda(l.source, target, "test@0");
+    CHECK_MESSAGE(image.ok(), image.status().message());
+  }
+}
+
 TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target") {
   const std::string text =
       "graph @g(%x: bf16[8, 64], %s: f32[], %f: f32[3, 5]) -> (f32[8, 64], f16[8, 64], f8e4m3fn[3, 5], f8e5m2[8, 64]) {\n"

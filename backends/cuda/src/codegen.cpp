@@ -51,6 +51,10 @@ std::string load_expr(DType t, const std::string& e) {
 
 std::string store_expr(DType t, const std::string& e) {
   if (t == DType::kF16) return "__float2half_rn(" + e + ")";
+  // f8 (a quantize ending a fused group): saturating, as the quantize kernel; needs cuda_fp8.h.
+  if (t == DType::kF8E4M3FN || t == DType::kF8E5M2)
+    return "(unsigned char)__nv_cvt_float_to_fp8(" + e + ", __NV_SATFINITE, " +
+           (t == DType::kF8E4M3FN ? "__NV_E4M3" : "__NV_E5M2") + ")";
   if (t == DType::kBF16) return "__float2bfloat16_rn(" + e + ")";
   return "(" + *storage_type(t) + ")(" + e + ")";
 }

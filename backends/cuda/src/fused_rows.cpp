@@ -84,7 +84,8 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     if (n.num_results() != 1) return false;
     const Value* r = n.result();
     const DType t = r->dtype();
-    if (!is_float(t) || !reg_type(t) || t == DType::kF8E4M3FN || t == DType::kF8E5M2) return false;
+    const bool f8 = t == DType::kF8E4M3FN || t == DType::kF8E5M2;
+    if (f8 ? !quantize_epilogue(n) : (!is_float(t) || !reg_type(t))) return false;
     dbl |= t == DType::kF64;
     const Sizes rs = sizes_of(r);
     if (n.op_name() == "constant") {
@@ -107,7 +108,11 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
       held[r] = reduces ? Held::kPerRow : Held::kRow;
       continue;
     }
-    if (!n.op() || (!n.op()->has(kTraitElementwise) && n.op_name() != "identity")) return false;
+    if (n.op_name() == "quantize") {
+      if (!quantize_epilogue(n) || rs != full) return false;
+    } else if (!n.op() || (!n.op()->has(kTraitElementwise) && n.op_name() != "identity")) {
+      return false;
+    }
     if (rs == full) {
       held[r] = Held::kRow;
     } else if (rs == per_row) {
@@ -207,10 +212,15 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     const Node& n = *np;
     const Value* r = n.result();
     const DType t = r->dtype();
-    KILN_ASSIGN_OR_RETURN(std::string rt, reg(n, t));
+    const std::string& op = n.op_name();
+    // A quantize epilogue's value is x / scale in f32 until its store rounds it to f8.
+    const bool to_f8 = op == "quantize";
+    std::string rt = "float";
+    if (!to_f8) {
+      KILN_ASSIGN_OR_RETURN(rt, reg(n, t));
+    }
     const std::string name = "v" + std::to_string(next++);
     var[r] = name;
-    const std::string& op = n.op_name();
     if (op == "constant") {
       const Tensor& c = n.attr("value")->as_tensor();
       body_code += "    const " + rt + " " + name + " = " + literal(t, c.get_f64(0)) + ";\n";
@@ -218,16 +228,19 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     }
     const bool row = held.at(r) == Held::kRow;
     auto define = [&](const std::string& expr) {
+      const std::string value = to_f8 ? expr : round_expr(t, expr);
       if (row)
-        body_code += "    " + rt + " " + name + "[" + I + "][" + V + "];\n    " + each + name + "[c][e] = " +
-                     round_expr(t, expr) + ";\n";
+        body_code += "    " + rt + " " + name + "[" + I + "][" + V + "];\n    " + each + name + "[c][e] = " + value + ";\n";
       else
-        body_code += "    const " + rt + " " + name + " = " + round_expr(t, expr) + ";\n";
+        body_code += "    const " + rt + " " + name + " = " + value + ";\n";
     };
     if (!is_row_op(n)) {
       std::vector<std::string> a;
       for (const Value* v : n.operands()) a.push_back(at_ce(v));
-      if (op == "identity") {
+      if (to_f8) {
+        need_fp8();
+        define("(" + a[0] + " / " + a[1] + ")");
+      } else if (op == "identity") {
         define(a[0]);
       } else {
         KILN_ASSIGN_OR_RETURN(std::string e, op_expr(n, a));

@@ -197,6 +197,9 @@ class Lowerer {
   /// neither applies (vectorize.cpp).
   StatusOr<bool> vector_copy(const Node& n, int in, int out, Sizes iter, Sizes in_strides, int64_t in_base,
                              Sizes out_strides, int64_t out_base);
+  /// Whether `n` is a quantize to f8 that a fused kernel computes as x / scale and stores
+  /// rounded (saturating), its f8 value read by nothing in the group.
+  bool quantize_epilogue(const Node& n) const;
   StatusOr<std::string> storage(const Node& n, DType t) {
     std::optional<std::string> s = storage_type(t);
     if (!s) return unsupported_dtype(n, t);

@@ -60,10 +60,24 @@ bool Lowerer::pure_pointwise(const Node& fused) const {
   for (const auto& n : body.nodes()) {
     if (n->op_name() == "constant") {
       if (n->attr("value") == nullptr || n->attr("value")->as_tensor().numel() != 1) return false;
+    } else if (n->op_name() == "quantize") {
+      if (!quantize_epilogue(*n)) return false;
     } else if (!n->op()->has(kTraitElementwise) && n->op_name() != "identity") {
       return false;
     }
   }
+  return true;
+}
+
+bool Lowerer::quantize_epilogue(const Node& n) const {
+  if (n.op_name() != "quantize" || n.num_operands() != 2) return false;
+  const DType q = n.result()->dtype(), x = n.operand(0)->dtype();
+  if ((q != DType::kF8E4M3FN && q != DType::kF8E5M2) || x == DType::kF8E4M3FN || x == DType::kF8E5M2 || !is_float(x))
+    return false;
+  if (product(sizes_of(n.operand(1))) != 1 || n.operand(1)->dtype() != DType::kF32) return false;
+  // Its f8 value is only stored: no member of the group reads it.
+  for (const Use& u : n.result()->uses())
+    if (u.user) return false;
   return true;
 }
 
@@ -354,9 +368,17 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
   int next = static_cast<int>(inputs.size());
   for (const Node* n : nodes) {
     const Value* r = n->result();
-    KILN_ASSIGN_OR_RETURN(std::string rt, reg(*n, r->dtype()));
+    // A quantize epilogue's value is x / scale in f32 until its store rounds it to f8.
+    const bool to_f8 = n->op_name() == "quantize";
+    std::string rt = "float";
+    if (!to_f8) {
+      KILN_ASSIGN_OR_RETURN(rt, reg(*n, r->dtype()));
+    }
     std::string e;
-    if (n->op_name() == "constant") {
+    if (to_f8) {
+      need_fp8();
+      e = "(" + var.at(n->operand(0)) + " / " + var.at(n->operand(1)) + ")";
+    } else if (n->op_name() == "constant") {
       const Tensor& t = n->attr("value")->as_tensor();
       e = is_float(t.dtype()) ? literal(t.dtype(), t.get_f64(0)) : literal(t.dtype(), static_cast<double>(t.get_i64(0)));
       if (is_integer(t.dtype())) e = int_literal(t.get_i64(0));
@@ -371,7 +393,7 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
       KILN_ASSIGN_OR_RETURN(e, op_expr(*n, a));
     }
     const std::string name = "v" + std::to_string(next++);
-    body += "    const " + rt + " " + name + " = " + round_expr(r->dtype(), e) + ";\n";
+    body += "    const " + rt + " " + name + " = " + (to_f8 ? e : round_expr(r->dtype(), e)) + ";\n";
     var[r] = name;
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
