@@ -1,7 +1,7 @@
 // GPU check of the FP8 lowering on cuda-sm90: quantize/dequantize round trips and scaled_matmul
 // (cuBLASLt FP8 GEMM with scale pointers: bf16/f16/f32 results, bias, e5m2 activations, and the
-// dequantize fallback for shapes FP8 GEMMs cannot take) against the reference interpreter, by
-// SQNR. Exits 77 (skip) without a GPU.
+// dequantize fallback for shapes FP8 GEMMs cannot take) and quantize epilogues of fused groups,
+// against the reference interpreter, by SQNR. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -96,6 +96,56 @@ int main() {
                 why.empty() ? "" : ": ", why.c_str());
     failures += !why.empty();
   }
-  std::printf("%d of %zu cases failed\n", failures, std::size(cases));
+  // Quantize epilogues (fuse-rows / fuse-pointwise output): RMSNorm + residual and SwiGLU
+  // groups that store f8 directly, e4m3 and e5m2, the SwiGLU scale small enough to saturate e4m3.
+  // Each output must match the reference interpreter's run of the same fused graph.
+  {
+    auto g = parse_graph(R"(graph @block(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256], %a: bf16[64, 512], %b: bf16[64, 512]) -> (bf16[64, 256], f8e4m3fn[64, 256], f8e4m3fn[64, 512], f8e5m2[64, 512]) {
+  %r, %hq = fused(%x, %d, %g) : bf16[64, 256], f8e4m3fn[64, 256] {
+    graph @fused(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256]) -> (bf16[64, 256], f8e4m3fn[64, 256]) {
+      %s = constant() {value = dense<f32[]>[0.009999999776482582]} : f32[]
+      %r = add(%x, %d) : bf16[64, 256]
+      %h = rms_norm(%r, %g) {axis = -1, epsilon = 1e-05} : bf16[64, 256]
+      %hq = quantize(%h, %s) {dtype = f8e4m3fn} : f8e4m3fn[64, 256]
+      return %r, %hq
+    }
+  }
+  %pq, %pe = fused(%a, %b) : f8e4m3fn[64, 512], f8e5m2[64, 512] {
+    graph @fused(%a: bf16[64, 512], %b: bf16[64, 512]) -> (f8e4m3fn[64, 512], f8e5m2[64, 512]) {
+      %s2 = constant() {value = dense<f32[]>[0.0010000000474974513]} : f32[]
+      %sa = silu(%a) : bf16[64, 512]
+      %p = mul(%sa, %b) : bf16[64, 512]
+      %pq = quantize(%p, %s2) {dtype = f8e4m3fn} : f8e4m3fn[64, 512]
+      %pe = quantize(%p, %s2) {dtype = f8e5m2} : f8e5m2[64, 512]
+      return %pq, %pe
+    }
+  }
+  return %r, %hq, %pq, %pe
+})", "fp8-epilogues");
+    std::string why;
+    std::vector<double> dbs;
+    if (!g.ok()) {
+      why = g.status().message();
+    } else {
+      InputBindings b;
+      b.random = true;
+      b.seed = 11;
+      auto inputs = bind_inputs(**g, b);
+      auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
+      auto got = inputs.ok() ? compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
+      if (!want.ok()) why = "reference: " + want.status().message();
+      else if (!got.ok()) why = got.status().message();
+      for (size_t i = 0; why.empty() && i < want->size(); ++i) {
+        dbs.push_back(sqnr_db((*want)[i], (*got)[i]));
+        if (dbs.back() < 60) why = "output " + std::to_string(i) + " SQNR " + std::to_string(dbs.back()) + " dB < 60 dB";
+      }
+    }
+    std::string list;
+    for (double db : dbs) list += (list.empty() ? "" : ", ") + std::to_string(db).substr(0, 6) + " dB";
+    std::printf("%s quantize epilogues (rms_norm+residual, swiglu; e4m3, e5m2): %s%s%s\n", why.empty() ? "PASS" : "FAIL",
+                list.c_str(), why.empty() ? "" : ": ", why.c_str());
+    failures += !why.empty();
+  }
+  std::printf("%d of %zu cases failed\n", failures, std::size(cases) + 1);
   return failures == 0 ? 0 : 1;
 }
