@@ -64,7 +64,7 @@ namespace {
 /// region (elementwise ops and identity, one result each), with shapes whose broadcasting can
 /// be checked here.
 bool is_member_candidate(const Node& n) {
-  if (is_quantize_epilogue(n)) return true;
+  if (is_epilogue_only(n)) return true;
   if (!n.op() || n.num_results() != 1 || n.num_regions() > 0 || has_side_effects(n)) return false;
   if (!n.op()->has(kTraitElementwise) && n.op_name() != "identity") return false;
   const Shape& out = n.result()->shape();
@@ -96,8 +96,9 @@ class Grouper {
       if (!is_member_candidate(*order_[static_cast<size_t>(i)])) continue;
       int mine = -1;
       for (const Value* v : order_[static_cast<size_t>(i)]->operands()) {
-        // An f8 value (a quantize's) only leaves its group: nothing joins through it.
+        // An f8 value or an amax only leaves its group: nothing joins through it.
         if (v->dtype() == DType::kF8E4M3FN || v->dtype() == DType::kF8E5M2) continue;
+        if (v->producer() && is_amax_epilogue(*v->producer())) continue;
         const int gid = v->producer() ? group_of_[static_cast<size_t>(pos_.at(v->producer()))] : -1;
         if (gid < 0 || gid == mine) continue;
         std::vector<int> merged = groups_[static_cast<size_t>(gid)];
@@ -235,6 +236,7 @@ class Grouper {
     if (std::any_of(members.begin(), members.end(), [&](int m) { return movement_[static_cast<size_t>(m)]; })) {
       const Shape* first = nullptr;
       for (int m : members) {
+        if (is_amax_epilogue(*order_[static_cast<size_t>(m)])) continue;
         const Value* v = order_[static_cast<size_t>(m)]->result();
         const bool escapes = std::any_of(v->uses().begin(), v->uses().end(),
                                          [&](const Use& u) { return !inside(u.user); });
@@ -250,7 +252,9 @@ class Grouper {
       if (!s) return false;
     }
     for (int m : members) {
-      const Value* v = order_[static_cast<size_t>(m)]->result();
+      const Node& n = *order_[static_cast<size_t>(m)];
+      if (is_amax_epilogue(n)) continue;  // its one value leaves by an atomic, not per element
+      const Value* v = n.result();
       const bool escapes = std::any_of(v->uses().begin(), v->uses().end(),
                                        [&](const Use& u) { return !inside(u.user); });
       if (escapes && v->shape() != *s) return false;

@@ -80,9 +80,16 @@ bool is_quantize_epilogue(const Node& n) {
   return n.operand(0)->shape() == n.result()->shape();
 }
 
+bool is_amax_epilogue(const Node& n) {
+  if (n.op_name() != "amax" || n.num_operands() != 1 || n.num_results() != 1 || n.num_regions() > 0) return false;
+  return static_float(n.operand(0)) && n.result()->dtype() == DType::kF32 && n.result()->shape().empty();
+}
+
+bool is_epilogue_only(const Node& n) { return is_quantize_epilogue(n) || is_amax_epilogue(n); }
+
 GroupKind group_kind(const Node& n) {
   if (row_anchor(n)) return GroupKind::kRows;
-  if (is_quantize_epilogue(n)) return GroupKind::kPointwise;
+  if (is_epilogue_only(n)) return GroupKind::kPointwise;
   if (!n.op() || n.num_results() != 1 || n.num_regions() > 0 || has_side_effects(n)) return GroupKind::kNone;
   if (!n.op()->has(kTraitElementwise) && n.op_name() != "identity") return GroupKind::kNone;
   const Shape& out = n.result()->shape();
@@ -107,13 +114,14 @@ bool is_movement_member(const Node& n) {
 bool can_join_rows(const Node& n, const RowSpace& space) {
   if (std::optional<RowSpace> s = row_anchor(n)) return *s == space;
   if (is_quantize_epilogue(n)) return row_value(n.result()->shape(), space) == RowValue::kFull;
+  if (is_amax_epilogue(n)) return row_value(n.operand(0)->shape(), space) == RowValue::kFull;
   if (group_kind(n) != GroupKind::kPointwise || !static_float(n.result())) return false;
   // Operands broadcast into the result (group_kind), so a per-row op only sees per-row values.
   return row_value(n.result()->shape(), space) != RowValue::kNone;
 }
 
 bool can_fuse(const Node& producer, const Node& consumer, const std::optional<RowSpace>& space) {
-  if (is_quantize_epilogue(producer)) return false;  // f8 values only leave a group
+  if (is_epilogue_only(producer)) return false;  // their values only leave a group
   if (!space) return group_kind(producer) == GroupKind::kPointwise && group_kind(consumer) == GroupKind::kPointwise;
   if (!can_join_rows(producer, *space) || !can_join_rows(consumer, *space)) return false;
   // A reduction that drops its axes yields values a consumer would broadcast along the wrong dims.

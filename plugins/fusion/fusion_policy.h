@@ -40,6 +40,15 @@ RowValue row_value(const Shape& s, const RowSpace& space);
 /// round trip through memory.
 bool is_quantize_epilogue(const Node& n);
 
+/// Whether `n` is an amax (max |x| over a whole float tensor, FP8 delayed scaling) that may end
+/// the pointwise or row group computing x: the group's kernel reduces |x| as it computes x and
+/// combines the blocks' maxima atomically. Its f32[] result only leaves the group.
+bool is_amax_epilogue(const Node& n);
+
+/// Whether `n`'s result may only leave its group (a quantize or amax epilogue): nothing in a
+/// group reads it, so no member joins through it.
+bool is_epilogue_only(const Node& n);
+
 /// The group kind `n` anchors (kRows) or joins as a member (kPointwise), kNone otherwise.
 GroupKind group_kind(const Node& n);
 

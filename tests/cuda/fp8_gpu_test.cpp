@@ -96,31 +96,34 @@ int main() {
                 why.empty() ? "" : ": ", why.c_str());
     failures += !why.empty();
   }
-  // Quantize epilogues (fuse-rows / fuse-pointwise output): RMSNorm + residual and SwiGLU
-  // groups that store f8 directly, e4m3 and e5m2, the SwiGLU scale small enough to saturate e4m3.
-  // Each output must match the reference interpreter's run of the same fused graph.
+  // Quantize and amax epilogues (fuse-rows / fuse-pointwise output): RMSNorm + residual and
+  // SwiGLU groups that store f8 directly (e4m3 and e5m2, the SwiGLU scale small enough to
+  // saturate e4m3) and reduce max |x| with an atomic. Each output must match the reference
+  // interpreter's run of the same fused graph.
   {
-    auto g = parse_graph(R"(graph @block(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256], %a: bf16[64, 512], %b: bf16[64, 512]) -> (bf16[64, 256], f8e4m3fn[64, 256], f8e4m3fn[64, 512], f8e5m2[64, 512]) {
-  %r, %hq = fused(%x, %d, %g) : bf16[64, 256], f8e4m3fn[64, 256] {
-    graph @fused(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256]) -> (bf16[64, 256], f8e4m3fn[64, 256]) {
+    auto g = parse_graph(R"(graph @block(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256], %a: bf16[64, 512], %b: bf16[64, 512]) -> (bf16[64, 256], f8e4m3fn[64, 256], f8e4m3fn[64, 512], f8e5m2[64, 512], f32[], f32[]) {
+  %r, %ah, %hq = fused(%x, %d, %g) : bf16[64, 256], f32[], f8e4m3fn[64, 256] {
+    graph @fused(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256]) -> (bf16[64, 256], f32[], f8e4m3fn[64, 256]) {
       %s = constant() {value = dense<f32[]>[0.009999999776482582]} : f32[]
       %r = add(%x, %d) : bf16[64, 256]
       %h = rms_norm(%r, %g) {axis = -1, epsilon = 1e-05} : bf16[64, 256]
+      %ah = amax(%h) : f32[]
       %hq = quantize(%h, %s) {dtype = f8e4m3fn} : f8e4m3fn[64, 256]
-      return %r, %hq
+      return %r, %ah, %hq
     }
   }
-  %pq, %pe = fused(%a, %b) : f8e4m3fn[64, 512], f8e5m2[64, 512] {
-    graph @fused(%a: bf16[64, 512], %b: bf16[64, 512]) -> (f8e4m3fn[64, 512], f8e5m2[64, 512]) {
+  %ap, %pq, %pe = fused(%a, %b) : f32[], f8e4m3fn[64, 512], f8e5m2[64, 512] {
+    graph @fused(%a: bf16[64, 512], %b: bf16[64, 512]) -> (f32[], f8e4m3fn[64, 512], f8e5m2[64, 512]) {
       %s2 = constant() {value = dense<f32[]>[0.0010000000474974513]} : f32[]
       %sa = silu(%a) : bf16[64, 512]
       %p = mul(%sa, %b) : bf16[64, 512]
+      %ap = amax(%p) : f32[]
       %pq = quantize(%p, %s2) {dtype = f8e4m3fn} : f8e4m3fn[64, 512]
       %pe = quantize(%p, %s2) {dtype = f8e5m2} : f8e5m2[64, 512]
-      return %pq, %pe
+      return %ap, %pq, %pe
     }
   }
-  return %r, %hq, %pq, %pe
+  return %r, %hq, %pq, %pe, %ah, %ap
 })", "fp8-epilogues");
     std::string why;
     std::vector<double> dbs;
@@ -142,7 +145,7 @@ int main() {
     }
     std::string list;
     for (double db : dbs) list += (list.empty() ? "" : ", ") + std::to_string(db).substr(0, 6) + " dB";
-    std::printf("%s quantize epilogues (rms_norm+residual, swiglu; e4m3, e5m2): %s%s%s\n", why.empty() ? "PASS" : "FAIL",
+    std::printf("%s quantize + amax epilogues (rms_norm+residual, swiglu; e4m3, e5m2): %s%s%s\n", why.empty() ? "PASS" : "FAIL",
                 list.c_str(), why.empty() ? "" : ": ", why.c_str());
     failures += !why.empty();
   }

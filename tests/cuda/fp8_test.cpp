@@ -158,6 +158,49 @@ TEST_CASE("fp8: a quantize ending a fused row or pointwise group is stored by th
   }
 }
 
+TEST_CASE("fp8: an amax ending a fused group is reduced by that group's kernel (memset, atomic max)") {
+  // tests/lit/fuse-amax-epilogue.kir after fuse-rows,fuse-pointwise.
+  const LoweredGraph l = lower(R"(graph @delayed(%x: bf16[8, 64], %g: bf16[64], %s: f32[], %u: bf16[8, 128], %v: bf16[8, 128]) -> (f8e4m3fn[8, 64], f8e4m3fn[8, 128], f32[], f32[]) {
+  %k = constant() {value = dense<f32[]>[2.0]} : f32[]
+  %a, %hq = fused(%x, %g, %s) : f32[], f8e4m3fn[8, 64] {
+    graph @fused(%x: bf16[8, 64], %g: bf16[64], %s: f32[]) -> (f32[], f8e4m3fn[8, 64]) {
+      %h = rms_norm(%x, %g) {axis = -1, epsilon = 1e-05} : bf16[8, 64]
+      %a = amax(%h) : f32[]
+      %hq = quantize(%h, %s) {dtype = f8e4m3fn} : f8e4m3fn[8, 64]
+      return %a, %hq
+    }
+  }
+  %a2, %pq = fused(%u, %v, %s) : f32[], f8e4m3fn[8, 128] {
+    graph @fused(%u: bf16[8, 128], %v: bf16[8, 128], %s: f32[]) -> (f32[], f8e4m3fn[8, 128]) {
+      %su = silu(%u) : bf16[8, 128]
+      %p = mul(%su, %v) : bf16[8, 128]
+      %a2 = amax(%p) : f32[]
+      %pq = quantize(%p, %s) {dtype = f8e4m3fn} : f8e4m3fn[8, 128]
+      return %a2, %pq
+    }
+  }
+  %n = mul(%a, %k) : f32[]
+  return %hq, %pq, %n, %a2
+})");
+  CHECK(l.kernels == std::vector<std::string>{"k0_fused_rms_norm", "k1_fused", "k2_mul"});
+  const std::vector<std::string> s = steps(l.plan);
+  REQUIRE(s.size() == 5);
+  // Each amax result is zeroed, then combined from the blocks' maxima of |x| as f32 bits.
+  CHECK(s[0].rfind("step memset ", 0) == 0);
+  CHECK(has(s[0], " bytes=4"));
+  CHECK(has(s[1], "kernel=k0_fused_rms_norm "));
+  CHECK(s[2].rfind("step memset ", 0) == 0);
+  CHECK(has(s[2], " bytes=4"));
+  CHECK(has(s[3], "kernel=k1_fused "));
+  CHECK(has(l.source, "atomicMax(out0, "));
+  CHECK(has(l.source, "__float_as_uint(fabsf((float)"));
+  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
+    CAPTURE(target);
+    auto image = compile_cuda(l.source, target, "test@0");
+    CHECK_MESSAGE(image.ok(), image.status().message());
+  }
+}
+
 TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target") {
   const std::string text =
       "graph @g(%x: bf16[8, 64], %s: f32[], %f: f32[3, 5]) -> (f32[8, 64], f16[8, 64], f8e4m3fn[3, 5], f8e5m2[8, 64]) {\n"

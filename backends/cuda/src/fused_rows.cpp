@@ -108,6 +108,13 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
       held[r] = reduces ? Held::kPerRow : Held::kRow;
       continue;
     }
+    if (n.op_name() == "amax") {
+      // max |x| of a row value over the whole tensor: accumulated per thread, combined by an
+      // atomic after the row loop.
+      if (!amax_epilogue(n) || held.at(n.operand(0)) != Held::kRow) return false;
+      held[r] = Held::kScalar;
+      continue;
+    }
     if (n.op_name() == "quantize") {
       if (!quantize_epilogue(n) || rs != full) return false;
     } else if (!n.op() || (!n.op()->has(kTraitElementwise) && n.op_name() != "identity")) {
@@ -124,7 +131,9 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     }
   }
   for (const Value* o : body.outputs())
-    if (!o->producer() || o->producer()->graph() != &body || held.at(o) == Held::kScalar) return false;
+    if (!o->producer() || o->producer()->graph() != &body ||
+        (held.at(o) == Held::kScalar && o->producer()->op_name() != "amax"))
+      return false;
 
   // Vector width: 16 bytes of the widest row-shaped input or output, if every row allows it.
   int64_t widest = 1;
@@ -153,7 +162,7 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
   const DType at = dbl ? DType::kF64 : DType::kF32;
   const std::string T = int_literal(per_row_threads), NV = int_literal(nv), I = std::to_string(items),
                     V = std::to_string(vec), L = int_literal(len);
-  std::string params, body_code;
+  std::string params, body_code, pre_loop, post_loop;  // pre/post: around the row loop (amax)
   std::vector<int> args;
   std::unordered_map<const Value*, std::string> var;
   auto at_ce = [&](const Value* v) { return held.at(v) == Held::kRow ? var.at(v) + "[c][e]" : var.at(v); };
@@ -221,6 +230,13 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     }
     const std::string name = "v" + std::to_string(next++);
     var[r] = name;
+    if (op == "amax") {
+      // |x| as f32 bits (see amax() in state.cpp): an integer max gives max |x|, or nan.
+      pre_loop += "  unsigned " + name + " = 0u;\n";
+      body_code += "    " + each + "if (live && " + q + " < " + NV + ") { const unsigned b_ = __float_as_uint(fabsf((float)" +
+                   at_ce(n.operand(0)) + ")); " + name + " = b_ > " + name + " ? b_ : " + name + "; }\n";
+      continue;
+    }
     if (op == "constant") {
       const Tensor& c = n.attr("value")->as_tensor();
       body_code += "    const " + rt + " " + name + " = " + literal(t, c.get_f64(0)) + ";\n";
@@ -283,9 +299,14 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     const DType t = o->dtype();
     KILN_ASSIGN_OR_RETURN(std::string st, storage(fused, t));
     const std::string p = "out" + std::to_string(k);
-    params += st + "* __restrict__ " + p + ", ";
+    params += (o->producer()->op_name() == "amax" ? std::string("unsigned") : st) + "* __restrict__ " + p + ", ";
     args.push_back(id);
-    if (held.at(o) == Held::kPerRow) {
+    if (o->producer()->op_name() == "amax") {
+      post_loop += "  " + var.at(o) + " = kiln_block_reduce(" + var.at(o) +
+                   ", 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });\n  if (threadIdx.x == 0 && " + var.at(o) +
+                   " != 0u) atomicMax(" + p + ", " + var.at(o) + ");\n";
+      steps_.push_back({"step memset dst=b" + std::to_string(id) + " bytes=4", {id}});
+    } else if (held.at(o) == Held::kPerRow) {
       body_code += "    if (live && t_ == 0) " + p + "[row] = " + store_expr(t, var.at(o)) + ";\n";
     } else {
       const std::string vt = "W" + std::to_string(k);
@@ -326,9 +347,12 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
           int_literal(rows) + "; r0_ += (long long)gridDim.x * " + int_literal(rows_per_block) + ") {\n";
   text += "    const long long row = r0_ + threadIdx.x / " + T + ";\n    const bool live = row < " + int_literal(rows) +
           ";\n    (void)live;\n";
-  text += body_code + "  }\n}\n";
+  text = text.substr(0, text.rfind("  for (long long r0_")) + pre_loop + text.substr(text.rfind("  for (long long r0_"));
+  text += body_code + "  }\n" + post_loop + "}\n";
   add_kernel_text(name, text);
-  launch_grid(name, {std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, kMaxGrid)}, block, 0, args);
+  // With an amax the grid stays small: one atomic per block.
+  const int64_t grid_cap = post_loop.empty() ? kMaxGrid : 1024;
+  launch_grid(name, {std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, grid_cap)}, block, 0, args);
   return true;
 }
 

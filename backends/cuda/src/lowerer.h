@@ -173,18 +173,23 @@ class Lowerer {
                       args});
   }
   /// One thread per element of `n`: the grid-stride loop around `body` (which sees `i`).
+  /// `prologue` and `epilogue` (each thread, before and after its loop, e.g. a block-wide
+  /// reduction) and a cap on the grid (0: none) serve kernels that also reduce.
   void launch_elementwise(const std::string& kernel, const std::string& params, int64_t n,
-                          const std::string& body, const std::vector<int>& args) {
+                          const std::string& body, const std::vector<int>& args, const std::string& prologue = "",
+                          const std::string& epilogue = "", int64_t max_blocks = 0) {
     add_kernel(kernel, params,
-               "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < " +
-                   int_literal(n) + "; i += (long long)gridDim.x * blockDim.x) {\n" + body + "  }\n");
-    launch(kernel, (n + kBlock - 1) / kBlock, args);
+               prologue + "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < " +
+                   int_literal(n) + "; i += (long long)gridDim.x * blockDim.x) {\n" + body + "  }\n" + epilogue);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    launch(kernel, max_blocks > 0 ? std::min(blocks, max_blocks) : blocks, args);
   }
   /// One thread per `width`-element vector of `n` elements (n % width == 0): the grid-stride
   /// loop around `body`, which sees the vector index `q` and its first element `i` (32-bit
   /// when they fit). vectorize.cpp.
   void launch_vectors(const std::string& kernel, const std::string& params, int64_t n, int64_t width,
-                      const std::string& body, const std::vector<int>& args);
+                      const std::string& body, const std::vector<int>& args, const std::string& prologue = "",
+                      const std::string& epilogue = "", int64_t max_blocks = 0);
   /// Whether buffer `id` starts 16-byte aligned (roots do; a view only at a multiple of 16).
   bool aligned16(int id) const { return id == root(id) || bufs_[id].offset % 16 == 0; }
   /// The most dynamic shared memory a block may ask for: the target's (Capabilities), else
@@ -200,6 +205,10 @@ class Lowerer {
   /// Whether `n` is a quantize to f8 that a fused kernel computes as x / scale and stores
   /// rounded (saturating), its f8 value read by nothing in the group.
   bool quantize_epilogue(const Node& n) const;
+  /// Whether `n` is an amax over a float value of a fused group, its f32[] read by nothing in
+  /// the group: the group's kernel folds max |x| into a per-thread register and combines the
+  /// blocks' maxima with an atomic max after its loop (the result zeroed by a memset first).
+  bool amax_epilogue(const Node& n) const;
   StatusOr<std::string> storage(const Node& n, DType t) {
     std::optional<std::string> s = storage_type(t);
     if (!s) return unsupported_dtype(n, t);

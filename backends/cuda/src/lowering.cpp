@@ -48,24 +48,41 @@ Status Lowerer::fold(const Node& n) {
 bool Lowerer::pure_pointwise(const Node& fused) const {
   const Graph& body = fused.region(0);
   if (body.num_outputs() == 0) return false;
-  const Sizes shape = sizes_of(fused.result(0));
-  for (const Value* r : fused.results())
-    if (sizes_of(r) != shape) return false;
+  // Every output but amax epilogues' (one value each) has the kernel's shape.
+  std::optional<Sizes> shape;
+  for (int i = 0; i < fused.num_results(); ++i) {
+    const Node* p = body.output(i)->producer();
+    if (p && p->op_name() == "amax") continue;
+    if (!shape) shape = sizes_of(fused.result(i));
+    if (sizes_of(fused.result(i)) != *shape) return false;
+  }
+  if (!shape) return false;
   for (const Value* o : fused.operands()) {
     const Sizes s = sizes_of(o);
-    if (s.size() > shape.size()) return false;
+    if (s.size() > shape->size()) return false;
     for (size_t d = 0; d < s.size(); ++d)
-      if (s[d] != 1 && s[d] != shape[shape.size() - s.size() + d]) return false;
+      if (s[d] != 1 && s[d] != (*shape)[shape->size() - s.size() + d]) return false;
   }
   for (const auto& n : body.nodes()) {
     if (n->op_name() == "constant") {
       if (n->attr("value") == nullptr || n->attr("value")->as_tensor().numel() != 1) return false;
     } else if (n->op_name() == "quantize") {
       if (!quantize_epilogue(*n)) return false;
+    } else if (n->op_name() == "amax") {
+      if (!amax_epilogue(*n)) return false;
     } else if (!n->op()->has(kTraitElementwise) && n->op_name() != "identity") {
       return false;
     }
   }
+  return true;
+}
+
+bool Lowerer::amax_epilogue(const Node& n) const {
+  if (n.op_name() != "amax" || n.num_operands() != 1) return false;
+  const DType x = n.operand(0)->dtype();
+  if (!is_float(x) || x == DType::kF8E4M3FN || x == DType::kF8E5M2 || n.result()->dtype() != DType::kF32) return false;
+  for (const Use& u : n.result()->uses())
+    if (u.user) return false;
   return true;
 }
 
@@ -316,7 +333,11 @@ StatusOr<std::string> Lowerer::op_expr(const Node& n, const std::vector<std::str
 Status Lowerer::pointwise(const std::string& label, const std::vector<const Node*>& nodes,
                           const std::vector<const Value*>& inputs, const std::vector<const Value*>& outputs,
                           const std::vector<int>& in_bufs, const std::vector<int>& out_bufs) {
-  const Sizes shape = bufs_[out_bufs[0]].shape;
+  // amax epilogues' outputs are one value each, combined by an atomic after the loop.
+  auto is_amax = [&](size_t k) { return outputs[k]->producer() && outputs[k]->producer()->op_name() == "amax"; };
+  size_t first_out = 0;
+  while (first_out + 1 < outputs.size() && is_amax(first_out)) ++first_out;
+  const Sizes shape = bufs_[out_bufs[first_out]].shape;
   const int64_t count = product(shape);
   // 16-byte vectors of `w` elements when every tensor of the output's size is aligned; a
   // broadcast input is read per element at the vector's first offset plus the lane.
@@ -326,11 +347,12 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
     if (product(bufs_[id].shape) == count) full.push_back(bufs_[id].dtype), aligned &= aligned16(id);
     else broadcast |= product(bufs_[id].shape) != 1;
   }
-  for (int id : out_bufs) full.push_back(bufs_[id].dtype), aligned &= aligned16(id);
+  for (size_t k = 0; k < out_bufs.size(); ++k)
+    if (!is_amax(k)) full.push_back(bufs_[out_bufs[k]].dtype), aligned &= aligned16(out_bufs[k]);
   int64_t w = aligned && count > 0 ? vector_width(full) : 0;
   if (w && (count % w != 0 || (broadcast && shape.back() % w != 0))) w = 0;
   std::unordered_map<const Value*, std::string> var;
-  std::string params, body, stage, store;
+  std::string params, body, stage, store, prologue, epilogue;
   std::vector<Sizes> strides;
   std::vector<std::string> names;
   std::vector<int> args;
@@ -375,6 +397,15 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
       KILN_ASSIGN_OR_RETURN(rt, reg(*n, r->dtype()));
     }
     std::string e;
+    if (n->op_name() == "amax") {
+      // |x| as f32 bits (see amax() in state.cpp): an integer max gives max |x|, or nan.
+      const std::string acc = "kiln_am" + std::to_string(next++);
+      prologue += "  unsigned " + acc + " = 0u;\n";
+      body += "    { const unsigned b_ = __float_as_uint(fabsf((float)" + var.at(n->operand(0)) + ")); " + acc + " = b_ > " +
+              acc + " ? b_ : " + acc + "; }\n";
+      var[r] = acc;
+      continue;
+    }
     if (to_f8) {
       need_fp8();
       e = "(" + var.at(n->operand(0)) + " / " + var.at(n->operand(1)) + ")";
@@ -398,10 +429,18 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
     const Buffer& b = bufs_[out_bufs[k]];
-    KILN_ASSIGN_OR_RETURN(std::string st, storage(first, b.dtype));
     const std::string o = "out" + std::to_string(k), s = "s" + std::to_string(k);
-    params += st + "* __restrict__ " + o + (k + 1 < outputs.size() ? ", " : "");
     args.push_back(out_bufs[k]);
+    if (is_amax(k)) {
+      params += "unsigned* __restrict__ " + o + (k + 1 < outputs.size() ? ", " : "");
+      const std::string acc = var.at(outputs[k]);
+      epilogue += "  " + acc + " = kiln_block_reduce(" + acc + ", 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });\n"
+                  "  if (threadIdx.x == 0 && " + acc + " != 0u) atomicMax(" + o + ", " + acc + ");\n";
+      steps_.push_back({"step memset dst=b" + std::to_string(out_bufs[k]) + " bytes=4", {out_bufs[k]}});
+      continue;
+    }
+    KILN_ASSIGN_OR_RETURN(std::string st, storage(first, b.dtype));
+    params += st + "* __restrict__ " + o + (k + 1 < outputs.size() ? ", " : "");
     if (!w) {
       body += "    " + o + "[i] = " + store_expr(b.dtype, var.at(outputs[k])) + ";\n";
       continue;
@@ -412,12 +451,14 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
     store += "    reinterpret_cast<" + vector_type(w * dtype_storage_bytes(b.dtype, 1)) + "*>(" + o + ")[q] = " + vec + ";\n";
   }
   if (count == 0) return ok_status();
+  // A kernel that also reduces (amax) keeps its grid small: one atomic per block.
+  const int64_t max_blocks = epilogue.empty() ? 0 : 1024;
   if (!w) {
-    launch_elementwise(kernel_name(label), params, count, stage + body, args);
+    launch_elementwise(kernel_name(label), params, count, stage + body, args, prologue, epilogue, max_blocks);
     return ok_status();
   }
   launch_vectors(kernel_name(label), params, count, w, stage + "    #pragma unroll\n    for (int e = 0; e < " +
-                 std::to_string(w) + "; ++e) {\n" + body + "    }\n" + store, args);
+                 std::to_string(w) + "; ++e) {\n" + body + "    }\n" + store, args, prologue, epilogue, max_blocks);
   return ok_status();
 }
 

@@ -5,17 +5,19 @@
 namespace kiln::cuda::detail {
 
 void Lowerer::launch_vectors(const std::string& kernel, const std::string& params, int64_t n, int64_t width,
-                             const std::string& body, const std::vector<int>& args) {
+                             const std::string& body, const std::vector<int>& args, const std::string& prologue,
+                             const std::string& epilogue, int64_t max_blocks) {
   const int64_t vectors = n / width;
   // 32-bit when the first element of the last vector plus one grid stride cannot wrap.
   const bool narrow = n <= int64_t{0x7fffffff};
   const std::string T = narrow ? "unsigned" : "long long";
   auto num = [&](int64_t v) { return narrow ? std::to_string(v) + "u" : int_literal(v); };
   add_kernel(kernel, params,
-             "  for (" + T + " q = (" + T + ")blockIdx.x * blockDim.x + threadIdx.x; q < " + num(vectors) + "; q += (" +
-                 T + ")gridDim.x * blockDim.x) {\n    const " + T + " i = q * " + num(width) + "; (void)i;\n" + body +
-                 "  }\n");
-  launch(kernel, (vectors + kBlock - 1) / kBlock, args);
+             prologue + "  for (" + T + " q = (" + T + ")blockIdx.x * blockDim.x + threadIdx.x; q < " + num(vectors) +
+                 "; q += (" + T + ")gridDim.x * blockDim.x) {\n    const " + T + " i = q * " + num(width) +
+                 "; (void)i;\n" + body + "  }\n" + epilogue);
+  const int64_t blocks = (vectors + kBlock - 1) / kBlock;
+  launch(kernel, max_blocks > 0 ? std::min(blocks, max_blocks) : blocks, args);
 }
 
 int64_t Lowerer::vector_width(const std::vector<DType>& types) {
