@@ -67,10 +67,10 @@ Status Lowerer::quantize(const Node& n) {
   if (count == 0) return ok_status();
   const std::string params =
       "const " + st + "* __restrict__ x, const float* __restrict__ s, unsigned char* __restrict__ q";
-  // An f32 division, not a reciprocal multiply: the reference divides in f32, and so must this.
+  // An f32 division, not a reciprocal multiply: the reference divides in f32, and so must this
+  // (store_expr: the saturating conversion a fused group's quantize epilogue stores with too).
   auto cvt = [&](const std::string& v) {
-    const std::string f = xt == DType::kF64 ? "(float)(" + v + ")" : v;
-    return "__nv_cvt_float_to_fp8(" + f + " / s[0], __NV_SATFINITE, " + interp(qt) + ")";
+    return store_expr(qt, (xt == DType::kF64 ? "(float)(" + v + ")" : v) + " / s[0]");
   };
   // Eight elements a thread with 16-byte loads and an 8-byte store where sizes and alignment
   // allow: this is a pure bandwidth kernel, and one element a thread reaches a third of it.
@@ -91,7 +91,7 @@ Status Lowerer::quantize(const Node& n) {
     return ok_status();
   }
   launch_elementwise(kernel_name("quantize"), params, count,
-                     "    q[i] = (unsigned char)" + cvt(load_expr(xt, "x[i]")) + ";\n", {in, buf(n.operand(1)), out});
+                     "    q[i] = " + cvt(load_expr(xt, "x[i]")) + ";\n", {in, buf(n.operand(1)), out});
   return ok_status();
 }
 

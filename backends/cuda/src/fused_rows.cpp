@@ -233,8 +233,7 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     if (op == "amax") {
       // |x| as f32 bits (see amax() in state.cpp): an integer max gives max |x|, or nan.
       pre_loop += "  unsigned " + name + " = 0u;\n";
-      body_code += "    " + each + "if (live && " + q + " < " + NV + ") { const unsigned b_ = __float_as_uint(fabsf((float)" +
-                   at_ce(n.operand(0)) + ")); " + name + " = b_ > " + name + " ? b_ : " + name + "; }\n";
+      body_code += "    " + each + "if (live && " + q + " < " + NV + ") " + amax_fold(name, at_ce(n.operand(0))) + "\n";
       continue;
     }
     if (op == "constant") {
@@ -302,9 +301,7 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
     params += (o->producer()->op_name() == "amax" ? std::string("unsigned") : st) + "* __restrict__ " + p + ", ";
     args.push_back(id);
     if (o->producer()->op_name() == "amax") {
-      post_loop += "  " + var.at(o) + " = kiln_block_reduce(" + var.at(o) +
-                   ", 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });\n  if (threadIdx.x == 0 && " + var.at(o) +
-                   " != 0u) atomicMax(" + p + ", " + var.at(o) + ");\n";
+      post_loop += amax_combine(var.at(o), p);
       steps_.push_back({"step memset dst=b" + std::to_string(id) + " bytes=4", {id}});
     } else if (held.at(o) == Held::kPerRow) {
       body_code += "    if (live && t_ == 0) " + p + "[row] = " + store_expr(t, var.at(o)) + ";\n";

@@ -209,6 +209,11 @@ class Lowerer {
   /// the group: the group's kernel folds max |x| into a per-thread register and combines the
   /// blocks' maxima with an atomic max after its loop (the result zeroed by a memset first).
   bool amax_epilogue(const Node& n) const;
+  /// amax code (state.cpp), for the amax kernel and the epilogues: fold |v| into the unsigned
+  /// accumulator `acc` (f32 bits), and after the loop combine the block's accumulators into
+  /// `*out` with one atomic max.
+  static std::string amax_fold(const std::string& acc, const std::string& v);
+  static std::string amax_combine(const std::string& acc, const std::string& out);
   StatusOr<std::string> storage(const Node& n, DType t) {
     std::optional<std::string> s = storage_type(t);
     if (!s) return unsupported_dtype(n, t);

@@ -401,8 +401,7 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
       // |x| as f32 bits (see amax() in state.cpp): an integer max gives max |x|, or nan.
       const std::string acc = "kiln_am" + std::to_string(next++);
       prologue += "  unsigned " + acc + " = 0u;\n";
-      body += "    { const unsigned b_ = __float_as_uint(fabsf((float)" + var.at(n->operand(0)) + ")); " + acc + " = b_ > " +
-              acc + " ? b_ : " + acc + "; }\n";
+      body += "    " + amax_fold(acc, var.at(n->operand(0))) + "\n";
       var[r] = acc;
       continue;
     }
@@ -434,8 +433,7 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
     if (is_amax(k)) {
       params += "unsigned* __restrict__ " + o + (k + 1 < outputs.size() ? ", " : "");
       const std::string acc = var.at(outputs[k]);
-      epilogue += "  " + acc + " = kiln_block_reduce(" + acc + ", 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });\n"
-                  "  if (threadIdx.x == 0 && " + acc + " != 0u) atomicMax(" + o + ", " + acc + ");\n";
+      epilogue += amax_combine(acc, o);
       steps_.push_back({"step memset dst=b" + std::to_string(out_bufs[k]) + " bytes=4", {out_bufs[k]}});
       continue;
     }

@@ -24,6 +24,16 @@ Status Lowerer::state_op(const Node& n) {
   return ok_status();
 }
 
+std::string Lowerer::amax_fold(const std::string& acc, const std::string& v) {
+  return "{ const unsigned b_ = __float_as_uint(fabsf((float)" + v + ")); " + acc + " = b_ > " + acc + " ? b_ : " + acc +
+         "; }";
+}
+
+std::string Lowerer::amax_combine(const std::string& acc, const std::string& out) {
+  return "  " + acc + " = kiln_block_reduce(" + acc + ", 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });\n" +
+         "  if (threadIdx.x == 0 && " + acc + " != 0u) atomicMax(" + out + ", " + acc + ");\n";
+}
+
 Status Lowerer::amax(const Node& n) {
   const Value* x = n.operand(0);
   const DType t = x->dtype();
@@ -40,10 +50,7 @@ Status Lowerer::amax(const Node& n) {
       "  unsigned m = 0u;\n"
       "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < " + int_literal(count) +
       "; i += (long long)gridDim.x * blockDim.x) {\n"
-      "    const unsigned b = __float_as_uint(fabsf((float)" + load_expr(t, "x[i]") + "));\n"
-      "    m = b > m ? b : m;\n  }\n"
-      "  m = kiln_block_reduce(m, 0u, [](unsigned a, unsigned b) { return a > b ? a : b; });\n"
-      "  if (threadIdx.x == 0 && m != 0u) atomicMax(y, m);\n";
+      "    " + amax_fold("m", load_expr(t, "x[i]")) + "\n  }\n" + amax_combine("m", "y");
   const std::string name = kernel_name("amax");
   add_kernel(name, "const " + st + "* __restrict__ x, unsigned* __restrict__ y", body);
   launch(name, std::min<int64_t>((count + kBlock - 1) / kBlock, 1024), {buf(x), out});
