@@ -1,5 +1,6 @@
 // Plan text of convs lowered to cuDNN conv steps: bias, relu and residual absorption (plain and
-// fused groups), groups, 1-D/3-D, tf32, and the fallbacks (asymmetric pads, option conv=gemm).
+// fused groups), groups, 1-D/3-D, tf32, the fallbacks (asymmetric pads, option conv=gemm), and
+// the TF32 stem kernel that takes RGB convs.
 #include <doctest/doctest.h>
 
 #include <sstream>
@@ -7,11 +8,14 @@
 #include "kiln/core/options.h"
 #include "kiln/cuda/backend.h"
 #include "kiln/cuda/lowering.h"
+#include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
 #include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 const char* kBiasRelu = R"(
 graph @g(%x: f32[2, 4, 8, 8], %w: f32[6, 2, 3, 3], %b: f32[6]) -> (f32[2, 6, 4, 4]) {
@@ -128,6 +132,40 @@ graph @g(%s: f16[2, 4, 10], %v: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3,
   CHECK(plan_lines(g.plan, "step conv").empty());
   CHECK(g.kernels == std::vector<std::string>{"k0_im2col", "k1_conv", "k2_im2col"});
   CHECK(plan_lines(lower_text(kBiasRelu, {.conv = "gemm"}).plan, "step gemm").size() == 2);
+}
+
+TEST_CASE("with tf32 an RGB stem conv is one implicit-GEMM tensor-core kernel that applies the relu") {
+  const char* text = R"(
+graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3, 1, 1], %u: f32[8, 5, 3, 3], %z: f32[2, 5, 9, 9]) -> (f32[2, 16, 19, 23], f32[2, 8, 37, 45], f32[2, 8, 9, 9]) {
+  %c = conv(%x, %w, %b) {strides = [2, 2], pads = [3, 3, 3, 3]} : f32[2, 16, 19, 23]
+  %y = relu(%c) : f32[2, 16, 19, 23]
+  %p = conv(%x, %v) : f32[2, 8, 37, 45]
+  %q = conv(%z, %u) {pads = [1, 1, 1, 1]} : f32[2, 8, 9, 9]
+  return %y, %p, %q
+})";
+  const LoweredGraph l = lower_text(text, {.allow_tf32 = true});
+  // The 7x7 stem: one kernel with bias and relu; the 1x1 conv over RGB and the 5-channel conv
+  // stay cuDNN steps.
+  CHECK(l.kernels == std::vector<std::string>{"k0_conv_stem"});
+  const auto launches = plan_lines(l.plan, "step launch");
+  REQUIRE(launches.size() == 1);
+  CHECK(launches[0].find("block=128,1,1") != std::string::npos);
+  CHECK(has(l.source, "constexpr int N = 2, C = 3, H = 37, W = 45, KO = 16, R = 7, S = 7, P = 19, Q = 23;"));
+  CHECK(has(l.source, "constexpr bool HAS_BIAS = true, RELU = true;"));
+  CHECK(has(l.source, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"));
+  const auto convs = plan_lines(l.plan, "step conv");
+  REQUIRE(convs.size() == 2);
+  CHECK(convs[0].find(" c=3 k=8 spatial=37,45 kernel=1,1 ") != std::string::npos);
+  CHECK(convs[1].find(" c=5 k=8 spatial=9,9 kernel=3,3 ") != std::string::npos);
+  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
+    CAPTURE(target);
+    auto image = compile_cuda(l.source, target, "test@0");
+    CHECK_MESSAGE(image.ok(), image.status().message());
+  }
+  // Without tf32 the stem stays a strict-f32 cuDNN conv.
+  const LoweredGraph strict = lower_text(text);
+  CHECK(strict.kernels.empty());
+  CHECK(plan_lines(strict.plan, "step conv").size() == 3);
 }
 
 TEST_CASE("the backend's conv option takes cudnn or gemm and names a bad value") {

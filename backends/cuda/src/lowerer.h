@@ -303,6 +303,10 @@ class Lowerer {
   /// conv as one cuDNN plan step (conv_cudnn.cpp) absorbing a residual add and a relu; false
   /// when the conv is not eligible (option conv=gemm, asymmetric pads, other dtypes or ranks).
   StatusOr<bool> conv_cudnn(const Node& n);
+  /// A 2-D f32 conv over at most 4 input channels (an RGB stem) as an implicit GEMM on TF32
+  /// tensor cores (conv_stem.cpp) when the pipeline allows TF32, absorbing a relu; false when
+  /// not eligible.
+  StatusOr<bool> conv_stem(const Node& n);
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);
