@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs one exported model through `kiln run` and compares with onnxruntime's saved outputs.
 
-    check_model.py KILN MODEL_DIR [--backend NAME] [--rtol R] [--atol A]
+    check_model.py KILN MODEL_DIR [--backend NAME] [--passes LIST | --pipeline P.toml] [--rtol R] [--atol A]
 
 MODEL_DIR holds model.onnx, input_<name>.npy and output_<name>.npy (written by
 bench/models/export.py on a machine with PyTorch and onnxruntime).
@@ -25,10 +25,12 @@ def main():
     ap.add_argument("--rtol", type=float, default=1e-3)
     ap.add_argument("--atol", type=float, default=1e-4)
     ap.add_argument("--passes", default="canonicalize,cse,dce")
+    ap.add_argument("--pipeline", help="a pipeline TOML (its passes and backend options) instead of --passes")
     a = ap.parse_args()
 
-    cmd = [a.kiln, "run", os.path.join(a.model_dir, "model.onnx"), "--backend", a.backend,
-           "--passes", a.passes] + sym_args(a.model_dir) + input_args(a.model_dir)
+    how = ["--pipeline", a.pipeline] if a.pipeline else ["--passes", a.passes]
+    cmd = [a.kiln, "run", os.path.join(a.model_dir, "model.onnx"), "--backend", a.backend] + how + \
+        sym_args(a.model_dir) + input_args(a.model_dir)
     expected = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in output_files(a.model_dir):
