@@ -136,19 +136,22 @@ graph @g(%s: f16[2, 4, 10], %v: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3,
 
 TEST_CASE("with tf32 an RGB stem conv is one implicit-GEMM tensor-core kernel that applies the relu") {
   const char* text = R"(
-graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3, 1, 1], %u: f32[8, 5, 3, 3], %z: f32[2, 5, 9, 9]) -> (f32[2, 16, 19, 23], f32[2, 8, 37, 45], f32[2, 8, 9, 9]) {
+graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3, 1, 1], %u: f32[8, 5, 3, 3], %z: f32[2, 5, 9, 9], %s: f32[72, 3, 3, 3]) -> (f32[2, 16, 19, 23], f32[2, 8, 37, 45], f32[2, 8, 9, 9], f32[2, 72, 37, 45]) {
   %c = conv(%x, %w, %b) {strides = [2, 2], pads = [3, 3, 3, 3]} : f32[2, 16, 19, 23]
   %y = relu(%c) : f32[2, 16, 19, 23]
   %p = conv(%x, %v) : f32[2, 8, 37, 45]
   %q = conv(%z, %u) {pads = [1, 1, 1, 1]} : f32[2, 8, 9, 9]
-  return %y, %p, %q
+  %t = conv(%x, %s) {pads = [1, 1, 1, 1]} : f32[2, 72, 37, 45]
+  return %y, %p, %q, %t
 })";
   const LoweredGraph l = lower_text(text, {.allow_tf32 = true});
-  // The 7x7 stem: one kernel with bias and relu; the 1x1 conv over RGB and the 5-channel conv
-  // stay cuDNN steps.
-  CHECK(l.kernels == std::vector<std::string>{"k0_conv_stem"});
+  // The 7x7 stem: one kernel with bias and relu, and the 3x3 over RGB another (72 channels: one
+  // pixel tile a warp), sharing their helpers; the 1x1 conv over RGB and the 5-channel conv stay
+  // cuDNN steps.
+  CHECK(l.kernels == std::vector<std::string>{"k0_conv_stem", "k1_conv_stem"});
+  CHECK(l.source.find("#define KILN_STEM_HELPERS") == l.source.rfind("#define KILN_STEM_HELPERS"));
   const auto launches = plan_lines(l.plan, "step launch");
-  REQUIRE(launches.size() == 1);
+  REQUIRE(launches.size() == 2);
   CHECK(launches[0].find("block=128,1,1") != std::string::npos);
   CHECK(has(l.source, "constexpr int N = 2, C = 3, H = 37, W = 45, KO = 16, R = 7, S = 7, P = 19, Q = 23;"));
   CHECK(has(l.source, "constexpr bool HAS_BIAS = true, RELU = true;"));
@@ -157,6 +160,8 @@ graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3,
   REQUIRE(convs.size() == 2);
   CHECK(convs[0].find(" c=3 k=8 spatial=37,45 kernel=1,1 ") != std::string::npos);
   CHECK(convs[1].find(" c=5 k=8 spatial=9,9 kernel=3,3 ") != std::string::npos);
+  CHECK(has(l.source, "constexpr bool HAS_BIAS = false, RELU = false;"));
+  CHECK(has(l.source, "MT = 1, NTHR = 128;"));
   for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
     CAPTURE(target);
     auto image = compile_cuda(l.source, target, "test@0");
@@ -165,7 +170,7 @@ graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3,
   // Without tf32 the stem stays a strict-f32 cuDNN conv.
   const LoweredGraph strict = lower_text(text);
   CHECK(strict.kernels.empty());
-  CHECK(plan_lines(strict.plan, "step conv").size() == 3);
+  CHECK(plan_lines(strict.plan, "step conv").size() == 4);
 }
 
 TEST_CASE("the backend's conv option takes cudnn or gemm and names a bad value") {

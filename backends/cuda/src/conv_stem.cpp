@@ -3,6 +3,9 @@
 // later), when the pipeline allows TF32. cuDNN ran ResNet-18's stem at 16 TFLOP/s on the H200
 // (its tensor-core kernels want more channels) and im2col + cuBLASLt writes 49 times the input
 // before the GEMM reads it back; this kernel reads the input once per band of output rows.
+#include <cstdio>
+#include <cstdlib>
+
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -10,16 +13,26 @@ namespace {
 
 // One block: a band of BP output rows of one image, every output channel. It stages the band's
 // input rows (all channels, zero where the padding is, rounded to TF32) and, once, the weights
-// reordered to [tap][channel], in shared memory. Taps are ordered (c, r, s) with s padded to a
+// reordered to [tap][channel], in shared memory, by cp.async (every copy in flight at once). Taps are ordered (c, r, s) with s padded to a
 // multiple of 8, so each k-step of 8 is one (c, r, s-octet): a lane's A operands are then its
 // pixel's address in the band plus compile-time offsets, and the columns past S are selected to 0.
 // Each warp multiplies pairs of 16-pixel tiles (MT = 2, or 1 above 64 channels) by all KO / 8
 // n-tiles, then adds the bias, applies the activation and stores NCHW directly.
 constexpr const char* kStemSource = R"(
+#define KILN_STEM_HELPERS
 __device__ __forceinline__ float kiln_stem_tf32(float v) {
   unsigned u;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(u) : "f"(v));
   return __uint_as_float(u);
+}
+// A 4-byte cp.async, zero-filling when !ok: a band's copies are all in flight at once.
+__device__ __forceinline__ void kiln_stem_cp4(float* s, const float* g, bool ok) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(s);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(a), "l"(__cvta_generic_to_global(g)),
+               "r"(ok ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void kiln_stem_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 }
 __device__ __forceinline__ void kiln_stem_mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -40,8 +53,11 @@ constexpr const char* kStemKernel = R"(
   __syncthreads();
   for (int i = threadIdx.x; i < KO * C * R * S; i += NTHR) {
     const int s = i % S, r = (i / S) % R, c = (i / (S * R)) % C, o = i / (S * R * C);
-    wsm[(((c * R + r) * SO + s / 8) * 8 + s % 8) * NP + o] = kiln_stem_tf32(w[i]);
+    kiln_stem_cp4(wsm + (((c * R + r) * SO + s / 8) * 8 + s % 8) * NP + o, w + i, true);
   }
+  kiln_stem_wait_all();
+  __syncthreads();
+  for (int i = threadIdx.x; i < KS * 8 * NP; i += NTHR) wsm[i] = kiln_stem_tf32(wsm[i]);
   float bias[NTL][2];
 #pragma unroll
   for (int j = 0; j < NTL; ++j) {
@@ -52,13 +68,21 @@ constexpr const char* kStemKernel = R"(
     const int img = grp / PB, p0 = (grp % PB) * BP;
     __syncthreads();  // the previous band's readers are done (and the weights are written)
     const float* xi = x + (long long)img * (C * H * W);
-    for (int e = threadIdx.x; e < BAND; e += NTHR) {
-      const int j = e % IWP, ci = e / IWP, i = ci % IR, c = ci / IR;
-      const int ih = p0 * SH - PT + i, iw = j - PL;
-      float v = 0.f;
-      if (j < IW && ih >= 0 && ih < H && iw >= 0 && iw < W) v = kiln_stem_tf32(xi[(c * H + ih) * W + iw]);
-      band[e] = v;
+    // Warp per band row, lane per column: copies in flight together, zeros where the padding is;
+    // then each thread rounds what it copied to TF32.
+    for (int row = warp; row < C * IR; row += NTHR / 32) {
+      const int i = row % IR, c = row / IR, ih = p0 * SH - PT + i;
+      const bool in_row = ih >= 0 && ih < H;
+      const float* src = xi + (c * H + (in_row ? ih : 0)) * W;
+      for (int j = lane; j < IWP; j += 32) {
+        const int iw = j - PL;
+        const bool ok = in_row && j < IW && iw >= 0 && iw < W;
+        kiln_stem_cp4(band + row * IWP + j, ok ? src + iw : xi, ok);
+      }
     }
+    kiln_stem_wait_all();
+    for (int row = warp; row < C * IR; row += NTHR / 32)
+      for (int j = lane; j < IWP; j += 32) band[row * IWP + j] = kiln_stem_tf32(band[row * IWP + j]);
     __syncthreads();
     for (int pr = warp; pr < PAIRS; pr += NTHR / 32) {
       int base[MT][2];
@@ -152,6 +176,16 @@ StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   // at most 8 and at most P.
   int64_t bp = std::min<int64_t>(8, p);
   while (bp > 1 && band_bytes(bp) + w_bytes > 112 * 1024) --bp;
+  // Measurement knob for sweeps: KILN_STEM="BP:GRID" (band rows, persistent blocks; 0 keeps the
+  // default). A band that does not fit is ignored.
+  int64_t grid_cap = 264;
+  if (const char* e = std::getenv("KILN_STEM")) {
+    long long kb = 0, kg = 0;
+    if (std::sscanf(e, "%lld:%lld", &kb, &kg) == 2) {
+      if (kb >= 1 && kb <= p && band_bytes(kb) + w_bytes <= std::min<int64_t>(smem_limit(), 112 * 1024)) bp = kb;
+      if (kg > 0) grid_cap = kg;
+    }
+  }
   const int64_t smem = band_bytes(bp) + w_bytes;
   if (smem > smem_limit() || smem > 112 * 1024) return false;
 
@@ -162,7 +196,9 @@ StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   const int64_t mt = ko <= 64 ? 2 : 1, qt = (q + 15) / 16, pb = (p + bp - 1) / bp, threads = 128;
   auto I = [](int64_t v) { return std::to_string(v); };
   const std::string name = kernel_name("conv_stem");
-  std::string text = std::string(kStemSource) + "extern \"C\" __global__ void __launch_bounds__(" + I(threads) + ") " +
+  // The helpers go into the source once, however many stems the graph has.
+  if (source_.find("#define KILN_STEM_HELPERS") == std::string::npos) source_ += kStemSource;
+  std::string text = "extern \"C\" __global__ void __launch_bounds__(" + I(threads) + ") " +
                      name + "(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, "
                      "float* __restrict__ y) {\n";
   text += "  constexpr int N = " + I(batch) + ", C = " + I(c) + ", H = " + I(h) + ", W = " + I(w) + ", KO = " + I(ko) +
@@ -178,7 +214,7 @@ StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   // Blocks loop over the bands, so the weights are staged once per block: two per SM of a
   // 132-SM part, or one per band when there are fewer.
   const int w_buf = buf(n.operand(1));
-  launch_grid(name, {std::min<int64_t>(batch * pb, 264)}, threads, smem,
+  launch_grid(name, {std::min<int64_t>(batch * pb, grid_cap)}, threads, smem,
               {buf(x), w_buf, bias ? buf(n.operand(2)) : w_buf, out});
   return true;
 }
