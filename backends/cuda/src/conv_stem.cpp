@@ -11,13 +11,14 @@
 namespace kiln::cuda::detail {
 namespace {
 
-// One block: a band of BP output rows of one image, every output channel. It stages the band's
-// input rows (all channels, zero where the padding is, rounded to TF32) and, once, the weights
-// reordered to [tap][channel], in shared memory, by cp.async (every copy in flight at once). Taps are ordered (c, r, s) with s padded to a
-// multiple of 8, so each k-step of 8 is one (c, r, s-octet): a lane's A operands are then its
-// pixel's address in the band plus compile-time offsets, and the columns past S are selected to 0.
-// Each warp multiplies pairs of 16-pixel tiles (MT = 2, or 1 above 64 channels) by all KO / 8
-// n-tiles, then adds the bias, applies the activation and stores NCHW directly.
+// One block: a band of BP output rows of one image, every output channel; blocks loop over the
+// bands. It stages the band's input rows (all channels, zero where the padding is, rounded to
+// TF32) and, once, the weights reordered to [tap][channel] in shared memory by cp.async (every
+// copy in flight at once). Taps are ordered (c, r, s) with s padded to a multiple of 8, so each
+// k-step of 8 is one (c, r, s-octet): a lane's A operands are then its pixel's address in the
+// band plus compile-time offsets, and the columns past S are selected to 0. Each warp multiplies
+// pairs of 16-pixel tiles (MT = 2, or 1 above 64 channels) by all KO / 8 n-tiles, then adds the
+// bias, applies the relu and stores NCHW directly.
 constexpr const char* kStemSource = R"(
 #define KILN_STEM_HELPERS
 __device__ __forceinline__ float kiln_stem_tf32(float v) {
