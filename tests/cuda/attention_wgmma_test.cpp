@@ -2,6 +2,7 @@
 // NVRTC for every target, and the [B, S, H, D] transposes around attention read and written in place.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <sstream>
 
 #include "kiln/cuda/lowering.h"
@@ -143,6 +144,22 @@ graph @g(%q: f16[1, 20, 2, 64]) -> (f16[1, 2, 20, 64], f16[1, 2, 20, 64]) {
   REQUIRE(steps.size() == 3);
   CHECK(steps[0].find("_attention") == std::string::npos);
   CHECK(count(l.source, "2560LL, 64LL, 128LL, 2560LL, 64LL, 128LL, 2560LL, 64LL, 128LL, 2560LL, 1280LL, 64LL}") == 1);
+}
+
+TEST_CASE("KILN_ATTN_BN=64:2 gives the wgmma kernel 64-key tiles and two blocks per SM, for comparisons") {
+  setenv("KILN_ATTN_BN", "64:2", 1);
+  const LoweredGraph l = lower(kHopper, "cuda-sm90: target sm_90a");
+  unsetenv("KILN_ATTN_BN");
+  const auto steps = launches(l.plan);
+  REQUIRE(steps.size() == 5);
+  // 64-key K/V tiles take less than the mma.sync kernel the plan's other images run (its size wins).
+  CHECK(steps[1].find("block=256,1,1 smem=" + std::to_string((128 + 4 * 64) * (128 + 8) * 2)) != std::string::npos);
+  CHECK(l.source.find("kiln_flash_attn_wgmma<__half, 128, 64, false, false, float>") != std::string::npos);
+  CHECK(l.source.find("__launch_bounds__(256, 2)") != std::string::npos);
+  auto cubin = compile_cuda(l.source, "sm_90a", "test@0");
+  CHECK_MESSAGE(cubin.ok(), cubin.status().message());
+  // Without the knob: 128-key tiles, one block per SM.
+  CHECK(lower(kHopper, "cuda-sm90: target sm_90a").source.find("__launch_bounds__(256, 2)") == std::string::npos);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // in the log2 domain (scale·log2 e folded into one multiplier) so exp is one exp2f.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "attention_f32.h"
@@ -722,7 +723,14 @@ Status Lowerer::attention(const Node& n) {
   // Hopper plans launch the wgmma kernel's shape (2 warpgroups, 128 rows); its sm_90a image runs
   // it, other images of the same plan (compute_90 PTX) the mma.sync kernel as 8 warps of 16 rows.
   const bool wgmma = mma && opts_.target.rfind("cuda-sm90", 0) == 0;
-  const int64_t bm = mma ? 128 : 32, bn = 128;
+  // Keys per block of the wgmma kernel: 128 (K and V double-buffered: 164 KB of shared memory
+  // at head dim 128, one block per SM). Measurement knob KILN_ATTN_BN="64[:2]" halves the K/V
+  // tiles (104 KB) and optionally bounds registers for two blocks per SM, whose softmax and
+  // MMAs can then overlap.
+  const char* bn_env = std::getenv("KILN_ATTN_BN");
+  const std::string bn_knob = bn_env ? bn_env : "";
+  const int64_t bm = mma ? 128 : 32, bn = bn_knob.rfind("64", 0) == 0 ? 64 : 128;
+  const int64_t min_blocks = bn == 64 && bn_knob == "64:2" ? 2 : 1;
   int64_t smem = mma ? (bm + 4 * 64) * (d + 8) * 2 : (bm * d + 32 * (d + 1) + 32 * dv) * 4;
   if (wgmma) smem = std::max(smem, (bm * d + 4 * bn * d) * 2 + 1024);
   const std::string name = kernel_name("attention");
@@ -749,7 +757,8 @@ Status Lowerer::attention(const Node& n) {
   for (const Sizes& s3 : qkvy)
     for (int64_t x : s3) args += ", " + int_literal(x);
   const int64_t threads = wgmma ? 256 : mma ? 128 : 256;
-  const std::string text = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(threads) + ") " + name +
+  const std::string bounds = std::to_string(threads) + (min_blocks > 1 ? ", " + std::to_string(min_blocks) : "");
+  const std::string text = "extern \"C\" __global__ void __launch_bounds__(" + bounds + ") " + name +
                            "(const " + st + "* q, const " + st + "* k, const " + st + "* v, " +
                            (has_mask ? "const " + mt + "* mask, " : std::string()) + st +
                            "* y) {\n  const KilnAttnArgs a = {" + args + "};\n" + body + "}\n";
