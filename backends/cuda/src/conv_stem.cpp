@@ -173,22 +173,25 @@ StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   const int64_t w_bytes = ks * 8 * np * 4;
   const int64_t iw = (q - 1) * strides[1] + s, iwp = (iw + 3) / 4 * 4;
   auto band_bytes = [&](int64_t bp) { return c * ((bp - 1) * strides[0] + r) * iwp * 4; };
-  // The band: as many output rows as fit 112 KB with the weights (two blocks per SM on sm_90),
-  // at most 8 and at most P.
+  // A band of bp rows fits when it and the weights take at most 112 KB (two blocks per SM on
+  // sm_90) and the target allows that much.
+  const int64_t budget = std::min<int64_t>(smem_limit(), 112 * 1024);
+  auto fits = [&](int64_t bp) { return band_bytes(bp) + w_bytes <= budget; };
+  // The band: as many output rows as fit, at most 8 and at most P.
   int64_t bp = std::min<int64_t>(8, p);
-  while (bp > 1 && band_bytes(bp) + w_bytes > 112 * 1024) --bp;
+  while (bp > 1 && !fits(bp)) --bp;
   // Measurement knob for sweeps: KILN_STEM="BP:GRID" (band rows, persistent blocks; 0 keeps the
   // default). A band that does not fit is ignored.
   int64_t grid_cap = 264;
   if (const char* e = std::getenv("KILN_STEM")) {
     long long kb = 0, kg = 0;
     if (std::sscanf(e, "%lld:%lld", &kb, &kg) == 2) {
-      if (kb >= 1 && kb <= p && band_bytes(kb) + w_bytes <= std::min<int64_t>(smem_limit(), 112 * 1024)) bp = kb;
+      if (kb >= 1 && kb <= p && fits(kb)) bp = kb;
       if (kg > 0) grid_cap = kg;
     }
   }
+  if (!fits(bp)) return false;
   const int64_t smem = band_bytes(bp) + w_bytes;
-  if (smem > smem_limit() || smem > 112 * 1024) return false;
 
   const bool bias = n.num_operands() == 3;
   const int out = activation_for(n.result());
