@@ -34,22 +34,12 @@ std::string case_text(const std::string& t, const std::string& act, int m, int n
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice || (e == cudaSuccess && devices == 0)) {
-    std::printf("SKIP: no GPU (cudaGetDeviceCount: %s)\n", e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
-    return 77;
-  }
+  if (const int rc = start_gpu_test(); rc != 0) return rc;
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   if (prop.major * 10 + prop.minor < 89) {
     std::printf("SKIP: FP8 GEMMs need sm_89 or newer, device is sm_%d%d\n", prop.major, prop.minor);
     return 77;
-  }
-  Registry& reg = Registry::global();
-  if (Status s = load_plugins_from({KILN_PLUGIN_DIR}, reg, false); !s.ok()) {
-    std::printf("FAIL: loading plugins: %s\n", s.message().c_str());
-    return 1;
   }
   struct Case {
     const char* t;
@@ -66,33 +56,24 @@ int main() {
   for (const Case& c : cases) {
     const std::string name = std::string(c.t) + " " + c.act + " m=" + std::to_string(c.m) + " n=" +
                              std::to_string(c.n) + " k=" + std::to_string(c.k) + (c.bias ? " bias" : "");
-    auto g = parse_graph(case_text(c.t, c.act, c.m, c.n, c.k, c.bias), "fp8");
-    std::string why;
-    double y_db = 0, x_db = 0;
-    if (!g.ok()) {
-      why = g.status().message();
-    } else {
-      InputBindings b;
-      b.random = true;
-      b.seed = 7;
-      // x in [-1, 1): amax 1; w in [-1, 1) as e4m3 values, scaled by 1/64.
-      b.given.emplace("sx", Tensor::scalar_f64(DType::kF32, 1.0 / 448));
-      b.given.emplace("sw", Tensor::scalar_f64(DType::kF32, 1.0 / 64));
-      auto inputs = bind_inputs(**g, b);
-      auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
-      auto got = inputs.ok() ? compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
-      if (!want.ok()) why = "reference: " + want.status().message();
-      else if (!got.ok()) why = got.status().message();
-      if (why.empty()) {
-        y_db = sqnr_db((*want)[0], (*got)[0]);
-        x_db = sqnr_db((*want)[1], (*got)[1]);
-        // The GEMM differs from the reference only by accumulation order and the result's
-        // rounding; quantize/dequantize should agree bit for bit (rare f32 division ties aside).
-        if (y_db < 35) why = "scaled_matmul SQNR " + std::to_string(y_db) + " dB < 35 dB";
-        else if (x_db < 60) why = "quantize/dequantize SQNR " + std::to_string(x_db) + " dB < 60 dB";
-      }
-    }
-    std::printf("%s %s: y %.1f dB, q/dq %.1f dB%s%s\n", why.empty() ? "PASS" : "FAIL", name.c_str(), y_db, x_db,
+    // Outputs y, then the round-tripped x. The GEMM differs from the reference only by
+    // accumulation order and the result's rounding; quantize/dequantize should agree bit for bit.
+    static constexpr double kFloor[2] = {35, 60};
+    static constexpr const char* kWhat[2] = {"scaled_matmul", "quantize/dequantize"};
+    double db[2] = {0, 0};
+    int out = 0;
+    auto check = [&](const Tensor& want, const Tensor& got) {
+      const int i = out++;
+      db[i] = sqnr_db(want, got);
+      return db[i] < kFloor[i] ? std::string(kWhat[i]) + " SQNR " + std::to_string(db[i]) + " dB < " +
+                                     std::to_string(static_cast<int>(kFloor[i])) + " dB"
+                               : std::string();
+    };
+    // x in [-1, 1): amax 1; w in [-1, 1) as e4m3 values, scaled by 1/64.
+    const std::string why = gpu_matches_reference(case_text(c.t, c.act, c.m, c.n, c.k, c.bias), "fp8", 7, check,
+                                                  {{"sx", Tensor::scalar_f64(DType::kF32, 1.0 / 448)},
+                                                   {"sw", Tensor::scalar_f64(DType::kF32, 1.0 / 64)}});
+    std::printf("%s %s: y %.1f dB, q/dq %.1f dB%s%s\n", why.empty() ? "PASS" : "FAIL", name.c_str(), db[0], db[1],
                 why.empty() ? "" : ": ", why.c_str());
     failures += !why.empty();
   }
@@ -101,7 +82,9 @@ int main() {
   // saturate e4m3) and reduce max |x| with an atomic. Each output must match the reference
   // interpreter's run of the same fused graph.
   {
-    auto g = parse_graph(R"(graph @block(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256], %a: bf16[64, 512], %b: bf16[64, 512]) -> (bf16[64, 256], f8e4m3fn[64, 256], f8e4m3fn[64, 512], f8e5m2[64, 512], f32[], f32[]) {
+    std::vector<double> dbs;
+    // Every output's SQNR is listed; the first below the floor is named.
+    std::string why = gpu_matches_reference(R"(graph @block(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256], %a: bf16[64, 512], %b: bf16[64, 512]) -> (bf16[64, 256], f8e4m3fn[64, 256], f8e4m3fn[64, 512], f8e5m2[64, 512], f32[], f32[]) {
   %r, %ah, %hq = fused(%x, %d, %g) : bf16[64, 256], f32[], f8e4m3fn[64, 256] {
     graph @fused(%x: bf16[64, 256], %d: bf16[64, 256], %g: bf16[256]) -> (bf16[64, 256], f32[], f8e4m3fn[64, 256]) {
       %s = constant() {value = dense<f32[]>[0.009999999776482582]} : f32[]
@@ -124,27 +107,13 @@ int main() {
     }
   }
   return %r, %hq, %pq, %pe, %ah, %ap
-})", "fp8-epilogues");
-    std::string why;
-    std::vector<double> dbs;
-    if (!g.ok()) {
-      why = g.status().message();
-    } else {
-      InputBindings b;
-      b.random = true;
-      b.seed = 11;
-      auto inputs = bind_inputs(**g, b);
-      auto want = inputs.ok() ? compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs) : inputs.status();
-      auto got = inputs.ok() ? compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs) : inputs.status();
-      if (!want.ok()) why = "reference: " + want.status().message();
-      else if (!got.ok()) why = got.status().message();
-      // Every output's SQNR is listed; the first below the floor is named.
-      for (size_t i = 0; want.ok() && got.ok() && i < want->size(); ++i) {
-        dbs.push_back(sqnr_db((*want)[i], (*got)[i]));
-        if (dbs.back() < 60 && why.empty())
-          why = "output " + std::to_string(i) + " SQNR " + std::to_string(dbs.back()) + " dB < 60 dB";
-      }
-    }
+})", "fp8-epilogues", 11,
+                                            [&](const Tensor& want, const Tensor& got) {
+                                              dbs.push_back(sqnr_db(want, got));
+                                              return std::string();
+                                            });
+    for (size_t i = 0; why.empty() && i < dbs.size(); ++i)
+      if (dbs[i] < 60) why = "output " + std::to_string(i) + " SQNR " + std::to_string(dbs[i]) + " dB < 60 dB";
     std::string list;
     for (double db : dbs) list += (list.empty() ? "" : ", ") + std::to_string(db).substr(0, 6) + " dB";
     std::printf("%s quantize + amax epilogues (rms_norm+residual, swiglu; e4m3, e5m2): %s%s%s\n", why.empty() ? "PASS" : "FAIL",

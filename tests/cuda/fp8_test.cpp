@@ -151,11 +151,7 @@ TEST_CASE("fp8: a quantize ending a fused row or pointwise group is stored by th
   CHECK(has(l.source, "#include <cuda_fp8.h>"));
   // x / scale in f32, rounded to f8 (saturating) only by the store, as the quantize kernel does.
   CHECK(has(l.source, "(unsigned char)__nv_cvt_float_to_fp8(v"));
-  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
-    CAPTURE(target);
-    auto image = compile_cuda(l.source, target, "test@0");
-    CHECK_MESSAGE(image.ok(), image.status().message());
-  }
+  compiles_everywhere(l);
 }
 
 TEST_CASE("fp8: an amax ending a fused group is reduced by that group's kernel (memset, atomic max)") {
@@ -194,11 +190,7 @@ TEST_CASE("fp8: an amax ending a fused group is reduced by that group's kernel (
   CHECK(has(s[3], "kernel=k1_fused "));
   CHECK(has(l.source, "atomicMax(out0, "));
   CHECK(has(l.source, "__float_as_uint(fabsf((float)"));
-  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
-    CAPTURE(target);
-    auto image = compile_cuda(l.source, target, "test@0");
-    CHECK_MESSAGE(image.ok(), image.status().message());
-  }
+  compiles_everywhere(l);
 }
 
 TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target") {
@@ -214,11 +206,7 @@ TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target"
       "  return %y, %z, %q3, %q4\n}\n";
   const LoweredGraph l = lower(text);
   CHECK(l.kernels.size() == 7);
-  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
-    CAPTURE(target);
-    auto image = compile_cuda(l.source, target, "test@0");
-    CHECK_MESSAGE(image.ok(), image.status().message());
-  }
+  compiles_everywhere(l);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "kiln/core/driver.h"
@@ -45,13 +46,15 @@ inline int start_gpu_test() {
 /// Checks one output against the reference's: "" when it passes, else why not.
 using OutputCheck = std::function<std::string(const Tensor& want, const Tensor& got)>;
 
-/// Runs the .kir graph `text` on `reference` and on `cuda-sm90` with random inputs drawn with
-/// `seed` and checks every output with `check`; "" when all pass, else why not.
+/// Runs the .kir graph `text` on `reference` and on `cuda-sm90` with the `given` inputs and
+/// random ones drawn with `seed` for the rest, and checks every output with `check`; "" when
+/// all pass, else why not.
 inline std::string gpu_matches_reference(const std::string& text, const std::string& source, uint64_t seed,
-                                         const OutputCheck& check) {
+                                         const OutputCheck& check, std::map<std::string, Tensor> given = {}) {
   auto g = parse_graph(text, source);
   if (!g.ok()) return g.status().message();
   InputBindings b;
+  b.given = std::move(given);
   b.random = true;
   b.seed = seed;
   auto inputs = bind_inputs(**g, b);

@@ -109,12 +109,7 @@ TEST_CASE("matmul_int4: every kernel variant compiles for sm_80, sm_90a and sm_1
   // stream (post-scaled), stream (asym), gemv, dequantize, slice, stream (KC 256),
   // stream split four ways + its sum, stream (asym, KC 256).
   CHECK(l->kernels.size() == 9);
-  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
-    CAPTURE(target);
-    auto cubin = compile_cuda(l->source, target, "test@0");
-    REQUIRE_MESSAGE(cubin.ok(), std::string(cubin.status().message()));
-    CHECK(cubin->substr(0, 4) == "\x7f" "ELF");
-  }
+  compiles_everywhere(*l);
 }
 
 TEST_CASE("matmul_int4: a graph with f16 only compiles (the helpers need both half headers)") {

@@ -1,5 +1,5 @@
-// Test helpers for the CUDA lowering: lower a .kir text (failing the test on errors) and pick
-// lines out of the resulting plan.
+// Test helpers for the CUDA lowering: lower a .kir text (failing the test on errors), pick
+// lines out of the resulting plan, compile its source for every target.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/cuda/lowering.h"
+#include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
 
 namespace kiln::cuda {
@@ -20,6 +21,17 @@ inline LoweredGraph lower_text(const std::string& text, const LoweringOptions& o
   auto l = lower_graph(**g, opts);
   REQUIRE_MESSAGE(l.ok(), l.status().message());
   return *l;
+}
+
+/// Compiles the lowered source with NVRTC for sm_80, sm_90a and sm_100a: a failure stops the test
+/// with NVRTC's log and the source; every image must be an ELF cubin.
+inline void compiles_everywhere(const LoweredGraph& l) {
+  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
+    CAPTURE(target);
+    auto cubin = compile_cuda(l.source, target, "test@0");
+    REQUIRE_MESSAGE(cubin.ok(), std::string(cubin.status().message() + "\n" + l.source));
+    CHECK(cubin->substr(0, 4) == "\x7f" "ELF");
+  }
 }
 
 /// Lines of `plan` starting with `prefix` ("step launch", "step ", "buffer "), in order.

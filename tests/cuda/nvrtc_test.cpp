@@ -4,6 +4,7 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "lowering_test_util.h"
 
 namespace kiln::cuda {
 namespace {
@@ -49,12 +50,7 @@ graph @c(%x: f32[2, 4, 9, 9], %w: f32[6, 2, 3, 3], %b: f32[6], %h: bf16[2, 4, 9,
   REQUIRE_MESSAGE(l.ok(), l.status().message());
   CHECK(l->kernels == std::vector<std::string>{"k0_im2col", "k1_conv_bias", "k2_im2col", "k3_conv_bias", "k4_im2col",
                                                "k5_conv"});
-  for (const char* target : {"sm_80", "sm_90a", "sm_100a"}) {
-    CAPTURE(target);
-    auto cubin = compile_cuda(l->source, target, "test@0");
-    REQUIRE_MESSAGE(cubin.ok(), std::string(cubin.status().message() + "\n" + l->source));
-    CHECK(cubin->substr(0, 4) == "\x7f" "ELF");
-  }
+  compiles_everywhere(*l);
   auto ptx = compile_cuda(l->source, "compute_90", "test@0");
   REQUIRE_MESSAGE(ptx.ok(), ptx.status().message());
   for (const std::string& k : l->kernels) CHECK(ptx->find(".entry " + k) != std::string::npos);
