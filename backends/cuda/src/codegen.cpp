@@ -66,6 +66,10 @@ std::string round_expr(DType t, const std::string& e) {
   return e;
 }
 
+std::string quantize_quotient(DType xt, const std::string& x, const std::string& scale) {
+  return (xt == DType::kF64 ? "(float)(" + x + ")" : x) + " / " + scale;
+}
+
 std::string int_literal(int64_t v) {
   if (v == std::numeric_limits<int64_t>::min()) return "(-9223372036854775807LL - 1)";
   return std::to_string(v) + "LL";

@@ -22,6 +22,9 @@ std::string load_expr(DType t, const std::string& expr);
 std::string store_expr(DType t, const std::string& expr);
 /// Rounds a register value to what the dtype can hold (f16, bf16, narrow integers).
 std::string round_expr(DType t, const std::string& expr);
+/// `x / scale` of a quantize to f8, an f32 division as the reference computes it (an f64 `x`,
+/// of dtype `xt`, is converted first); store_expr of the f8 dtype then rounds it.
+std::string quantize_quotient(DType xt, const std::string& x, const std::string& scale);
 /// A literal of the register type of `t`.
 std::string literal(DType t, double v);
 std::string int_literal(int64_t v);

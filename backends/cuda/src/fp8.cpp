@@ -70,7 +70,7 @@ Status Lowerer::quantize(const Node& n) {
   // An f32 division, not a reciprocal multiply: the reference divides in f32, and so must this
   // (store_expr: the saturating conversion a fused group's quantize epilogue stores with too).
   auto cvt = [&](const std::string& v) {
-    return store_expr(qt, (xt == DType::kF64 ? "(float)(" + v + ")" : v) + " / s[0]");
+    return store_expr(qt, quantize_quotient(xt, v, "s[0]"));
   };
   // Eight elements a thread with 16-byte loads and an 8-byte store where sizes and alignment
   // allow: this is a pure bandwidth kernel, and one element a thread reaches a third of it.

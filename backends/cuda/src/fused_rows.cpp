@@ -254,7 +254,7 @@ StatusOr<bool> Lowerer::fused_rows(const Node& fused) {
       for (const Value* v : n.operands()) a.push_back(at_ce(v));
       if (to_f8) {
         need_fp8();
-        define("(" + (dbl ? "(float)" + a[0] : a[0]) + " / " + a[1] + ")");  // f32, as the reference
+        define("(" + quantize_quotient(n.operand(0)->dtype(), a[0], a[1]) + ")");
       } else if (op == "identity") {
         define(a[0]);
       } else {

@@ -407,8 +407,7 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
     }
     if (to_f8) {
       need_fp8();
-      const std::string x = var.at(n->operand(0));  // divided in f32, as the reference
-      e = "(" + (n->operand(0)->dtype() == DType::kF64 ? "(float)" + x : x) + " / " + var.at(n->operand(1)) + ")";
+      e = "(" + quantize_quotient(n->operand(0)->dtype(), var.at(n->operand(0)), var.at(n->operand(1))) + ")";
     } else if (n->op_name() == "constant") {
       const Tensor& t = n->attr("value")->as_tensor();
       e = is_float(t.dtype()) ? literal(t.dtype(), t.get_f64(0)) : literal(t.dtype(), static_cast<double>(t.get_i64(0)));
