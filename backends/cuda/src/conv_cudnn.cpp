@@ -52,10 +52,8 @@ StatusOr<bool> Lowerer::conv_cudnn(const Node& n) {
   const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
   if (xs.size() < 3 || xs.size() > 5) return false;
   const size_t nsp = xs.size() - 2;
-  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads"), dil = n.get_ints("dilations");
-  if (strides.empty()) strides.assign(nsp, 1);
-  if (pads.empty()) pads.assign(2 * nsp, 0);
-  if (dil.empty()) dil.assign(nsp, 1);
+  const Window win = window_of(n, nsp);
+  const Sizes &strides = win.strides, &pads = win.pads, &dil = win.dilations;
   // cuDNN pads both sides alike; ONNX's asymmetric pads (auto_pad SAME_*) take the other paths.
   for (size_t d = 0; d < nsp; ++d)
     if (pads[d] != pads[nsp + d]) return false;

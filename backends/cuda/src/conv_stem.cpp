@@ -155,11 +155,10 @@ StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   if (x->dtype() != DType::kF32 || !opts_.allow_tf32) return false;
   const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
   if (xs.size() != 4 || n.get_int("groups", 1) != 1) return false;
-  for (int64_t d : n.get_ints("dilations"))
+  const Window win = window_of(n, 2);
+  const Sizes &strides = win.strides, &pads = win.pads;
+  for (int64_t d : win.dilations)
     if (d != 1) return false;
-  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads");
-  if (strides.empty()) strides = {1, 1};
-  if (pads.empty()) pads = {0, 0, 0, 0};
   const int64_t batch = xs[0], c = xs[1], h = xs[2], w = xs[3], ko = ws[0], r = ws[2], s = ws[3], p = ys[2], q = ys[3];
   // Few input channels and a real spatial kernel: the stems cuDNN's tensor-core kernels skip.
   if (c > 4 || r * s < 9 || ko % 8 != 0 || ko > 128 || product(ys) == 0 || product(xs) >= (int64_t{1} << 31) ||

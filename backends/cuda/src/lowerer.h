@@ -29,6 +29,20 @@ constexpr int64_t kMaxGemmGroups = 8;
 
 inline int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
+/// A conv's or pool's window over `nsp` spatial dims: strides, pads (all begins, then all ends)
+/// and dilations, with ONNX's defaults (1, 0, 1) where the node leaves them out. Without
+/// `has_dilations` (average pooling) the dilations are 1.
+struct Window {
+  Sizes strides, pads, dilations;
+};
+inline Window window_of(const Node& n, size_t nsp, bool has_dilations = true) {
+  Window w{n.get_ints("strides"), n.get_ints("pads"), has_dilations ? n.get_ints("dilations") : Sizes()};
+  if (w.strides.empty()) w.strides.assign(nsp, 1);
+  if (w.pads.empty()) w.pads.assign(2 * nsp, 0);
+  if (w.dilations.empty()) w.dilations.assign(nsp, 1);
+  return w;
+}
+
 inline std::string dname(DType t) { return std::string(dtype_name(t)); }
 
 inline std::string value_label(const Value* v) { return "%" + (v->name().empty() ? std::string("<unnamed>") : v->name()); }

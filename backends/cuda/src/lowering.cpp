@@ -844,10 +844,8 @@ Status Lowerer::conv_gemm(const Node& n) {
   KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
   const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
   const size_t nsp = xs.size() - 2;
-  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads"), dil = n.get_ints("dilations");
-  if (strides.empty()) strides.assign(nsp, 1);
-  if (pads.empty()) pads.assign(2 * nsp, 0);
-  if (dil.empty()) dil.assign(nsp, 1);
+  const Window win = window_of(n, nsp);
+  const Sizes &strides = win.strides, &pads = win.pads, &dil = win.dilations;
   const int64_t groups = n.get_int("groups", 1);
   const int64_t batch = xs[0], cin = xs[1], cout = ws[0], cg_out = cout / groups;
   const Sizes in_sp(xs.begin() + 2, xs.end()), k_sp(ws.begin() + 2, ws.end()), out_sp(ys.begin() + 2, ys.end());
@@ -926,10 +924,8 @@ Status Lowerer::conv(const Node& n) {
   KILN_RETURN_IF_ERROR(reg(n, t).status());
   const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
   const size_t nsp = xs.size() - 2;
-  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads"), dil = n.get_ints("dilations");
-  if (strides.empty()) strides.assign(nsp, 1);
-  if (pads.empty()) pads.assign(2 * nsp, 0);
-  if (dil.empty()) dil.assign(nsp, 1);
+  const Window win = window_of(n, nsp);
+  const Sizes &strides = win.strides, &pads = win.pads, &dil = win.dilations;
   const int64_t groups = n.get_int("groups", 1);
   const int64_t cin = xs[1], cout = ws[0], cg_in = cin / groups, cg_out = cout / groups;
   const Sizes in_sp(xs.begin() + 2, xs.end()), k_sp(ws.begin() + 2, ws.end()), out_sp(ys.begin() + 2, ys.end());
@@ -981,10 +977,8 @@ Status Lowerer::pool(const Node& n) {
   const Sizes xs = sizes_of(x), ys = sizes_of(n.result());
   const size_t nsp = xs.size() - 2;
   const Sizes kernel = n.get_ints("kernel_shape");
-  Sizes strides = n.get_ints("strides"), pads = n.get_ints("pads"), dil = mx ? n.get_ints("dilations") : Sizes();
-  if (strides.empty()) strides.assign(nsp, 1);
-  if (pads.empty()) pads.assign(2 * nsp, 0);
-  if (dil.empty()) dil.assign(nsp, 1);
+  const Window win = window_of(n, nsp, mx);
+  const Sizes &strides = win.strides, &pads = win.pads, &dil = win.dilations;
   const Sizes in_sp(xs.begin() + 2, xs.end()), out_sp(ys.begin() + 2, ys.end());
   const Sizes in_st = contiguous_strides(in_sp);
   const std::string acc = acc_type(t);
