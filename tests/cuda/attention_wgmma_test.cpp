@@ -1,8 +1,8 @@
-// Hopper attention lowering: the wgmma kernel in cuda-sm90 plans (sm_90a image, mma.sync elsewhere),
+// Hopper attention lowering: the warp-specialized wgmma kernel in cuda-sm90 plans (sm_90a image,
+// mma.sync elsewhere),
 // NVRTC for every target, and the [B, S, H, D] transposes around attention read and written in place.
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <sstream>
 
 #include "kiln/cuda/lowering.h"
@@ -43,17 +43,22 @@ TEST_CASE("attention on cuda-sm90: wgmma kernel for sm_90a, the mma.sync kernel 
   const LoweredGraph l = lower(kHopper, "cuda-sm90: target sm_90a");
   const auto steps = launches(l.plan);
   REQUIRE(steps.size() == 5);
-  // 2 warpgroups of 64 rows; Q plus double-buffered K and V tiles of 128 keys, +1024 to align the swizzle atoms.
-  CHECK(steps[0].find("grid=3,4,1 block=256,1,1 smem=" + std::to_string((128 * 64 + 4 * 128 * 64) * 2 + 1024)) !=
+  // A producer and 2 consumer warpgroups of 64 rows; Q plus double-buffered K and V tiles of 128
+  // keys, +1024 to align the swizzle atoms, +72 for the 9 mbarriers.
+  CHECK(steps[0].find("grid=3,4,1 block=384,1,1 smem=" + std::to_string((128 * 64 + 4 * 128 * 64) * 2 + 1024 + 72)) !=
         std::string::npos);
-  CHECK(steps[1].find("grid=2,2,2 block=256,1,1 smem=" + std::to_string((128 * 128 + 4 * 128 * 128) * 2 + 1024)) !=
+  CHECK(steps[1].find("grid=2,2,2 block=384,1,1 smem=" + std::to_string((128 * 128 + 4 * 128 * 128) * 2 + 1024 + 72)) !=
         std::string::npos);
   // f32 takes the register-tiled CUDA-core kernel: 64 rows per block.
   CHECK(steps[4].find("grid=1,2,1 block=256,1,1 smem=102400") != std::string::npos);
-  CHECK(l.source.find("kiln_flash_attn_wgmma<__nv_bfloat16, 64, 128, true, false, float>") != std::string::npos);
-  CHECK(l.source.find("kiln_flash_attn<__nv_bfloat16, 64, true, false, float, 1, 8>") != std::string::npos);
-  CHECK(l.source.find("kiln_flash_attn_wgmma<__half, 128, 128, false, false, float>") != std::string::npos);
-  CHECK(l.source.find("kiln_flash_attn_wgmma<__nv_bfloat16, 128, 128, true, true, float>") != std::string::npos);
+  CHECK(l.source.find("kiln_flash_attn_ws<__nv_bfloat16, 64, 128, true, false, float>") != std::string::npos);
+  // Other images run the mma.sync kernel on the first 8 warps.
+  CHECK(l.source.find("if (threadIdx.x >= 256) return;\n  kiln_flash_attn<__nv_bfloat16, 64, true, false, float, 1, 8>") !=
+        std::string::npos);
+  CHECK(l.source.find("kiln_flash_attn_ws<__half, 128, 128, false, false, float>") != std::string::npos);
+  CHECK(l.source.find("kiln_flash_attn_ws<__nv_bfloat16, 128, 128, true, true, float>") != std::string::npos);
+  // setmaxnreg takes effect only under a register cap at entry.
+  CHECK(count(l.source, "__launch_bounds__(384, 1)") == 4);
   CHECK(l.source.find("kiln_attn_f32_tiled<64, 64, false, false, float>") != std::string::npos);
   // One wrapper per (form, width, type): S = Q·Kᵀ at n128, O += P·V at n = head dim.
   CHECK(count(l.source, "void kiln_wgmma_ss<128, __nv_bfloat16>(") == 1);
@@ -74,6 +79,9 @@ TEST_CASE("attention on cuda-sm90: wgmma kernel for sm_90a, the mma.sync kernel 
   CHECK(ptx_a->find("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") != std::string::npos);
   CHECK(ptx_a->find("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") != std::string::npos);
   CHECK(ptx_a->find("fence.proxy.async.shared::cta") != std::string::npos);
+  CHECK(ptx_a->find("setmaxnreg.inc.sync.aligned.u32 232") != std::string::npos);
+  CHECK(ptx_a->find("cp.async.mbarrier.arrive.noinc.shared::cta.b64") != std::string::npos);
+  CHECK(ptx_a->find("mbarrier.try_wait.parity.shared::cta.b64") != std::string::npos);
   auto ptx = compile_cuda(l.source, "compute_90", "test@0");
   REQUIRE_MESSAGE(ptx.ok(), ptx.status().message());
   CHECK(ptx->find("wgmma") == std::string::npos);
@@ -82,7 +90,7 @@ TEST_CASE("attention on cuda-sm90: wgmma kernel for sm_90a, the mma.sync kernel 
 
 TEST_CASE("attention on other generations keeps the 4-warp mma.sync kernel") {
   const LoweredGraph l = lower(kHopper, "cuda-sm80: target sm_80");
-  CHECK(l.source.find("kiln_flash_attn_wgmma") == std::string::npos);
+  CHECK(l.source.find("kiln_flash_attn_ws") == std::string::npos);
   CHECK(l.source.find("kiln_flash_attn<__half, 128, false, false, float>") != std::string::npos);
   CHECK(launches(l.plan)[1].find("block=128,1,1") != std::string::npos);
 }
@@ -144,22 +152,6 @@ graph @g(%q: f16[1, 20, 2, 64]) -> (f16[1, 2, 20, 64], f16[1, 2, 20, 64]) {
   REQUIRE(steps.size() == 3);
   CHECK(steps[0].find("_attention") == std::string::npos);
   CHECK(count(l.source, "2560LL, 64LL, 128LL, 2560LL, 64LL, 128LL, 2560LL, 64LL, 128LL, 2560LL, 1280LL, 64LL}") == 1);
-}
-
-TEST_CASE("KILN_ATTN_BN=64:2 gives the wgmma kernel 64-key tiles and two blocks per SM, for comparisons") {
-  setenv("KILN_ATTN_BN", "64:2", 1);
-  const LoweredGraph l = lower(kHopper, "cuda-sm90: target sm_90a");
-  unsetenv("KILN_ATTN_BN");
-  const auto steps = launches(l.plan);
-  REQUIRE(steps.size() == 5);
-  // 64-key K/V tiles take less than the mma.sync kernel the plan's other images run (its size wins).
-  CHECK(steps[1].find("block=256,1,1 smem=" + std::to_string((128 + 4 * 64) * (128 + 8) * 2)) != std::string::npos);
-  CHECK(l.source.find("kiln_flash_attn_wgmma<__half, 128, 64, false, false, float>") != std::string::npos);
-  CHECK(l.source.find("__launch_bounds__(256, 2)") != std::string::npos);
-  auto cubin = compile_cuda(l.source, "sm_90a", "test@0");
-  CHECK_MESSAGE(cubin.ok(), cubin.status().message());
-  // Without the knob: 128-key tiles, one block per SM.
-  CHECK(lower(kHopper, "cuda-sm90: target sm_90a").source.find("__launch_bounds__(256, 2)") == std::string::npos);
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 // the score matrix: a block owns a tile of query rows of one (batch, head), walks the key
 // blocks it can see (causal blocks past the diagonal are skipped), rescales its output
 // accumulator when the max grows and divides by the sum once at the end. Scores are kept
-// in the log2 domain (scale·log2 e folded into one multiplier) so exp is one exp2f.
+// in the log2 domain (scale·log2 e folded into one multiplier) so exp is one exp2f; the
+// tensor-core kernels use the approximate ex2 (one MUFU op; their P is rounded to 16 bits
+// anyway) and, without a mask and with a positive scale, fold the scale into the FFMA that
+// subtracts the row max.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <set>
 
 #include "attention_f32.h"
@@ -81,6 +83,77 @@ __device__ __forceinline__ void kiln_attn_cp16(void* s, const void* g, bool vali
 }
 __device__ __forceinline__ void kiln_attn_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void kiln_attn_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// 2^x in one MUFU op (exp2f adds a range fix-up around it); 2^-inf = 0.
+__device__ __forceinline__ float kiln_attn_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// The softmax of the 16-bit kernels works on pre·s (+ mask·log2 e) and exponentiates
+// post·x - post·max: without a mask and with a positive scale pre = 1 and post = scale·log2 e
+// (the max of the raw scores is the max of the scaled ones), else pre = scale·log2 e, post = 1.
+// The scale is a literal of the kernel, so the choice and the multiplies by 1 fold away.
+template <bool HAS_MASK>
+__device__ __forceinline__ void kiln_attn_scales(float scale_log2, float& pre, float& post) {
+  const bool fold = !HAS_MASK && scale_log2 > 0.f;
+  pre = fold ? 1.f : scale_log2;
+  post = fold ? scale_log2 : 1.f;
+}
+// Scales one warp's 16 rows of S over BN keys by pre and adds the mask (times log2 e), then sets
+// keys past the sequence end or the causal diagonal to -inf. s is the m16n8 accumulator layout:
+// chunk j, element e is key n0 + 8j + 2t + (e & 1) of row row0 + g + 8(e >> 1). Only blocks that
+// cross the end or the diagonal are masked, behind one branch rather than a select per score.
+template <int BN, bool CAUSAL, bool HAS_MASK, typename MT>
+__device__ __forceinline__ void kiln_attn_mask_fragment(float* s, int n0, int row0, float pre, const MT* mask,
+                                                        long long mask_base, const KilnAttnArgs& a) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, off = a.Skv - a.Sq;
+  if (HAS_MASK || pre != 1.f) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n0 + j * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
+        float x = s[j * 4 + e] * pre;
+        if (HAS_MASK && row < a.Sq && col < a.Skv)
+          x += kiln_attn_f(mask[mask_base + row * a.msi + col * a.msj]) * KILN_LOG2E;
+        s[j * 4 + e] = x;
+      }
+  }
+  if (n0 + BN > a.Skv || (CAUSAL && n0 + BN - 1 > row0 + off)) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = n0 + j * 8 + 2 * t + (e & 1), row = row0 + g + (e >> 1) * 8;
+        if (col >= a.Skv || (CAUSAL && col > row + off)) s[j * 4 + e] = -KILN_ATTN_INF;
+      }
+  }
+}
+// Copies a tile of R rows x D columns (16-bit) into shared memory with NT threads: thread tid
+// (of 0..NT-1) always takes the 16-byte column chunk tid % (D / 8) of rows tid / (D / 8) + i·(NT / (D / 8)),
+// so its shared and global addresses advance by constants (SW(r, c) gives the shared element
+// offset of row r, chunk c, and must satisfy SW(r + step, c) = SW(r, c) + SW(step, 0)). Rows
+// at or past `rows` are zero-filled.
+template <int R, int D, int NT, typename T, typename SW>
+__device__ __forceinline__ void kiln_attn_load_tile(T* dst, const T* src, long long stride, int r0, int rows, SW sw,
+                                                    int tid = threadIdx.x) {
+  constexpr int CH = D / 8, STEP = NT / CH;
+  static_assert(NT % CH == 0 && R % STEP == 0, "tile rows must split evenly over the threads");
+  const int lr = tid / CH, lc = tid % CH;
+  T* d = dst + sw(lr, lc);
+  const T* g = src + (long long)(r0 + lr) * stride + lc * 8;
+  const int step = sw(STEP, 0);
+  if (r0 + R <= rows) {
+#pragma unroll
+    for (int i = 0; i < R / STEP; ++i) kiln_attn_cp16(d + i * step, g + i * STEP * stride, true);
+  } else {
+#pragma unroll
+    for (int i = 0; i < R / STEP; ++i) {
+      const bool ok = r0 + lr + i * STEP < rows;
+      kiln_attn_cp16(d + i * step, ok ? g + i * STEP * stride : src, ok);
+    }
+  }
+}
 
 // Tensor-core flash attention (FlashAttention-2 layout): NW warps own 16·WM query rows each
 // (by default 4 warps of two m16 tiles, so every K and V fragment read from shared memory
@@ -90,7 +163,7 @@ template <int N> __device__ __forceinline__ void kiln_attn_wait() { asm volatile
 template <typename T, int D, bool CAUSAL, bool HAS_MASK, typename MT, int WM = 2, int NW = 4>
 __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, const MT* __restrict__ mask, T* __restrict__ y, const KilnAttnArgs& a) {
-  constexpr int BM = NW * 16 * WM, BN = 64, NT = NW * 32, LD = D + 8, CH = D / 8;
+  constexpr int BM = NW * 16 * WM, BN = 64, NT = NW * 32, LD = D + 8;
   const int Sq = a.Sq, Skv = a.Skv;
   extern __shared__ __align__(16) unsigned char kiln_attn_smem[];
   T* sQ = reinterpret_cast<T*>(kiln_attn_smem);
@@ -105,20 +178,11 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
   const T* vp = v + b * a.vb + hk * a.vh;
   const int off = Skv - Sq;
   const int nblocks = kiln_attn_key_blocks<CAUSAL>(q0, BM, BN, Sq, Skv);
-  for (int c = tid; c < BM * CH; c += NT) {
-    const int r = c / CH, cc = c % CH;
-    const bool ok = q0 + r < Sq;
-    kiln_attn_cp16(sQ + r * LD + cc * 8, qp + (ok ? q0 + r : 0) * a.qs + cc * 8, ok);
-  }
+  auto padded = [](int r, int c) { return r * LD + c * 8; };
+  kiln_attn_load_tile<BM, D, NT>(sQ, qp, a.qs, q0, Sq, padded);
   auto load_kv = [&](int blk, int buf) {
-    const int n0 = blk * BN;
-    for (int c = tid; c < BN * CH; c += NT) {
-      const int r = c / CH, cc = c % CH;
-      const bool ok = n0 + r < Skv;
-      const long long row = ok ? n0 + r : 0;
-      kiln_attn_cp16(sK + (buf * BN + r) * LD + cc * 8, kp + row * a.ks + cc * 8, ok);
-      kiln_attn_cp16(sV + (buf * BN + r) * LD + cc * 8, vp + row * a.vs + cc * 8, ok);
-    }
+    kiln_attn_load_tile<BN, D, NT>(sK + buf * BN * LD, kp, a.ks, blk * BN, Skv, padded);
+    kiln_attn_load_tile<BN, D, NT>(sV + buf * BN * LD, vp, a.vs, blk * BN, Skv, padded);
   };
   if (nblocks > 0) load_kv(0, 0);
   kiln_attn_commit();
@@ -131,6 +195,8 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
 #pragma unroll
   for (int m = 0; m < WM; ++m) mrow[m][0] = mrow[m][1] = -KILN_ATTN_INF, lrow[m][0] = lrow[m][1] = 0.f;
   const int wrow = q0 + warp * 16 * WM;  // the warp's first query row
+  float pre, post;
+  kiln_attn_scales<HAS_MASK>(a.scale_log2, pre, post);
   const int mat = lane / 8;
   for (int it = 0; it < nblocks; ++it) {
     if (it + 1 < nblocks) {
@@ -167,20 +233,11 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
           }
         }
       }
-      const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > wrow + off);
+#pragma unroll
+      for (int m = 0; m < WM; ++m)
+        kiln_attn_mask_fragment<BN, CAUSAL, HAS_MASK>(&s[m][0][0], n0, wrow + m * 16, pre, mask, b * a.msb + h * a.msh, a);
 #pragma unroll
       for (int m = 0; m < WM; ++m) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = n0 + j * 8 + 2 * t + (e & 1), row = wrow + m * 16 + g + (e >> 1) * 8;
-            float x = s[m][j][e] * a.scale_log2;
-            if (HAS_MASK && row < Sq && col < Skv)
-              x += kiln_attn_f(mask[b * a.msb + h * a.msh + row * a.msi + col * a.msj]) * KILN_LOG2E;
-            if (edge && (col >= Skv || (CAUSAL && col > row + off))) x = -KILN_ATTN_INF;
-            s[m][j][e] = x;
-          }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float mx = mrow[m][r];
@@ -189,14 +246,14 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
           // A row with nothing visible yet keeps max -inf; shifting by 0 keeps its exps at 0.
-          const float base = mx == -KILN_ATTN_INF ? 0.f : mx;
-          const float alpha = exp2f(mrow[m][r] - base);
+          const float base = mx == -KILN_ATTN_INF ? 0.f : mx * post;
+          const float alpha = kiln_attn_ex2(fmaf(mrow[m][r], post, -base));
           mrow[m][r] = mx;
           float rs = 0.f;
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j) {
-            s[m][j][2 * r] = exp2f(s[m][j][2 * r] - base);
-            s[m][j][2 * r + 1] = exp2f(s[m][j][2 * r + 1] - base);
+            s[m][j][2 * r] = kiln_attn_ex2(fmaf(s[m][j][2 * r], post, -base));
+            s[m][j][2 * r + 1] = kiln_attn_ex2(fmaf(s[m][j][2 * r + 1], post, -base));
             rs += s[m][j][2 * r] + s[m][j][2 * r + 1];
           }
           lrow[m][r] = lrow[m][r] * alpha + rs;
@@ -332,7 +389,7 @@ __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const
 }
 )";
 
-/// The Hopper warpgroup-MMA kernel (sm_90a only; other targets compile the mma.sync kernel in
+/// The Hopper warpgroup-MMA kernel (sm_90a only; other images compile the mma.sync kernel in
 /// its place). Its wgmma wrappers are specializations the lowering generates per tile width.
 const char* kWgmma = R"(
 #define KILN_ATTN_WGMMA
@@ -349,6 +406,32 @@ template <int N> __device__ __forceinline__ void kiln_wg_pin(float* d) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The warp-specialized kernel's mbarriers, 8 bytes each from `base` (shared::cta): Q full, then
+// per stage K full, V full, K empty, V empty.
+struct KilnWsBarriers {
+  unsigned base;
+  __device__ unsigned q_full() const { return base; }
+  __device__ unsigned k_full(int st) const { return base + 8 + 8 * st; }
+  __device__ unsigned v_full(int st) const { return base + 24 + 8 * st; }
+  __device__ unsigned k_empty(int st) const { return base + 40 + 8 * st; }
+  __device__ unsigned v_empty(int st) const { return base + 56 + 8 * st; }
+};
+// mbarrier helpers (shared::cta addresses).
+__device__ __forceinline__ void kiln_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void kiln_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void kiln_mbar_arrive_cp_async(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void kiln_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred p;\nKILN_MBAR_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra KILN_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
 // Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte
 // offsets (each >> 4) in bits 0-13, 16-29, 32-45; layout 1 (128B) in bits 62-63.
 __device__ __forceinline__ unsigned long long kiln_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -362,65 +445,97 @@ template <int R> __device__ __forceinline__ int kiln_wg_sw(int r, int c) {
   return (c / 8) * R * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8;
 }
 
-// Flash attention on Hopper's warpgroup MMA (FlashAttention-3's math without warp
-// specialization): two warpgroups own 64 query rows each of a 128-row tile. Q, K and V tiles
-// sit in shared memory in the 128B-swizzled layout wgmma reads; S = Q·Kᵀ is one SS wgmma
-// chain per warpgroup into f32 registers, the online softmax runs on that fragment (per n8
-// chunk the mma.sync C layout), and P, packed to 16 bits in registers, is the A operand of
-// O += P·V with V read N-major. Software pipelined within the warpgroup: step j issues
-// S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together and runs the softmax of S_j while the P·V
-// product is still in flight (O is rescaled once it lands). cp.async group j brings K_{j+1}
-// and V_j, so K and V are each double-buffered.
+// Flash attention on Hopper's warpgroup MMA, warp-specialized (FlashAttention-3's schedule,
+// with cp.async in place of the tensor-memory copies). 384 threads, 128 query rows per block:
+// - warpgroup 0, the producer, streams K and V tiles of BN keys into two-stage buffers; each
+//   stage has a "full" mbarrier (arrived when the producer's copies land) and an "empty" one
+//   (arrived by the consumers once their MMAs have read it). It hands most of its registers to
+//   the consumers (setmaxnreg).
+// - warpgroups 1 and 2, the consumers, own 64 query rows each. Q, K and V sit in shared memory
+//   in the 128B-swizzled layout wgmma reads; S = Q·Kᵀ is one SS wgmma chain into f32
+//   registers, the online softmax runs on that fragment (per n8 chunk the mma.sync C layout),
+//   and P, packed to 16 bits in registers, is the A operand of O += P·V with V read N-major.
+//   Step j issues S_j and O += P_{j-1}·V_{j-1} together and runs the softmax of S_j while the
+//   P·V product is in flight (O is rescaled once it lands). The two consumers take turns
+//   issuing their MMAs (named barriers 1 and 2), so one's softmax overlaps the other's MMAs.
+// A consumer computes every key block the tile sees: one that sees none of a block (only when
+// Skv - Sq is not a multiple of the tile) masks it whole, which keeps every wgmma unconditional
+// so that ptxas can keep them asynchronous.
 template <typename T, int D, int BN, bool CAUSAL, bool HAS_MASK, typename MT>
-__device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, const T* __restrict__ k,
+__device__ __forceinline__ void kiln_flash_attn_ws_consumer(const T* __restrict__ q, const MT* __restrict__ mask,
+    T* __restrict__ y, const KilnAttnArgs& a, int q0, int nblocks, unsigned aQ, unsigned aK, unsigned aV, unsigned aB);
+template <typename T, int D, int BN, bool CAUSAL, bool HAS_MASK, typename MT>
+__device__ __forceinline__ void kiln_flash_attn_ws(const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, const MT* __restrict__ mask, T* __restrict__ y, const KilnAttnArgs& a) {
-  constexpr int NWG = 2, BM = 64 * NWG, NT = 128 * NWG, CH = D / 8;
+  constexpr int BM = 128;
   extern __shared__ __align__(16) unsigned char kiln_attn_smem[];
   const unsigned raw = (unsigned)__cvta_generic_to_shared(kiln_attn_smem);
   const unsigned pad = ((raw + 1023u) & ~1023u) - raw;  // swizzle atoms need 1024-byte alignment
   T* sQ = reinterpret_cast<T*>(kiln_attn_smem + pad);
   T* sK = sQ + BM * D;
   T* sV = sK + 2 * BN * D;
-  const unsigned aQ = raw + pad, aK = aQ + BM * D * 2, aV = aK + 2 * BN * D * 2;
+  const unsigned aQ = raw + pad, aK = aQ + BM * D * 2, aV = aK + 2 * BN * D * 2, aB = aV + 2 * BN * D * 2;
+  const KilnWsBarriers bars{aB};
   const int Sq = a.Sq, Skv = a.Skv;
-  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int tid = threadIdx.x;
   const int q0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (a.Hq / a.Hkv);
-  const T* qp = q + b * a.qb + h * a.qh;
-  const T* kp = k + b * a.kb + hk * a.kh;
-  const T* vp = v + b * a.vb + hk * a.vh;
-  const int off = Skv - Sq;
-  const int wgrow = q0 + wg * 64, wrow = wgrow + (tid % 128) / 32 * 16;
-  // Key blocks the tile sees. A warpgroup computes them all: one that sees none of a block
-  // (only when Skv - Sq is not a multiple of the tile) masks it whole, which keeps every wgmma
-  // unconditional so that ptxas can keep them asynchronous.
   const int nblocks = kiln_attn_key_blocks<CAUSAL>(q0, BM, BN, Sq, Skv);
-  for (int c = tid; c < BM * CH; c += NT) {
-    const int r = c / CH, cc = c % CH;
-    const bool ok = q0 + r < Sq;
-    kiln_attn_cp16(sQ + kiln_wg_sw<BM>(r, cc), qp + (ok ? q0 + r : 0) * a.qs + cc * 8, ok);
+  if (tid == 0) {
+    kiln_mbar_init(bars.q_full(), 128);
+    for (int st = 0; st < 2; ++st) {
+      kiln_mbar_init(bars.k_full(st), 128);
+      kiln_mbar_init(bars.v_full(st), 128);
+      kiln_mbar_init(bars.k_empty(st), 256);
+      kiln_mbar_init(bars.v_empty(st), 256);
+    }
   }
-  auto load = [&](T* dst, const T* src, long long stride, int blk) {
-    const int n0 = blk * BN;
-    for (int c = tid; c < BN * CH; c += NT) {
-      const int r = c / CH, cc = c % CH;
-      const bool ok = n0 + r < Skv;
-      kiln_attn_cp16(dst + kiln_wg_sw<BN>(r, cc), src + (ok ? n0 + r : 0) * stride + cc * 8, ok);
+  __syncthreads();
+  if (tid < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    const T* qp = q + b * a.qb + h * a.qh;
+    const T* kp = k + b * a.kb + hk * a.kh;
+    const T* vp = v + b * a.vb + hk * a.vh;
+    // Tile rows step by multiples of 8 between passes, which keeps each row's swizzle.
+    auto swq = [](int r, int c) { return kiln_wg_sw<BM>(r, c); };
+    auto swkv = [](int r, int c) { return kiln_wg_sw<BN>(r, c); };
+    kiln_attn_load_tile<BM, D, 128>(sQ, qp, a.qs, q0, Sq, swq, tid);
+    kiln_mbar_arrive_cp_async(bars.q_full());
+    for (int j = 0; j < nblocks; ++j) {
+      const int st = j & 1;
+      const unsigned reuse = ((j >> 1) - 1) & 1;  // phase of the stage's previous use
+      if (j >= 2) kiln_mbar_wait(bars.k_empty(st), reuse);
+      kiln_attn_load_tile<BN, D, 128>(sK + st * BN * D, kp, a.ks, j * BN, Skv, swkv, tid);
+      kiln_mbar_arrive_cp_async(bars.k_full(st));
+      if (j >= 2) kiln_mbar_wait(bars.v_empty(st), reuse);
+      kiln_attn_load_tile<BN, D, 128>(sV + st * BN * D, vp, a.vs, j * BN, Skv, swkv, tid);
+      kiln_mbar_arrive_cp_async(bars.v_full(st));
     }
-  };
-  // cp.async group j brings K_{j+1} and V_j (group -1: Q and K_0); waits for group j - 1.
-  auto stage = [&](int j) {
-    if (j < nblocks) {
-      if (j + 1 < nblocks) load(sK + ((j + 1) & 1) * BN * D, kp, a.ks, j + 1);
-      load(sV + (j & 1) * BN * D, vp, a.vs, j);
-      kiln_attn_commit();
-      kiln_attn_wait<1>();
-    } else {
-      kiln_attn_wait<0>();
-    }
+    kiln_attn_wait<0>();
+    return;  // the producer ends here (ptxas keeps the consumers' larger budget only then)
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    kiln_flash_attn_ws_consumer<T, D, BN, CAUSAL, HAS_MASK>(q, mask, y, a, q0, nblocks, aQ, aK, aV, aB);
+  }
+}
+// The consumer warpgroups of kiln_flash_attn_ws.
+template <typename T, int D, int BN, bool CAUSAL, bool HAS_MASK, typename MT>
+__device__ __forceinline__ void kiln_flash_attn_ws_consumer(const T* __restrict__ q, const MT* __restrict__ mask,
+    T* __restrict__ y, const KilnAttnArgs& a, int q0, int nblocks, unsigned aQ, unsigned aK, unsigned aV, unsigned aB) {
+  constexpr int BM = 128;
+  const KilnWsBarriers bars{aB};
+  const int Sq = a.Sq;
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int cw = wg - 1;  // consumer warpgroup 0 or 1
+  const int wgrow = q0 + cw * 64, wrow = wgrow + (tid % 128) / 32 * 16;
+  // Turns: consumer c waits on named barrier 1 + c before issuing, then lets the other go.
+  auto my_turn = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory"); };
+  auto their_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
+  auto ready = [&](unsigned bar, int j) {
+    kiln_mbar_wait(bar, (j >> 1) & 1);
     // cp.async wrote through the generic proxy; wgmma reads through the async one.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
   };
   auto issue_s = [&](float* s, int j) {
     const unsigned kbuf = aK + (j & 1) * BN * D * 2;
@@ -428,7 +543,7 @@ __device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, c
     for (int kk = 0; kk < D / 16; ++kk) {
       // A k-step of 16 elements is 32 bytes into a 128-byte swizzled row of column block kk / 4.
       const unsigned ks = (kk % 4) * 32;
-      const unsigned long long da = kiln_wg_desc(aQ + (kk / 4) * BM * 128 + wg * 64 * 128 + ks, 16, 1024);
+      const unsigned long long da = kiln_wg_desc(aQ + (kk / 4) * BM * 128 + cw * 64 * 128 + ks, 16, 1024);
       const unsigned long long db = kiln_wg_desc(kbuf + (kk / 4) * BN * 128 + ks, 16, 1024);
       kiln_wgmma_ss<BN, T>(s, da, db, kk > 0);
     }
@@ -449,21 +564,12 @@ __device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, c
     kiln_wg_commit();
   };
   float mrow[2] = {-KILN_ATTN_INF, -KILN_ATTN_INF}, lrow[2] = {0.f, 0.f};
+  float pre, post;
+  kiln_attn_scales<HAS_MASK>(a.scale_log2, pre, post);
   // Masks and exponentiates S_j in place, updates the row max and sum; alpha rescales O.
   auto softmax = [&](float* s, int j, float* alpha) {
     const int n0 = j * BN;
-    const bool edge = n0 + BN > Skv || (CAUSAL && n0 + BN - 1 > wgrow + off);
-#pragma unroll
-    for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n0 + jj * 8 + 2 * t + (e & 1), row = wrow + g + (e >> 1) * 8;
-        float x = s[jj * 4 + e] * a.scale_log2;
-        if (HAS_MASK && row < Sq && col < Skv)
-          x += kiln_attn_f(mask[b * a.msb + h * a.msh + row * a.msi + col * a.msj]) * KILN_LOG2E;
-        if (edge && (col >= Skv || (CAUSAL && col > row + off))) x = -KILN_ATTN_INF;
-        s[jj * 4 + e] = x;
-      }
+    kiln_attn_mask_fragment<BN, CAUSAL, HAS_MASK>(s, n0, wrow, pre, mask, b * a.msb + h * a.msh, a);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = mrow[r];
@@ -472,14 +578,14 @@ __device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, c
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       // A row with nothing visible yet keeps max -inf; shifting by 0 keeps its exps at 0.
-      const float base = mx == -KILN_ATTN_INF ? 0.f : mx;
-      alpha[r] = exp2f(mrow[r] - base);
+      const float base = mx == -KILN_ATTN_INF ? 0.f : mx * post;
+      alpha[r] = kiln_attn_ex2(fmaf(mrow[r], post, -base));
       mrow[r] = mx;
       float rs = 0.f;
 #pragma unroll
       for (int jj = 0; jj < BN / 8; ++jj) {
-        s[jj * 4 + 2 * r] = exp2f(s[jj * 4 + 2 * r] - base);
-        s[jj * 4 + 2 * r + 1] = exp2f(s[jj * 4 + 2 * r + 1] - base);
+        s[jj * 4 + 2 * r] = kiln_attn_ex2(fmaf(s[jj * 4 + 2 * r], post, -base));
+        s[jj * 4 + 2 * r + 1] = kiln_attn_ex2(fmaf(s[jj * 4 + 2 * r + 1], post, -base));
         rs += s[jj * 4 + 2 * r] + s[jj * 4 + 2 * r + 1];
       }
       lrow[r] = lrow[r] * alpha[r] + rs;
@@ -495,34 +601,41 @@ __device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, c
       pa[kk][3] = kiln_attn_pack(s[8 * kk + 6], s[8 * kk + 7], q);
     }
   };
-  if (nblocks > 0) load(sK, kp, a.ks, 0);
-  kiln_attn_commit();
+  if (cw == 1) their_turn();  // consumer 0 issues first
+  kiln_mbar_wait(bars.q_full(), 0);
   if (nblocks > 0) {
     // Step 0: S_0 and its softmax alone.
-    stage(0);
+    ready(bars.k_full(0), 0);
     float s[BN / 2], alpha[2];
+    my_turn();
     kiln_wg_fence();
     issue_s(s, 0);
+    their_turn();
     kiln_wg_wait<0>();
     kiln_wg_pin<BN / 2>(s);
+    kiln_mbar_arrive(bars.k_empty(0));
     softmax(s, 0, alpha);
     pack(s);
-    __syncthreads();
   }
   // Step j: S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} in flight together; the softmax of S_j
   // overlaps the P·V product, and O takes its rescale once that lands.
   for (int j = 1; j < nblocks; ++j) {
-    stage(j);
+    ready(bars.k_full(j & 1), j);
+    ready(bars.v_full((j - 1) & 1), j - 1);
     float s[BN / 2], alpha[2];
+    my_turn();
     kiln_wg_pin<D / 2>(o);
     kiln_wg_fence();
     issue_s(s, j);
     issue_pv(j - 1);
+    their_turn();
     kiln_wg_wait<1>();
     kiln_wg_pin<BN / 2>(s);
+    kiln_mbar_arrive(bars.k_empty(j & 1));
     softmax(s, j, alpha);
     kiln_wg_wait<0>();
     kiln_wg_pin<D / 2>(o);
+    kiln_mbar_arrive(bars.v_empty((j - 1) & 1));
 #pragma unroll
     for (int d = 0; d < D / 8; ++d) {
       o[d * 4 + 0] *= alpha[0];
@@ -531,17 +644,18 @@ __device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, c
       o[d * 4 + 3] *= alpha[1];
     }
     pack(s);
-    __syncthreads();
   }
   if (nblocks > 0) {
-    stage(nblocks);
+    ready(bars.v_full((nblocks - 1) & 1), nblocks - 1);
+    my_turn();
     kiln_wg_pin<D / 2>(o);
     kiln_wg_fence();
     issue_pv(nblocks - 1);
+    their_turn();
     kiln_wg_wait<0>();
     kiln_wg_pin<D / 2>(o);
   }
-  kiln_attn_wait<0>();
+  if (cw == 0) my_turn();  // takes consumer 1's last hand-over, so no barrier is left pending
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = lrow[r];
@@ -558,6 +672,9 @@ __device__ __forceinline__ void kiln_flash_attn_wgmma(const T* __restrict__ q, c
 }
 #endif
 )";
+
+/// Shared-memory bytes of the warp-specialized kernel's mbarriers (9 of 8 bytes).
+constexpr int64_t kWsBarrierBytes = 72;
 
 /// One wgmma wrapper specialization (sm_90a source): `rs` takes A from registers and B
 /// N-major (O += P·V), else both from shared memory K-major with a zeroing flag (S = Q·Kᵀ).
@@ -720,19 +837,15 @@ Status Lowerer::attention(const Node& n) {
     return ok_status();
   }
   if (source_.find("#define KILN_ATTN_HELPERS") == std::string::npos) source_ += kHelpers;
-  // Hopper plans launch the wgmma kernel's shape (2 warpgroups, 128 rows); its sm_90a image runs
-  // it, other images of the same plan (compute_90 PTX) the mma.sync kernel as 8 warps of 16 rows.
+  // Hopper plans launch the warp-specialized wgmma kernel's shape (3 warpgroups, 128 rows); its
+  // sm_90a image runs it, other images of the same plan (compute_90 PTX) the mma.sync kernel on
+  // the first 8 warps, 16 rows each.
   const bool wgmma = mma && opts_.target.rfind("cuda-sm90", 0) == 0;
-  // Keys per block of the wgmma kernel: 128 (K and V double-buffered: 164 KB of shared memory
-  // at head dim 128, one block per SM). Measurement knob KILN_ATTN_BN="64[:2]" halves the K/V
-  // tiles (104 KB) and optionally bounds registers for two blocks per SM, whose softmax and
-  // MMAs can then overlap.
-  const char* bn_env = std::getenv("KILN_ATTN_BN");
-  const std::string bn_knob = bn_env ? bn_env : "";
-  const int64_t bm = mma ? 128 : 32, bn = bn_knob.rfind("64", 0) == 0 ? 64 : 128;
-  const int64_t min_blocks = bn == 64 && bn_knob == "64:2" ? 2 : 1;
+  // Keys per block of the wgmma kernel: 128, K and V double-buffered (164 KB of shared memory at
+  // head dim 128 with the 1 KB alignment slack and the mbarriers: one block per SM).
+  const int64_t bm = mma ? 128 : 32, bn = 128;
   int64_t smem = mma ? (bm + 4 * 64) * (d + 8) * 2 : (bm * d + 32 * (d + 1) + 32 * dv) * 4;
-  if (wgmma) smem = std::max(smem, (bm * d + 4 * bn * d) * 2 + 1024);
+  if (wgmma) smem = std::max(smem, (bm * d + 4 * bn * d) * 2 + 1024 + kWsBarrierBytes);
   const std::string name = kernel_name("attention");
   const std::string flags = std::string(causal ? "true" : "false") + ", " + (has_mask ? "true" : "false") + ", " + mt;
   const std::string call = "(q, k, v, " + std::string(has_mask ? "mask" : "(const float*)nullptr") + ", y, a);\n";
@@ -743,9 +856,10 @@ Status Lowerer::attention(const Node& n) {
       const std::string key = std::string(rs ? "kiln_wgmma_rs<" : "kiln_wgmma_ss<") + std::to_string(w) + ", " + st + ">(";
       if (source_.find(key) == std::string::npos) source_ += wgmma_wrapper(rs, w, st);
     }
-    body = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n  kiln_flash_attn_wgmma<" + st + ", " + std::to_string(d) + ", " +
-           std::to_string(bn) + ", " + flags + ">" + call + "#else\n  kiln_flash_attn<" + st + ", " +
-           std::to_string(d) + ", " + flags + ", 1, 8>" + call + "#endif\n";
+    // Threads that exit do not hold up the mma.sync kernel's barriers.
+    body = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n  kiln_flash_attn_ws<" + st + ", " + std::to_string(d) + ", " +
+           std::to_string(bn) + ", " + flags + ">" + call + "#else\n  if (threadIdx.x >= 256) return;\n  kiln_flash_attn<" +
+           st + ", " + std::to_string(d) + ", " + flags + ", 1, 8>" + call + "#endif\n";
   } else {
     body = "  " + (mma ? "kiln_flash_attn<" + st + ", " + std::to_string(d)
                        : "kiln_attn_generic<" + st + ", " + std::to_string(d) + ", " + std::to_string(dv)) +
@@ -756,8 +870,9 @@ Status Lowerer::attention(const Node& n) {
   for (int64_t m : ms) args += ", " + int_literal(m);
   for (const Sizes& s3 : qkvy)
     for (int64_t x : s3) args += ", " + int_literal(x);
-  const int64_t threads = wgmma ? 256 : mma ? 128 : 256;
-  const std::string bounds = std::to_string(threads) + (min_blocks > 1 ? ", " + std::to_string(min_blocks) : "");
+  const int64_t threads = wgmma ? 384 : mma ? 128 : 256;
+  // setmaxnreg needs a register cap at entry: the explicit one block per SM.
+  const std::string bounds = std::to_string(threads) + (wgmma ? ", 1" : "");
   const std::string text = "extern \"C\" __global__ void __launch_bounds__(" + bounds + ") " + name +
                            "(const " + st + "* q, const " + st + "* k, const " + st + "* v, " +
                            (has_mask ? "const " + mt + "* mask, " : std::string()) + st +
