@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -86,6 +87,28 @@ TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm abov
   CHECK(s[1].find("m=65 n=64 k=256") != std::string::npos);
   CHECK(s[1].find("trans_b=1") != std::string::npos);
   CHECK(s[1].find("epilogue=bias") != std::string::npos);
+}
+
+TEST_CASE("matmul_int4: KILN_INT4_RING=S (measurements) moves the weights of M <= 8 through a shared-memory ring") {
+  LoweringOptions hopper;
+  hopper.target = "cuda-sm90: target sm_90a";
+  hopper.max_smem_per_block = 232448;  // the sm90 plugin's limit
+  setenv("KILN_INT4_RING", "6", 1);
+  const LoweredGraph m1 = lower_text(int4_graph(1, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
+  const LoweredGraph m16 = lower_text(int4_graph(16, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
+  setenv("KILN_INT4_RING", "9", 1);  // 288 KB: does not fit, ignored
+  const LoweredGraph big = lower_text(int4_graph(1, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
+  unsetenv("KILN_INT4_RING");
+  // x: 8 super-chunks x 4 K-warps x (256 + 16) x 2 bytes, corrections 8 x 8 x 8 x 4 bytes; then
+  // the ring: 512 lanes x 6 slots x 2 k-blocks x 2 rows x 16 bytes.
+  const int64_t x_and_corr = 8 * 4 * 272 * 2 + 8 * 8 * 8 * 4;
+  CHECK(steps(m1.plan)[0].find("smem=" + std::to_string(x_and_corr + 512 * 6 * 2 * 2 * 16) + " ") != std::string::npos);
+  CHECK(m1.source.find("constexpr int RING = 6;") != std::string::npos);
+  CHECK(m1.source.find("kiln_i4_smem + " + std::to_string(x_and_corr) + ")") != std::string::npos);
+  compiles_everywhere(m1);
+  // M = 16 stages x per super-chunk (no all-of-x staging), and a ring that does not fit: no ring.
+  CHECK(m16.source.find("constexpr int RING = 0;") != std::string::npos);
+  CHECK(big.source.find("constexpr int RING = 0;") != std::string::npos);
 }
 
 TEST_CASE("matmul_int4: every kernel variant compiles for sm_80, sm_90a and sm_100a") {

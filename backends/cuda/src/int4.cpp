@@ -78,6 +78,7 @@ __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
 }
 __device__ __forceinline__ void kiln_i4_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void kiln_i4_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void kiln_i4_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void kiln_i4_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 #endif
 )";
@@ -203,6 +204,10 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   constexpr bool XALL = $XALL;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
+  // RING > 0 (with XALL): the weights travel through a per-lane ring of RING super-chunks in
+  // shared memory by cp.async instead of through registers, so more bytes are in flight than
+  // the registers could hold; each lane reads back only what it copied (no barriers).
+  constexpr int RING = $RING;
   // PERM: x chunks are reordered once in shared memory instead of by byte permutes at each read
   // (the lowering's choice: up to two n8 tiles).
   constexpr bool PERM = $PERM;
@@ -239,8 +244,10 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     for (int d = 0; d < D; ++d) {
       const bool kin = sc < sc1 && (KFULL || sc * SCK + kl + d * 128 < K), oka = kin && ina, okb = kin && inb;
       const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
-      q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
-      q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
+      if (!RING) {
+        q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
+        q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
+      }
       q.sa[d] = oka ? kiln_i4_f(spa[so]) : 0.f;
       q.sb[d] = okb ? kiln_i4_f(spb[so]) : 0.f;
       q.za[d] = ASYM && oka ? kiln_i4_f(zpa[so]) : 0.f;
@@ -323,7 +330,34 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
   // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
+  uint4* ring = reinterpret_cast<uint4*>(kiln_i4_smem + $RINGOFF);
+  // Super-chunk sc's weights into ring slot (sc - sc0) % RING: one cp.async group per call,
+  // empty past the end so that the group count stays uniform.
+  auto ring_issue = [&](int sc) {
+    if (sc < sc1) {
+      const int slot = (sc - sc0) % (RING > 0 ? RING : 1);
+      #pragma unroll
+      for (int d = 0; d < D; ++d) {
+        const bool kin = KFULL || sc * SCK + kl + d * 128 < K, oka = kin && ina, okb = kin && inb;
+        const int wo = sc * (SCK / 2) + d * 64;
+        kiln_i4_cp16(ring + ((slot * D + d) * 2 + 0) * NT + threadIdx.x, oka ? wpa + wo : wpa, oka);
+        kiln_i4_cp16(ring + ((slot * D + d) * 2 + 1) * NT + threadIdx.x, okb ? wpb + wo : wpb, okb);
+      }
+    }
+    kiln_i4_commit();
+  };
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
+    uint4 wra[D], wrb[D];  // RING: this super-chunk's weights, read back from the ring
+    if (RING) {
+      kiln_i4_wait<(RING > 0 ? RING - 1 : 0)>();
+      const int slot = (sc - sc0) % (RING > 0 ? RING : 1);
+      #pragma unroll
+      for (int d = 0; d < D; ++d) {
+        wra[d] = ring[((slot * D + d) * 2 + 0) * NT + threadIdx.x];
+        wrb[d] = ring[((slot * D + d) * 2 + 1) * NT + threadIdx.x];
+      }
+      ring_issue(sc + RING);  // into the slot just read
+    }
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
     if (XALL) {
       buf = sc - sc0;
@@ -355,7 +389,7 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
             xv[j] = make_uint4(__byte_perm(xv[j].x, xv[j].z, 0x5410), __byte_perm(xv[j].x, xv[j].z, 0x7632),
                                __byte_perm(xv[j].y, xv[j].w, 0x5410), __byte_perm(xv[j].y, xv[j].w, 0x7632));
         }
-        const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
+        const unsigned wa = RING ? (&wra[d].x)[v] : (&use.a[d].x)[v], wb = RING ? (&wrb[d].x)[v] : (&use.b[d].x)[v];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
           unsigned af[4];
@@ -399,7 +433,13 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   if (XALL) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
-    kiln_i4_wait0();
+    if (RING) {
+      #pragma unroll
+      for (int p = 0; p < (RING > 0 ? RING : 1); ++p) ring_issue(sc0 + p);
+      kiln_i4_wait<(RING > 0 ? RING : 0)>();  // x landed; the ring's groups may still be in flight
+    } else {
+      kiln_i4_wait0();
+    }
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
   } else {
@@ -556,7 +596,16 @@ Status Lowerer::matmul_int4(const Node& n) {
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const char* xall_env = std::getenv("KILN_INT4_XALL");
     const bool xall = m <= 8 && smem_for(kc, kw, per) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
-    const int64_t smem = smem_for(kc, kw, xall ? per : pf + 1);
+    int64_t smem = smem_for(kc, kw, xall ? per : pf + 1);
+    // Measurement knob KILN_INT4_RING=S (with xall): weights through a per-lane shared-memory ring
+    // of S super-chunks after the x buffers; ignored where it does not fit.
+    int64_t ring = 0, ring_off = 0;
+    if (const char* e = std::getenv("KILN_INT4_RING"); e && xall) {
+      const int64_t sr = std::atoll(e);
+      const int64_t x_bytes = per * kw * m * (kc + 16) * 2, corr_bytes = per * (kw * kc / 128) * ((m + 7) / 8 * 8) * 4;
+      const int64_t off = (x_bytes + corr_bytes + 15) / 16 * 16, bytes = 128 * kw * sr * (kc / 128) * 2 * 16;
+      if (sr >= 1 && sr <= 16 && std::max(smem, off + bytes) <= smem_limit()) ring = sr, ring_off = off, smem = std::max(smem, off + bytes);
+    }
     // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
     // comparisons): above, the reordering pass was measured slower with the Σx sums it then did.
     const char* perm_env = std::getenv("KILN_INT4_PERM");
@@ -564,7 +613,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
-                               {"$MINB", std::to_string(minb)}});
+                               {"$MINB", std::to_string(minb)}, {"$RINGOFF", std::to_string(ring_off)}, {"$RING", std::to_string(ring)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
