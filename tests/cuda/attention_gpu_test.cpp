@@ -2,7 +2,8 @@
 // tensor-core path (head dims 64 and 128; on the H200 the wgmma kernel), f32 and odd head dims
 // on the CUDA-core path; causal and not, grouped-query heads, masks, odd sequence lengths,
 // Sq != Skv, several Q blocks and KV tiles, and q/k/v read from and the result written to
-// [B, S, H, D] through the transposes the lowering absorbs. Exits 77 (skip) without a GPU.
+// [B, S, H, D] through the transposes the lowering absorbs; on the H200 also the plan's
+// portable compute_90 image, which runs the mma.sync kernel. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -149,6 +150,20 @@ int main() {
       failures += report_case(name, gpu_matches_reference(transposed_text(c, in, out), "attention", 7, compare));
       ++total;
     }
+  // The same plan's portable image (compute_90 PTX, JIT-compiled here) runs the mma.sync kernel,
+  // which sm80 and sm100 plans use too.
+  Options ptx;
+  ptx.set("images", std::vector<std::string>{"compute_90"});
+  const Case portable[] = {{"bf16", 1, 2, 1, 1030, 1030, 128, 128, true, ""}, {"f16", 1, 2, 2, 1000, 1300, 64, 64, true, ""},
+                           {"bf16", 2, 4, 2, 77, 130, 64, 64, true, ""}, {"f16", 1, 4, 1, 130, 77, 128, 128, false, "[1, 1, 130, 77]"},
+                           {"bf16", 2, 2, 2, 200, 200, 128, 128, true, "[200]"}};
+  for (const Case& c : portable) {
+    char name[180];
+    std::snprintf(name, sizeof name, "compute_90 image: %s b=%d hq=%d hkv=%d sq=%d skv=%d d=%d causal=%d mask=%s", c.dtype,
+                  c.b, c.hq, c.hkv, c.sq, c.skv, c.d, c.causal, *c.mask ? c.mask : "none");
+    failures += report_case(name, gpu_matches_reference(case_text(c), "attention", 9, compare, {}, ptx));
+    ++total;
+  }
   std::printf("%d of %d cases failed\n", failures, total);
   return failures == 0 ? 0 : 1;
 }

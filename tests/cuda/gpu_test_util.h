@@ -46,11 +46,12 @@ inline int start_gpu_test() {
 /// Checks one output against the reference's: "" when it passes, else why not.
 using OutputCheck = std::function<std::string(const Tensor& want, const Tensor& got)>;
 
-/// Runs the .kir graph `text` on `reference` and on `cuda-sm90` with the `given` inputs and
-/// random ones drawn with `seed` for the rest, and checks every output with `check`; "" when
-/// all pass, else why not.
+/// Runs the .kir graph `text` on `reference` and on `cuda-sm90` (with `cuda_options`, e.g. the
+/// images it builds) with the `given` inputs and random ones drawn with `seed` for the rest, and
+/// checks every output with `check`; "" when all pass, else why not.
 inline std::string gpu_matches_reference(const std::string& text, const std::string& source, uint64_t seed,
-                                         const OutputCheck& check, std::map<std::string, Tensor> given = {}) {
+                                         const OutputCheck& check, std::map<std::string, Tensor> given = {},
+                                         Options cuda_options = {}) {
   auto g = parse_graph(text, source);
   if (!g.ok()) return g.status().message();
   InputBindings b;
@@ -62,7 +63,7 @@ inline std::string gpu_matches_reference(const std::string& text, const std::str
   const Registry& reg = Registry::global();
   auto want = compile_and_run(**g, StageSpec{"reference", {}, {}}, reg, *inputs);
   if (!want.ok()) return "reference: " + want.status().message();
-  auto got = compile_and_run(**g, StageSpec{"cuda-sm90", {}, {}}, reg, *inputs);
+  auto got = compile_and_run(**g, StageSpec{"cuda-sm90", std::move(cuda_options), {}}, reg, *inputs);
   if (!got.ok()) return got.status().message();
   for (size_t i = 0; i < want->size(); ++i)
     if (std::string why = check((*want)[i], (*got)[i]); !why.empty()) return "output " + std::to_string(i) + ": " + why;

@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
     opts_.fp8 = caps_.fp8;
     opts_.max_smem_per_block = caps_.max_smem_per_block;
     opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
+    images_ = o.has("images") && !o.get_strings("images").empty() ? o.get_strings("images") : caps_.targets;
   }
 
   StatusOr<std::unique_ptr<Executable>> compile(const Graph& g) override {
@@ -140,9 +141,12 @@ class CudaBackend final : public Backend {
   }
 
   const Capabilities& caps() const { return caps_; }
+  /// The images an executable's artifact holds (the `images` option; default every target).
+  const std::vector<std::string>& images() const { return images_; }
 
  private:
   Capabilities caps_;
+  std::vector<std::string> images_;
   LoweringOptions opts_;
   bool keep_source_;
   bool autotune_ = false;
@@ -172,9 +176,9 @@ StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs
     ArtifactContents art;
     art.meta = {{"kiln_version", KILN_VERSION_STRING}, {"created_by", "kiln run"}, {"targets", ""}};
     std::string targets;
-    for (const std::string& t : backend_->caps().targets) targets += (targets.empty() ? "" : ",") + t;
+    for (const std::string& t : backend_->images()) targets += (targets.empty() ? "" : ",") + t;
     art.meta["targets"] = targets;
-    KILN_RETURN_IF_ERROR(backend_->build_artifact(*g, backend_->caps().targets, art));
+    KILN_RETURN_IF_ERROR(backend_->build_artifact(*g, backend_->images(), art));
     const std::string bytes = serialize_artifact(art);
     if (runtime_ == nullptr) {
       kiln_runtime_options o;
@@ -349,10 +353,21 @@ Status register_backend(Registry& r, const Capabilities& caps) {
                    "the plan (cached in the kernel cache)"},
                   {"keep-source", OptionType::kBool, true, "store the generated CUDA source in artifacts"},
                   {"conv", OptionType::kString, std::string("cudnn"),
-                   "convolutions through cudnn (needs libcudnn.so.9 at run time) or gemm (im2col + cuBLASLt)"}};
+                   "convolutions through cudnn (needs libcudnn.so.9 at run time) or gemm (im2col + cuBLASLt)"},
+                  {"images", OptionType::kStringList, std::vector<std::string>{},
+                   "the kernel images `kiln run` builds, a subset of the plugin's targets (default all; the runtime "
+                   "loads the best one for the GPU): e.g. [compute_90] runs the portable PTX path"}};
   info.create = [caps](const Options& o) -> StatusOr<std::unique_ptr<Backend>> {
     if (o.has("conv") && o.get_string("conv") != "cudnn" && o.get_string("conv") != "gemm")
       return invalid_argument(caps.plugin + ": option conv='" + o.get_string("conv") + "' is not cudnn or gemm");
+    if (o.has("images"))
+      for (const std::string& t : o.get_strings("images"))
+        if (std::find(caps.targets.begin(), caps.targets.end(), t) == caps.targets.end()) {
+          std::string known;
+          for (const std::string& k : caps.targets) known += (known.empty() ? "" : ", ") + k;
+          return invalid_argument(caps.plugin + ": option images names '" + t + "', not one of its targets (" + known +
+                                  ")");
+        }
     return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(caps, o));
   };
   return r.add_backend(std::move(info));

@@ -7,7 +7,8 @@
 
 namespace kiln::cuda {
 
-/// Registers a backend named caps.plugin with options allow-tf32 and keep-source.
+/// Registers a backend named caps.plugin with options allow-tf32, autotune, keep-source, conv and
+/// images.
 Status register_backend(Registry& r, const Capabilities& caps);
 
 }  // namespace kiln::cuda
