@@ -129,6 +129,33 @@ __device__ __forceinline__ void kiln_attn_mask_fragment(float* s, int n0, int ro
       }
   }
 }
+// The online-softmax step on one warp's 16-row fragment of S (layout as above) after masking:
+// per row half r (rows g and g + 8, over the lane quad) the new running max mrow[r], alpha[r]
+// that rescales the old sum and output, s exponentiated in place (2^(post·s - post·max)), and
+// the running sum lrow[r].
+template <int BN>
+__device__ __forceinline__ void kiln_attn_softmax_fragment(float* s, float* mrow, float* lrow, float post, float* alpha) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = mrow[r];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * r], s[j * 4 + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    // A row with nothing visible yet keeps max -inf; shifting by 0 keeps its exps at 0.
+    const float base = mx == -KILN_ATTN_INF ? 0.f : mx * post;
+    alpha[r] = kiln_attn_ex2(fmaf(mrow[r], post, -base));
+    mrow[r] = mx;
+    float rs = 0.f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      s[j * 4 + 2 * r] = kiln_attn_ex2(fmaf(s[j * 4 + 2 * r], post, -base));
+      s[j * 4 + 2 * r + 1] = kiln_attn_ex2(fmaf(s[j * 4 + 2 * r + 1], post, -base));
+      rs += s[j * 4 + 2 * r] + s[j * 4 + 2 * r + 1];
+    }
+    lrow[r] = lrow[r] * alpha[r] + rs;
+  }
+}
 // Copies a tile of R rows x D columns (16-bit) into shared memory with NT threads: thread tid
 // (of 0..NT-1) always takes the 16-byte column chunk tid % (D / 8) of rows tid / (D / 8) + i·(NT / (D / 8)),
 // so its shared and global addresses advance by constants (SW(r, c) gives the shared element
@@ -238,30 +265,14 @@ __device__ __forceinline__ void kiln_flash_attn(const T* __restrict__ q, const T
         kiln_attn_mask_fragment<BN, CAUSAL, HAS_MASK>(&s[m][0][0], n0, wrow + m * 16, pre, mask, b * a.msb + h * a.msh, a);
 #pragma unroll
       for (int m = 0; m < WM; ++m) {
+        float alpha[2];
+        kiln_attn_softmax_fragment<BN>(&s[m][0][0], mrow[m], lrow[m], post, alpha);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = mrow[m][r];
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * r], s[m][j][2 * r + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-          // A row with nothing visible yet keeps max -inf; shifting by 0 keeps its exps at 0.
-          const float base = mx == -KILN_ATTN_INF ? 0.f : mx * post;
-          const float alpha = kiln_attn_ex2(fmaf(mrow[m][r], post, -base));
-          mrow[m][r] = mx;
-          float rs = 0.f;
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            s[m][j][2 * r] = kiln_attn_ex2(fmaf(s[m][j][2 * r], post, -base));
-            s[m][j][2 * r + 1] = kiln_attn_ex2(fmaf(s[m][j][2 * r + 1], post, -base));
-            rs += s[m][j][2 * r] + s[m][j][2 * r + 1];
-          }
-          lrow[m][r] = lrow[m][r] * alpha + rs;
-#pragma unroll
-          for (int d = 0; d < D / 8; ++d) {
-            o[m][d][2 * r] *= alpha;
-            o[m][d][2 * r + 1] *= alpha;
-          }
+        for (int d = 0; d < D / 8; ++d) {
+          o[m][d][0] *= alpha[0];
+          o[m][d][1] *= alpha[0];
+          o[m][d][2] *= alpha[1];
+          o[m][d][3] *= alpha[1];
         }
       }
 #pragma unroll
@@ -570,26 +581,7 @@ __device__ __forceinline__ void kiln_flash_attn_ws_consumer(const T* __restrict_
   auto softmax = [&](float* s, int j, float* alpha) {
     const int n0 = j * BN;
     kiln_attn_mask_fragment<BN, CAUSAL, HAS_MASK>(s, n0, wrow, pre, mask, b * a.msb + h * a.msh, a);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = mrow[r];
-#pragma unroll
-      for (int jj = 0; jj < BN / 8; ++jj) mx = fmaxf(mx, fmaxf(s[jj * 4 + 2 * r], s[jj * 4 + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      // A row with nothing visible yet keeps max -inf; shifting by 0 keeps its exps at 0.
-      const float base = mx == -KILN_ATTN_INF ? 0.f : mx * post;
-      alpha[r] = kiln_attn_ex2(fmaf(mrow[r], post, -base));
-      mrow[r] = mx;
-      float rs = 0.f;
-#pragma unroll
-      for (int jj = 0; jj < BN / 8; ++jj) {
-        s[jj * 4 + 2 * r] = kiln_attn_ex2(fmaf(s[jj * 4 + 2 * r], post, -base));
-        s[jj * 4 + 2 * r + 1] = kiln_attn_ex2(fmaf(s[jj * 4 + 2 * r + 1], post, -base));
-        rs += s[jj * 4 + 2 * r] + s[jj * 4 + 2 * r + 1];
-      }
-      lrow[r] = lrow[r] * alpha[r] + rs;
-    }
+    kiln_attn_softmax_fragment<BN>(s, mrow, lrow, post, alpha);
   };
   // Per k-step of 16 keys the m16n8k16 A fragment, from two n8 chunks of S.
   auto pack = [&](const float* s) {
