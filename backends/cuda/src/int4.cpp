@@ -77,9 +77,8 @@ __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
 }
 __device__ __forceinline__ void kiln_i4_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void kiln_i4_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+// Waits until at most N of this thread's cp.async groups are pending.
 template <int N> __device__ __forceinline__ void kiln_i4_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void kiln_i4_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 #endif
 )";
 
@@ -208,6 +207,7 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   // shared memory by cp.async instead of through registers, so more bytes are in flight than
   // the registers could hold; each lane reads back only what it copied (no barriers).
   constexpr int RING = $RING;
+  constexpr int SLOTS = RING > 0 ? RING : 1;  // ring slots; 1 when off, so the slot modulo is defined
   // PERM: x chunks are reordered once in shared memory instead of by byte permutes at each read
   // (the lowering's choice: up to two n8 tiles).
   constexpr bool PERM = $PERM;
@@ -239,10 +239,12 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     float sa[D], sb[D], za[D], zb[D];
   };
   // The weights, scales and zeros of super-chunk sc for this lane (zeros past K or N).
+  // Whether k-block d of super-chunk sc holds this lane's k (K may end inside a super-chunk).
+  auto k_in = [&](int sc, int d) { return KFULL || sc * SCK + kl + d * 128 < K; };
   auto load = [&](int sc, Group& q) {
     #pragma unroll
     for (int d = 0; d < D; ++d) {
-      const bool kin = sc < sc1 && (KFULL || sc * SCK + kl + d * 128 < K), oka = kin && ina, okb = kin && inb;
+      const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina, okb = kin && inb;
       const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
       if (!RING) {
         q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
@@ -335,10 +337,10 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   // empty past the end so that the group count stays uniform.
   auto ring_issue = [&](int sc) {
     if (sc < sc1) {
-      const int slot = (sc - sc0) % (RING > 0 ? RING : 1);
+      const int slot = (sc - sc0) % SLOTS;
       #pragma unroll
       for (int d = 0; d < D; ++d) {
-        const bool kin = KFULL || sc * SCK + kl + d * 128 < K, oka = kin && ina, okb = kin && inb;
+        const bool kin = k_in(sc, d), oka = kin && ina, okb = kin && inb;
         const int wo = sc * (SCK / 2) + d * 64;
         kiln_i4_cp16(ring + ((slot * D + d) * 2 + 0) * NT + threadIdx.x, oka ? wpa + wo : wpa, oka);
         kiln_i4_cp16(ring + ((slot * D + d) * 2 + 1) * NT + threadIdx.x, okb ? wpb + wo : wpb, okb);
@@ -349,8 +351,8 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
     uint4 wra[D], wrb[D];  // RING: this super-chunk's weights, read back from the ring
     if (RING) {
-      kiln_i4_wait<(RING > 0 ? RING - 1 : 0)>();
-      const int slot = (sc - sc0) % (RING > 0 ? RING : 1);
+      kiln_i4_wait<SLOTS - 1>();
+      const int slot = (sc - sc0) % SLOTS;
       #pragma unroll
       for (int d = 0; d < D; ++d) {
         wra[d] = ring[((slot * D + d) * 2 + 0) * NT + threadIdx.x];
@@ -364,7 +366,7 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     } else {
       if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
       kiln_i4_commit();
-      kiln_i4_wait1();
+      kiln_i4_wait<1>();
       prep(buf);
       __syncthreads();
     }
@@ -435,10 +437,10 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     kiln_i4_commit();
     if (RING) {
       #pragma unroll
-      for (int p = 0; p < (RING > 0 ? RING : 1); ++p) ring_issue(sc0 + p);
-      kiln_i4_wait<(RING > 0 ? RING : 0)>();  // x landed; the ring's groups may still be in flight
+      for (int p = 0; p < SLOTS; ++p) ring_issue(sc0 + p);
+      kiln_i4_wait<SLOTS>();  // x landed; the ring's groups may still be in flight
     } else {
-      kiln_i4_wait0();
+      kiln_i4_wait<0>();
     }
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
@@ -573,9 +575,11 @@ Status Lowerer::matmul_int4(const Node& n) {
     int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1;
     // nb x buffers (super-chunks) of KW parts and their per-k-block corrections; the final
     // hand-over of KW - 1 warps' sums reuses them.
+    auto x_corr_bytes = [&](int64_t c, int64_t w, int64_t nb) {
+      return nb * w * m * (c + 16) * 2 + nb * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
+    };
     auto smem_for = [&](int64_t c, int64_t w, int64_t nb) {
-      const int64_t x_bytes = nb * w * m * (c + 16) * 2, corr_bytes = nb * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
-      return std::max<int64_t>(x_bytes + corr_bytes, (w - 1) * 2048 * ((m + 7) / 8));
+      return std::max<int64_t>(x_corr_bytes(c, w, nb), (w - 1) * 2048 * ((m + 7) / 8));
     };
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
@@ -602,8 +606,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     int64_t ring = 0, ring_off = 0;
     if (const char* e = std::getenv("KILN_INT4_RING"); e && xall) {
       const int64_t sr = std::atoll(e);
-      const int64_t x_bytes = per * kw * m * (kc + 16) * 2, corr_bytes = per * (kw * kc / 128) * ((m + 7) / 8 * 8) * 4;
-      const int64_t off = (x_bytes + corr_bytes + 15) / 16 * 16, bytes = 128 * kw * sr * (kc / 128) * 2 * 16;
+      const int64_t off = (x_corr_bytes(kc, kw, per) + 15) / 16 * 16, bytes = 128 * kw * sr * (kc / 128) * 2 * 16;
       if (sr >= 1 && sr <= 16 && std::max(smem, off + bytes) <= smem_limit()) ring = sr, ring_off = off, smem = std::max(smem, off + bytes);
     }
     // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
