@@ -45,6 +45,13 @@ std::string arch_digits(const std::string& name) {
   return d;
 }
 
+/// The names in `v` separated by `sep`.
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (const std::string& x : v) out += (out.empty() ? "" : sep) + x;
+  return out;
+}
+
 /// The speedup of a choice over the library's own, for the summary.
 double speedup(const TunedChoice& c) { return c.best_ms > 0 ? c.heuristic_ms / c.best_ms : 1.0; }
 
@@ -100,11 +107,9 @@ class CudaBackend final : public Backend {
 
   Status build_artifact(const Graph& g, const std::vector<std::string>& targets, ArtifactContents& out) override {
     for (const std::string& t : targets)
-      if (std::find(caps_.targets.begin(), caps_.targets.end(), t) == caps_.targets.end()) {
-        std::string known;
-        for (const std::string& k : caps_.targets) known += (known.empty() ? "" : ", ") + k;
-        return invalid_argument(caps_.plugin + ": cannot build for target '" + t + "'; it builds " + known);
-      }
+      if (std::find(caps_.targets.begin(), caps_.targets.end(), t) == caps_.targets.end())
+        return invalid_argument(caps_.plugin + ": cannot build for target '" + t + "'; it builds " +
+                                joined(caps_.targets, ", "));
     // One plan serves every target: a generation added after another follows that plan's FP8
     // choice (a plan without FP8 GEMMs runs anywhere; one with them cannot run here without FP8).
     LoweringOptions opts = opts_;
@@ -174,10 +179,8 @@ StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs
     std::unique_ptr<Graph> g = graph_->clone();
     KILN_RETURN_IF_ERROR(bind_symbols(*g, symbols).with_context(who));
     ArtifactContents art;
-    art.meta = {{"kiln_version", KILN_VERSION_STRING}, {"created_by", "kiln run"}, {"targets", ""}};
-    std::string targets;
-    for (const std::string& t : backend_->images()) targets += (targets.empty() ? "" : ",") + t;
-    art.meta["targets"] = targets;
+    art.meta = {{"kiln_version", KILN_VERSION_STRING}, {"created_by", "kiln run"},
+                {"targets", joined(backend_->images(), ",")}};
     KILN_RETURN_IF_ERROR(backend_->build_artifact(*g, backend_->images(), art));
     const std::string bytes = serialize_artifact(art);
     if (runtime_ == nullptr) {
@@ -362,12 +365,9 @@ Status register_backend(Registry& r, const Capabilities& caps) {
       return invalid_argument(caps.plugin + ": option conv='" + o.get_string("conv") + "' is not cudnn or gemm");
     if (o.has("images"))
       for (const std::string& t : o.get_strings("images"))
-        if (std::find(caps.targets.begin(), caps.targets.end(), t) == caps.targets.end()) {
-          std::string known;
-          for (const std::string& k : caps.targets) known += (known.empty() ? "" : ", ") + k;
-          return invalid_argument(caps.plugin + ": option images names '" + t + "', not one of its targets (" + known +
-                                  ")");
-        }
+        if (std::find(caps.targets.begin(), caps.targets.end(), t) == caps.targets.end())
+          return invalid_argument(caps.plugin + ": option images names '" + t + "', not one of its targets (" +
+                                  joined(caps.targets, ", ") + ")");
     return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(caps, o));
   };
   return r.add_backend(std::move(info));
