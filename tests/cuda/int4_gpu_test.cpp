@@ -2,7 +2,8 @@
 // at M = 1..64 across its boundaries (MN tiles 8/9, KC 512/256 at 32/33), with and without the
 // K split across blocks, N and K off the tiles, group sizes 32/64/128, symmetric (post-scaled
 // at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65,
-// 200 (dequantize + gemm). Exits 77 (skip) without a GPU.
+// 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at M = 9..16. Exits 77 (skip)
+// without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -79,6 +80,10 @@ int main() {
     run(m, 8500, 512, 128, false, "bf16", m != 16);
     run(m, 8500, 512, 64, true, "f16", m == 16);
   }
+  // N = 8000, K = 8064 at M = 13 / 16: on cuda-sm90 63 blocks of 128 rows, K split in two whose
+  // halves meet as a cluster pair (the last block holds 64 rows, the last super-chunk is partial).
+  run(13, 8000, 8064, 128, false, "bf16", true);
+  run(16, 8000, 8064, 32, true, "f16", false);
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

@@ -66,6 +66,50 @@ TEST_CASE("matmul_int4: small N splits K across blocks (memset, stream, sum)") {
   CHECK(steps(lower_text(int4_graph(1, 257, 1024, 32, false, "bf16", "bf16", false)).plan).size() == 1);
 }
 
+TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x staged once, halves meet as a cluster pair") {
+  LoweringOptions hopper;
+  hopper.target = "cuda-sm90: target sm_90a";
+  hopper.max_smem_per_block = 232448;  // the sm90 plugin's limit
+  // The sm_90 default at M = 16: 8 N-warps x 2 K-warps, 128 rows a block, 64 blocks of rows, so
+  // K splits in two; each half of x (8 super-chunks of 512) is staged once: 8 x 2 x 16 x
+  // (256 + 16) x 2 bytes, then the corrections (8 x 4 k-blocks x 16 columns x 4 bytes). sm_80
+  // plans get the same shape only through the knob.
+  const std::string g16 = int4_graph(16, 8192, 8192, 128, false, "bf16", "f16", true);
+  const LoweredGraph pair = lower_text(g16, hopper);
+  setenv("KILN_INT4_STREAM", "256:128:1:2:1:8", 1);
+  const LoweredGraph ampere = lower_text(g16);
+  setenv("KILN_INT4_PAIR", "0", 1);
+  const LoweredGraph scratch = lower_text(g16, hopper);
+  unsetenv("KILN_INT4_PAIR");
+  unsetenv("KILN_INT4_STREAM");
+  const int64_t x_and_corr = 8 * 2 * 16 * 272 * 2 + 8 * 4 * 16 * 4;
+  // The pair: one launch, the second block's sums (8 N-warps x 2 tiles x 4 x 32 floats) after x.
+  const std::vector<std::string> s = steps(pair.plan);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].find("grid=64,2,1 block=512,1,1 smem=" + std::to_string(x_and_corr + 8 * 2 * 512) + " ") != std::string::npos);
+  CHECK(pair.source.find("KILN_I4_PAIR_DIMS __launch_bounds__") != std::string::npos);
+  CHECK(pair.source.find("constexpr bool PAIR = true;") != std::string::npos);
+  CHECK(pair.source.find("constexpr bool XALL = true;") != std::string::npos);
+  CHECK(pair.source.find("constexpr int NW = 8, KW = 2,") != std::string::npos);
+  compiles_everywhere(pair);
+  // The same shape from M = 5 (two super-chunks in flight up to M = 8); M <= 4 keeps 64-row
+  // blocks without the split.
+  for (int64_t m : {4, 5, 8}) {
+    CAPTURE(m);
+    const std::vector<std::string> t = steps(lower_text(int4_graph(m, 8192, 8192, 128, false, "bf16", "f16", false), hopper).plan);
+    REQUIRE(t.size() == 1);
+    CHECK(t[0].find(m > 4 ? "grid=64,2,1 block=512,1,1" : "grid=128,1,1 block=512,1,1") != std::string::npos);
+  }
+  // Without clusters (sm_80 plans, or KILN_INT4_PAIR=0): memset, the stream kernel, the sum.
+  for (const LoweredGraph* l : {&ampere, &scratch}) {
+    const std::vector<std::string> t = steps(l->plan);
+    REQUIRE(t.size() == 3);
+    CHECK(t[1].find("grid=64,2,1 block=512,1,1 smem=" + std::to_string(x_and_corr) + " ") != std::string::npos);
+    CHECK(l->source.find("constexpr bool PAIR = false;") != std::string::npos);
+    CHECK(l->source.find("KILN_I4_PAIR_DIMS __launch_bounds__") == std::string::npos);
+  }
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);
@@ -87,28 +131,6 @@ TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm abov
   CHECK(s[1].find("m=65 n=64 k=256") != std::string::npos);
   CHECK(s[1].find("trans_b=1") != std::string::npos);
   CHECK(s[1].find("epilogue=bias") != std::string::npos);
-}
-
-TEST_CASE("matmul_int4: KILN_INT4_RING=S (measurements) moves the weights of M <= 8 through a shared-memory ring") {
-  LoweringOptions hopper;
-  hopper.target = "cuda-sm90: target sm_90a";
-  hopper.max_smem_per_block = 232448;  // the sm90 plugin's limit
-  setenv("KILN_INT4_RING", "6", 1);
-  const LoweredGraph m1 = lower_text(int4_graph(1, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
-  const LoweredGraph m16 = lower_text(int4_graph(16, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
-  setenv("KILN_INT4_RING", "9", 1);  // 288 KB: does not fit, ignored
-  const LoweredGraph big = lower_text(int4_graph(1, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
-  unsetenv("KILN_INT4_RING");
-  // x: 8 super-chunks x 4 K-warps x (256 + 16) x 2 bytes, corrections 8 x 8 x 8 x 4 bytes; then
-  // the ring: 512 lanes x 6 slots x 2 k-blocks x 2 rows x 16 bytes.
-  const int64_t x_and_corr = 8 * 4 * 272 * 2 + 8 * 8 * 8 * 4;
-  CHECK(steps(m1.plan)[0].find("smem=" + std::to_string(x_and_corr + 512 * 6 * 2 * 2 * 16) + " ") != std::string::npos);
-  CHECK(m1.source.find("constexpr int RING = 6;") != std::string::npos);
-  CHECK(m1.source.find("kiln_i4_smem + " + std::to_string(x_and_corr) + ")") != std::string::npos);
-  compiles_everywhere(m1);
-  // M = 16 stages x per super-chunk (no all-of-x staging), and a ring that does not fit: no ring.
-  CHECK(m16.source.find("constexpr int RING = 0;") != std::string::npos);
-  CHECK(big.source.find("constexpr int RING = 0;") != std::string::npos);
 }
 
 TEST_CASE("matmul_int4: every kernel variant compiles for sm_80, sm_90a and sm_100a") {

@@ -79,6 +79,30 @@ __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
 __device__ __forceinline__ void kiln_i4_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's cp.async groups are pending.
 template <int N> __device__ __forceinline__ void kiln_i4_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// Thread-block clusters (sm_90 on; the lowering only asks for them in sm_90 plans, and the
+// older images of a plan trap if they ever get here). Every thread of both blocks takes part in
+// each arrive / wait.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KILN_I4_CLUSTER_PTX(...) asm volatile(__VA_ARGS__)
+#define KILN_I4_PAIR_DIMS __cluster_dims__(1, 2, 1)
+#else
+#define KILN_I4_CLUSTER_PTX(...) __trap()
+#define KILN_I4_PAIR_DIMS
+#endif
+__device__ __forceinline__ void kiln_i4_cluster_arrive_relaxed() { KILN_I4_CLUSTER_PTX("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void kiln_i4_cluster_arrive() { KILN_I4_CLUSTER_PTX("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void kiln_i4_cluster_wait() { KILN_I4_CLUSTER_PTX("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ unsigned kiln_i4_cluster_rank() {
+  unsigned r = 0;
+  KILN_I4_CLUSTER_PTX("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// *p = v in the shared memory of cluster block `rank` (p: the same variable in this block).
+__device__ __forceinline__ void kiln_i4_st_peer(float* p, unsigned rank, float v) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  KILN_I4_CLUSTER_PTX("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nst.shared::cluster.f32 [r], %2;\n}\n" ::"r"(a),
+                      "r"(rank), "f"(v) : "memory");
+}
 #endif
 )";
 
@@ -159,12 +183,13 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // weights once at full HBM bandwidth. mma.sync m16n8k16 with A = dequantized weights (16 rows
 // of N) and B = x^T (8 rows of M per n8 tile), so M = 1..8 pads only to 8, not 16.
 //
-// Block: 128·KW threads = 4 N-warps x KW K-warps (KW 4 up to M = 16, else 2; see the lowering),
-// 64 weight rows (grid.x = N / 64). The block walks its K range in super-chunks of KW·KC; K-warp
-// wk takes KC of each (D = KC / 128 k-blocks), and the KW parts are summed through shared memory
-// at the end. grid.y splits K across blocks when N gives too few blocks for the SMs; the partial
-// sums then meet by atomicAdd in an f32 scratch and a second kernel adds the bias and rounds
-// (the lowering zeroes the scratch).
+// Block: 32·NW·KW threads = NW N-warps x KW K-warps (see the lowering: 4 x 4 up to M = 16, 8 x 2
+// at M = 9..16 on sm_90, 4 x 2 above), 16·NW weight rows (grid.x = N / (16 NW)). The block walks
+// its K range in super-chunks of KW·KC; K-warp wk takes KC of each (D = KC / 128 k-blocks), and
+// the KW parts are summed through shared memory at the end. grid.y splits K across blocks when N
+// gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32 scratch and
+// a second kernel adds the bias and rounds (the lowering zeroes the scratch), or, split in two
+// on sm_90, in the first block of a cluster pair (PAIR).
 // Memory parallelism: a warp loads all D k-blocks of the super-chunk PF ahead (2 x 16 B per lane
 // and k-block: 4 KB per warp at D = 4, 32 KB per SM and super-chunk with one block of 8 warps,
 // 256 B contiguous per row) into registers before it computes the current one; x for the next
@@ -191,11 +216,12 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // lop3 alone. Otherwise (groups 32/64, zeros) the dequantize applies (q - zero) * scale per
 // pair, a lane's 32 values being one group.
 const char* kStream = R"(
-extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
+extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
-  constexpr int KW = $KW, NT = 128 * KW, SCK = KW * KC;  // K-warps, threads, k per super-chunk
+  // N-warps (16 rows each), K-warps, rows per block, threads, k per super-chunk
+  constexpr int NW = $NW, KW = $KW, RB = 16 * NW, NT = 32 * NW * KW, SCK = KW * KC;
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   // PF super-chunks of weights in flight; PF + 1 register groups and x buffers in rotation.
   // XALL: all of the block's x (PER super-chunks) is staged and reordered once before the loop,
@@ -203,25 +229,26 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   constexpr bool XALL = $XALL;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
-  // RING > 0 (with XALL): the weights travel through a per-lane ring of RING super-chunks in
-  // shared memory by cp.async instead of through registers, so more bytes are in flight than
-  // the registers could hold; each lane reads back only what it copied (no barriers).
-  constexpr int RING = $RING;
-  constexpr int SLOTS = RING > 0 ? RING : 1;  // ring slots; 1 when off, so the slot modulo is defined
+  // PAIR (SPLIT = 2): the two halves of K run as one cluster of two blocks; the second hands its
+  // sums to the first through distributed shared memory, and the first adds them and stores y
+  // (no f32 scratch, no second kernel).
+  constexpr bool PAIR = $PAIR;
+  if (PAIR) kiln_i4_cluster_arrive_relaxed();  // waited for before the hand-over: both blocks run
   // PERM: x chunks are reordered once in shared memory instead of by byte permutes at each read
   // (the lowering's choice: up to two n8 tiles).
   constexpr bool PERM = $PERM;
-  // FOLD (POST, one n8 tile of x): the mma runs on the raw exponent-trick values
-  // p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being summed
-  // when x is reordered; above M = 8 that sum costs more than the per-pair subtraction it saves.
-  constexpr bool FOLD = POST && MN == 1;
-  constexpr bool KFULL = K % SCK == 0, NFULL = N % 64 == 0, MFULL = M % 8 == 0;
+  // FOLD (POST; one n8 tile of x, or x staged once): the mma runs on the raw exponent-trick
+  // values p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being
+  // summed when x is reordered; reordering per super-chunk above M = 8, that sum costs more than
+  // the per-pair subtraction it saves.
+  constexpr bool FOLD = POST && (MN == 1 || XALL);
+  constexpr bool KFULL = K % SCK == 0, NFULL = N % RB == 0, MFULL = M % 8 == 0;
   typedef $XT E;
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
   E* xs = reinterpret_cast<E*>(kiln_i4_smem);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp & 3, wk = warp >> 2, g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * 64 + wn * 16, ra = n0 + g, rb = n0 + g + 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp % NW, wk = warp / NW, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * RB + wn * 16, ra = n0 + g, rb = n0 + g + 8;
   const bool ina = NFULL || ra < N, inb = NFULL || rb < N;
   const int sc0 = blockIdx.y * PER, sc1 = min(sc0 + PER, NSC);
   // This lane's weight bytes and scale/zero entries at super-chunk 0; super-chunk sc adds
@@ -246,10 +273,8 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     for (int d = 0; d < D; ++d) {
       const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina, okb = kin && inb;
       const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
-      if (!RING) {
-        q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
-        q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
-      }
+      q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
+      q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
       q.sa[d] = oka ? kiln_i4_f(spa[so]) : 0.f;
       q.sb[d] = okb ? kiln_i4_f(spb[so]) : 0.f;
       q.za[d] = ASYM && oka ? kiln_i4_f(zpa[so]) : 0.f;
@@ -332,34 +357,7 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
   // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
-  uint4* ring = reinterpret_cast<uint4*>(kiln_i4_smem + $RINGOFF);
-  // Super-chunk sc's weights into ring slot (sc - sc0) % RING: one cp.async group per call,
-  // empty past the end so that the group count stays uniform.
-  auto ring_issue = [&](int sc) {
-    if (sc < sc1) {
-      const int slot = (sc - sc0) % SLOTS;
-      #pragma unroll
-      for (int d = 0; d < D; ++d) {
-        const bool kin = k_in(sc, d), oka = kin && ina, okb = kin && inb;
-        const int wo = sc * (SCK / 2) + d * 64;
-        kiln_i4_cp16(ring + ((slot * D + d) * 2 + 0) * NT + threadIdx.x, oka ? wpa + wo : wpa, oka);
-        kiln_i4_cp16(ring + ((slot * D + d) * 2 + 1) * NT + threadIdx.x, okb ? wpb + wo : wpb, okb);
-      }
-    }
-    kiln_i4_commit();
-  };
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
-    uint4 wra[D], wrb[D];  // RING: this super-chunk's weights, read back from the ring
-    if (RING) {
-      kiln_i4_wait<SLOTS - 1>();
-      const int slot = (sc - sc0) % SLOTS;
-      #pragma unroll
-      for (int d = 0; d < D; ++d) {
-        wra[d] = ring[((slot * D + d) * 2 + 0) * NT + threadIdx.x];
-        wrb[d] = ring[((slot * D + d) * 2 + 1) * NT + threadIdx.x];
-      }
-      ring_issue(sc + RING);  // into the slot just read
-    }
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
     if (XALL) {
       buf = sc - sc0;
@@ -391,7 +389,7 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
             xv[j] = make_uint4(__byte_perm(xv[j].x, xv[j].z, 0x5410), __byte_perm(xv[j].x, xv[j].z, 0x7632),
                                __byte_perm(xv[j].y, xv[j].w, 0x5410), __byte_perm(xv[j].y, xv[j].w, 0x7632));
         }
-        const unsigned wa = RING ? (&wra[d].x)[v] : (&use.a[d].x)[v], wb = RING ? (&wrb[d].x)[v] : (&use.b[d].x)[v];
+        const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
           unsigned af[4];
@@ -435,13 +433,7 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
   if (XALL) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
-    if (RING) {
-      #pragma unroll
-      for (int p = 0; p < SLOTS; ++p) ring_issue(sc0 + p);
-      kiln_i4_wait<SLOTS>();  // x landed; the ring's groups may still be in flight
-    } else {
-      kiln_i4_wait<0>();
-    }
+    kiln_i4_wait<0>();
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
   } else {
@@ -468,19 +460,37 @@ extern "C" __global__ void __launch_bounds__($KW * 128, $MINB) $NAME(const $XT* 
     #pragma unroll
     for (int j = 0; j < MN; ++j)
       #pragma unroll
-      for (int e = 0; e < 4; ++e) red[((((wk - 1) * 4 + wn) * MN + j) * 4 + e) * 32 + lane] = acc[j][e];
+      for (int e = 0; e < 4; ++e) red[((((wk - 1) * NW + wn) * MN + j) * 4 + e) * 32 + lane] = acc[j][e];
   __syncthreads();
   if (wk == 0)
     #pragma unroll
     for (int j = 0; j < MN; ++j)
       #pragma unroll
+      for (int e = 0; e < 4; ++e)
+        #pragma unroll
+        for (int o = 1; o < KW; ++o) acc[j][e] += red[((((o - 1) * NW + wn) * MN + j) * 4 + e) * 32 + lane];
+  float* peer = reinterpret_cast<float*>(kiln_i4_smem + $PAIROFF);  // PAIR: the second block's sums
+  bool last = true;  // whether this block writes y (or the split-K scratch)
+  if (PAIR) {
+    kiln_i4_cluster_wait();
+    last = kiln_i4_cluster_rank() == 0;
+    if (wk == 0 && !last)
+      #pragma unroll
+      for (int j = 0; j < MN; ++j)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) kiln_i4_st_peer(peer + ((wn * MN + j) * 4 + e) * 32 + lane, 0, acc[j][e]);
+    kiln_i4_cluster_arrive();
+    kiln_i4_cluster_wait();
+  }
+  if (wk == 0 && last)
+    #pragma unroll
+    for (int j = 0; j < MN; ++j)
+      #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int n = n0 + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
-        float v = acc[j][e];
-        #pragma unroll
-        for (int o = 1; o < KW; ++o) v += red[((((o - 1) * 4 + wn) * MN + j) * 4 + e) * 32 + lane];
+        const float v = acc[j][e] + (PAIR ? peer[((wn * MN + j) * 4 + e) * 32 + lane] : 0.f);
         if (m < M && n < N) {
-          if (SPLIT > 1) atomicAdd(part + (long long)m * N + n, v);
+          if (SPLIT > 1 && !PAIR) atomicAdd(part + (long long)m * N + n, v);
           else kiln_i4_st(y + (long long)m * N + n, v + $BIAS(n));
         }
       }
@@ -572,64 +582,75 @@ Status Lowerer::matmul_int4(const Node& n) {
     // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
     // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
     // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
-    int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1;
+    int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
+    // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
+    // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
+    // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
+    // M = 16 0.0286 -> 0.0248 ms, M = 8 0.0217 -> 0.0195 ms (2026-12-01-int4-weight-paths.md).
+    const bool hopper = opts_.target.rfind("cuda-sm90", 0) == 0;
+    if (hopper && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
     // nb x buffers (super-chunks) of KW parts and their per-k-block corrections; the final
     // hand-over of KW - 1 warps' sums reuses them.
     auto x_corr_bytes = [&](int64_t c, int64_t w, int64_t nb) {
       return nb * w * m * (c + 16) * 2 + nb * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
     };
     auto smem_for = [&](int64_t c, int64_t w, int64_t nb) {
-      return std::max<int64_t>(x_corr_bytes(c, w, nb), (w - 1) * 2048 * ((m + 7) / 8));
+      return std::max<int64_t>(x_corr_bytes(c, w, nb), (w - 1) * nw * 512 * ((m + 7) / 8));
     };
-    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF]]"
+    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
-    // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 or 2). A shape whose
-    // shared memory does not fit is ignored.
+    // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 or 2, N-warps per block
+    // 4 or 8, at most 16 warps). A shape whose shared memory does not fit is ignored.
     if (const char* e = std::getenv("KILN_INT4_STREAM")) {
-      long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1;
-      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f);
+      long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1, v = 4;
+      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f, &v);
+      const int64_t keep = nw;
+      nw = v;
       if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (f == 1 || f == 2) &&
-          smem_for(a, w4, f + 1) <= smem_limit())
+          (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1) <= smem_limit())
         kc = a, blocks = b2, minb = c, kw = w4, pf = f;
+      else
+        nw = keep;
     }
-    const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + 63) / 64;
+    const int64_t rows = 16 * nw;
+    const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     const bool post = g == 128 && !asym;
     // Up to M = 8 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const char* xall_env = std::getenv("KILN_INT4_XALL");
-    const bool xall = m <= 8 && smem_for(kc, kw, per) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
+    const bool xall = m <= 16 && smem_for(kc, kw, per) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
     int64_t smem = smem_for(kc, kw, xall ? per : pf + 1);
-    // Measurement knob KILN_INT4_RING=S (with xall): weights through a per-lane shared-memory ring
-    // of S super-chunks after the x buffers; ignored where it does not fit.
-    int64_t ring = 0, ring_off = 0;
-    if (const char* e = std::getenv("KILN_INT4_RING"); e && xall) {
-      const int64_t sr = std::atoll(e);
-      const int64_t off = (x_corr_bytes(kc, kw, per) + 15) / 16 * 16, bytes = 128 * kw * sr * (kc / 128) * 2 * 16;
-      if (sr >= 1 && sr <= 16 && std::max(smem, off + bytes) <= smem_limit()) ring = sr, ring_off = off, smem = std::max(smem, off + bytes);
-    }
+    // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
+    // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
+    const char* pair_env = std::getenv("KILN_INT4_PAIR");
+    const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * ((m + 7) / 8) * 512;
+    const bool pair = split == 2 && hopper && pair_end <= smem_limit() &&
+                      !(pair_env && std::string(pair_env) == "0");
+    if (pair) smem = pair_end;
     // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
     // comparisons): above, the reordering pass was measured slower with the Σx sums it then did.
     const char* perm_env = std::getenv("KILN_INT4_PERM");
     const bool perm = m <= 16 || (perm_env && std::string(perm_env) == "1");
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
-                               {"$MINB", std::to_string(minb)}, {"$RINGOFF", std::to_string(ring_off)}, {"$RING", std::to_string(ring)}});
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
+                               {"$MINB", std::to_string(minb)},
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
                              {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
-    if (split == 1) {
-      launch_grid(name, {tiles, 1}, 128 * kw, smem, {x, w, s, z, b, out, out});
+    if (split == 1 || pair) {
+      launch_grid(name, {tiles, split}, 32 * nw * kw, smem, {x, w, s, z, b, out, out});
       return ok_status();
     }
     const int part = add_buffer("activation", DType::kF32, {m, nn}, "");
     steps_.push_back({"step memset dst=b" + std::to_string(part) + " bytes=" + std::to_string(bufs_[part].bytes), {part}});
-    launch_grid(name, {tiles, split}, 128 * kw, smem, {x, w, s, z, b, out, part});
+    launch_grid(name, {tiles, split}, 32 * nw * kw, smem, {x, w, s, z, b, out, part});
     const std::string sum = kernel_name("matmul_int4_splitk_sum");
     add_kernel_text(sum, with_bias(fill(kSplitSum, {{"$NAME", sum}, {"$XT", xs}, {"$M", std::to_string(m)},
                                                      {"$N", std::to_string(nn)}})));
