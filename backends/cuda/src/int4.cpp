@@ -184,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // of N) and B = x^T (8 rows of M per n8 tile), so M = 1..8 pads only to 8, not 16.
 //
 // Block: 32·NW·KW threads = NW N-warps x KW K-warps (see the lowering: 4 x 4 up to M = 16, 8 x 2
-// at M = 9..16 on sm_90, 4 x 2 above), 16·NW weight rows (grid.x = N / (16 NW)). The block walks
+// at M = 5..16 on sm_90, 4 x 2 above), 16·NW weight rows (grid.x = N / (16 NW)). The block walks
 // its K range in super-chunks of KW·KC; K-warp wk takes KC of each (D = KC / 128 k-blocks), and
 // the KW parts are summed through shared memory at the end. grid.y splits K across blocks when N
 // gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32 scratch and
@@ -239,8 +239,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   constexpr bool PERM = $PERM;
   // FOLD (POST; one n8 tile of x, or x staged once): the mma runs on the raw exponent-trick
   // values p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being
-  // summed when x is reordered; reordering per super-chunk above M = 8, that sum costs more than
-  // the per-pair subtraction it saves.
+  // summed when x is reordered; when x is reordered per super-chunk above M = 8, that sum costs
+  // more than the per-pair subtraction it saves.
   constexpr bool FOLD = POST && (MN == 1 || XALL);
   constexpr bool KFULL = K % SCK == 0, NFULL = N % RB == 0, MFULL = M % 8 == 0;
   typedef $XT E;
@@ -582,6 +582,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
     // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
     // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
+    // sm_90 plans differ at M = 5..16 (next).
     int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
     // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
     // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
@@ -589,13 +590,11 @@ Status Lowerer::matmul_int4(const Node& n) {
     // M = 16 0.0286 -> 0.0248 ms, M = 8 0.0217 -> 0.0195 ms (2026-12-01-int4-weight-paths.md).
     const bool hopper = opts_.target.rfind("cuda-sm90", 0) == 0;
     if (hopper && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
-    // nb x buffers (super-chunks) of KW parts and their per-k-block corrections; the final
-    // hand-over of KW - 1 warps' sums reuses them.
-    auto x_corr_bytes = [&](int64_t c, int64_t w, int64_t nb) {
-      return nb * w * m * (c + 16) * 2 + nb * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
-    };
-    auto smem_for = [&](int64_t c, int64_t w, int64_t nb) {
-      return std::max<int64_t>(x_corr_bytes(c, w, nb), (w - 1) * nw * 512 * ((m + 7) / 8));
+    // nb x buffers (super-chunks) of KC by w K-warps and their per-k-block corrections; the
+    // final hand-over of w - 1 K-warps' sums (v N-warps each) reuses them.
+    auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v) {
+      const int64_t x_and_corr = nb * w * m * (c + 16) * 2 + nb * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
+      return std::max<int64_t>(x_and_corr, (w - 1) * v * 512 * ((m + 7) / 8));
     };
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
@@ -604,24 +603,20 @@ Status Lowerer::matmul_int4(const Node& n) {
     if (const char* e = std::getenv("KILN_INT4_STREAM")) {
       long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1, v = 4;
       const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f, &v);
-      const int64_t keep = nw;
-      nw = v;
       if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (f == 1 || f == 2) &&
-          (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1) <= smem_limit())
-        kc = a, blocks = b2, minb = c, kw = w4, pf = f;
-      else
-        nw = keep;
+          (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1, v) <= smem_limit())
+        kc = a, blocks = b2, minb = c, kw = w4, pf = f, nw = v;
     }
     const int64_t rows = 16 * nw;
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     const bool post = g == 128 && !asym;
-    // Up to M = 8 a block's whole x (per super-chunks) is staged once when it fits, so the loop
+    // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const char* xall_env = std::getenv("KILN_INT4_XALL");
-    const bool xall = m <= 16 && smem_for(kc, kw, per) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
-    int64_t smem = smem_for(kc, kw, xall ? per : pf + 1);
+    const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
+    int64_t smem = smem_for(kc, kw, xall ? per : pf + 1, nw);
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
     const char* pair_env = std::getenv("KILN_INT4_PAIR");
