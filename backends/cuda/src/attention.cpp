@@ -832,7 +832,7 @@ Status Lowerer::attention(const Node& n) {
   // Hopper plans launch the warp-specialized wgmma kernel's shape (3 warpgroups, 128 rows); its
   // sm_90a image runs it, other images of the same plan (compute_90 PTX) the mma.sync kernel on
   // the first 8 warps, 16 rows each.
-  const bool wgmma = mma && opts_.target.rfind("cuda-sm90", 0) == 0;
+  const bool wgmma = mma && hopper_plan();
   // Keys per block of the wgmma kernel: 128, K and V double-buffered (164 KB of shared memory at
   // head dim 128 with the 1 KB alignment slack and the mbarriers: one block per SM).
   const int64_t bm = mma ? 128 : 32, bn = 128;

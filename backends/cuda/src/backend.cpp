@@ -52,6 +52,11 @@ std::string joined(const std::vector<std::string>& v, const char* sep) {
   return out;
 }
 
+/// Whether the plugin builds kernel images for `target`.
+bool builds(const Capabilities& caps, const std::string& target) {
+  return std::find(caps.targets.begin(), caps.targets.end(), target) != caps.targets.end();
+}
+
 /// The speedup of a choice over the library's own, for the summary.
 double speedup(const TunedChoice& c) { return c.best_ms > 0 ? c.heuristic_ms / c.best_ms : 1.0; }
 
@@ -107,7 +112,7 @@ class CudaBackend final : public Backend {
 
   Status build_artifact(const Graph& g, const std::vector<std::string>& targets, ArtifactContents& out) override {
     for (const std::string& t : targets)
-      if (std::find(caps_.targets.begin(), caps_.targets.end(), t) == caps_.targets.end())
+      if (!builds(caps_, t))
         return invalid_argument(caps_.plugin + ": cannot build for target '" + t + "'; it builds " +
                                 joined(caps_.targets, ", "));
     // One plan serves every target: a generation added after another follows that plan's FP8
@@ -365,7 +370,7 @@ Status register_backend(Registry& r, const Capabilities& caps) {
       return invalid_argument(caps.plugin + ": option conv='" + o.get_string("conv") + "' is not cudnn or gemm");
     if (o.has("images"))
       for (const std::string& t : o.get_strings("images"))
-        if (std::find(caps.targets.begin(), caps.targets.end(), t) == caps.targets.end())
+        if (!builds(caps, t))
           return invalid_argument(caps.plugin + ": option images names '" + t + "', not one of its targets (" +
                                   joined(caps.targets, ", ") + ")");
     return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(caps, o));

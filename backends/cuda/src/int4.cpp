@@ -588,8 +588,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
     // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
     // M = 16 0.0286 -> 0.0248 ms, M = 8 0.0217 -> 0.0195 ms (2026-12-01-int4-weight-paths.md).
-    const bool hopper = opts_.target.rfind("cuda-sm90", 0) == 0;
-    if (hopper && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
+    if (hopper_plan() && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
     // nb x buffers (super-chunks) of KC by w K-warps and their per-k-block corrections; the
     // final hand-over of w - 1 K-warps' sums (v N-warps each) reuses them.
     auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v) {
@@ -621,7 +620,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
     const char* pair_env = std::getenv("KILN_INT4_PAIR");
     const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * ((m + 7) / 8) * 512;
-    const bool pair = split == 2 && hopper && pair_end <= smem_limit() &&
+    const bool pair = split == 2 && hopper_plan() && pair_end <= smem_limit() &&
                       !(pair_env && std::string(pair_env) == "0");
     if (pair) smem = pair_end;
     // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for

@@ -209,6 +209,8 @@ class Lowerer {
   /// The most dynamic shared memory a block may ask for: the target's (Capabilities), else
   /// sm_80's 163 KB, which every target this backend builds for allows.
   int64_t smem_limit() const { return opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912; }
+  /// Whether the plan is the Hopper plugin's (sm_90a and compute_90 images): wgmma, clusters.
+  bool hopper_plan() const { return opts_.target.rfind("cuda-sm90", 0) == 0; }
   /// Elements per 16-byte vector of the widest of `types`, 0 when that is not at least 2.
   static int64_t vector_width(const std::vector<DType>& types);
   /// strided_copy as 16-byte row copies (innermost dim contiguous on both sides) or a 32x32
