@@ -110,39 +110,6 @@ TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x st
   }
 }
 
-TEST_CASE("matmul_int4: M = 9..16 on sm_90 issue warpgroup MMAs (sm_90a image), mma.sync elsewhere") {
-  LoweringOptions hopper;
-  hopper.target = "cuda-sm90: target sm_90a";
-  hopper.max_smem_per_block = 232448;
-  auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt, const LoweringOptions& o) {
-    return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), o);
-  };
-  const std::string on = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 1", off = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 0";
-  // Post-scaled bf16 at M = 16 and asymmetric f16 at M = 9 (scales applied before the MMA, a
-  // partial n16 tile): n16 wrappers, the same launch as the mma.sync kernel.
-  const LoweredGraph post16 = lower(16, 128, false, "bf16", hopper), asym9 = lower(9, 64, true, "f16", hopper);
-  CHECK(post16.source.find(on) != std::string::npos);
-  CHECK(post16.source.find("void kiln_wgmma_rs_kmajor<16, __nv_bfloat16>(") != std::string::npos);
-  CHECK(asym9.source.find(on) != std::string::npos);
-  CHECK(asym9.source.find("void kiln_wgmma_rs_kmajor<16, __half>(") != std::string::npos);
-  compiles_everywhere(post16);
-  compiles_everywhere(asym9);
-  // M = 8 keeps mma.sync unless KILN_INT4_WGMMA=1 asks (n8 wrappers); =0 turns it off at M = 16;
-  // sm_80 plans never take it.
-  CHECK(lower(8, 128, false, "bf16", hopper).source.find(off) != std::string::npos);
-  setenv("KILN_INT4_WGMMA", "1", 1);
-  const LoweredGraph forced8 = lower(8, 128, false, "bf16", hopper);
-  CHECK(forced8.source.find(on) != std::string::npos);
-  CHECK(forced8.source.find("void kiln_wgmma_rs_kmajor<8, __nv_bfloat16>(") != std::string::npos);
-  compiles_everywhere(forced8);
-  CHECK(lower(16, 128, false, "bf16", LoweringOptions{}).source.find(off) != std::string::npos);
-  setenv("KILN_INT4_WGMMA", "0", 1);
-  CHECK(lower(16, 128, false, "bf16", hopper).source.find(off) != std::string::npos);
-  unsetenv("KILN_INT4_WGMMA");
-  // Above M = 16 x is not staged once: mma.sync.
-  CHECK(lower(17, 128, false, "bf16", hopper).source.find(off) != std::string::npos);
-}
-
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);
