@@ -8,13 +8,29 @@ import statistics
 import subprocess
 
 
-def median_ms(torch, fn, iters, warmup):
-    """Median of `iters` CUDA-event timings of fn() after `warmup` untimed calls."""
+# Cycles of torch.cuda._sleep queued ahead of each timed call (~100 us on an H200): longer than
+# the host needs to dispatch the call, so the stream is busy when the start event is recorded.
+PRIME_CYCLES = 200_000
+
+
+def median_ms(torch, fn, iters, warmup, prime=None):
+    """Median of `iters` CUDA-event timings of fn() after `warmup` untimed calls.
+
+    With `prime`, each timing starts behind a short device sleep, so the start event and fn's
+    kernels are all queued before the device reaches them: the span is device time alone, as in
+    `kiln bench` (whose events follow the input copies on a busy stream). Without it the device
+    sits idle from the start event until the host has dispatched fn (Python, ATen, the library's
+    heuristics), and that host time is counted as well. `prime` defaults to on unless
+    KILN_PEER_TIMING=idle asks for the old method (for comparisons)."""
+    if prime is None:
+        prime = os.environ.get("KILN_PEER_TIMING") != "idle"
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if prime:
+            torch.cuda._sleep(PRIME_CYCLES)
         a.record()
         fn()
         b.record()

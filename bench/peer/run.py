@@ -11,7 +11,9 @@ short still leaves a table. A workload Kiln cannot import, compile or run gets a
 first line of the error; nothing stops the other workloads.
 
 Times: "device" is GPU time of the model alone (PyTorch: CUDA events around the call, inputs
-already on the GPU; Kiln: events around the plan's steps). "e2e" is host to host: host
+already on the GPU, each timing queued behind a short device sleep so that the host's dispatch
+before the first kernel is not counted, as in peer_common.median_ms; Kiln: events around the
+plan's steps). "e2e" is host to host: host
 inputs in, host outputs back (PyTorch: .to("cuda") + call + .cpu(); Kiln: kiln_model_run),
 wall clock. Medians throughout.
 
@@ -31,6 +33,8 @@ import subprocess
 import sys
 import time
 import traceback
+
+from peer_common import PRIME_CYCLES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -260,6 +264,7 @@ def worker(a):
                 dev_ms = []
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 for _ in range(a.iterations):
+                    torch.cuda._sleep(PRIME_CYCLES)
                     start.record()
                     call(mode, fn, gpu_in)
                     end.record()
@@ -348,7 +353,8 @@ def write_report(out_dir, stem, header, rows):
              f"- commit: `{h['commit']}`", f"- device: {h['device']}", f"- torch: {h.get('torch', '?')}",
              f"- command: `{h['command']}`", "",
              "Medians in ms. **device**: GPU time of the model alone (PyTorch: CUDA events around the call "
-             "with inputs on the GPU; Kiln: CUDA events around the plan's steps, `kiln bench` device ms). "
+             "with inputs on the GPU, queued behind a device sleep so the host's dispatch of the first kernel "
+             "is not counted; Kiln: CUDA events around the plan's steps, `kiln bench` device ms). "
              "Ratios below 1 mean Kiln is faster. GPT-2 is `GPT2Model` (last hidden state, no LM head, "
              "whose 1.6 GB of logits at batch 16 would turn every e2e time into a copy benchmark). "
              "PyTorch's Llama block uses SDPA; the exported one spells attention out (same function).", "",
