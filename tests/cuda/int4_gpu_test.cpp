@@ -2,12 +2,13 @@
 // at M = 1..64 across its boundaries (MN tiles 8/9, KC 512/256 at 32/33), with and without the
 // K split across blocks, N and K off the tiles, group sizes 32/64/128, symmetric (post-scaled
 // at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65,
-// 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at M = 9..16. Exits 77 (skip)
-// without a GPU.
+// 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at M = 9..16, and the warpgroup
+// MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -84,6 +85,14 @@ int main() {
   // halves meet as a cluster pair (the last block holds 64 rows, the last super-chunk is partial).
   run(13, 8000, 8064, 128, false, "bf16", true);
   run(16, 8000, 8064, 32, true, "f16", false);
+  // KILN_INT4_WGMMA=1: warpgroup MMAs on the sm_90a image, x staged once (M <= 16, the cluster
+  // pair at 13 / 16) and per super-chunk (M > 16), post-scaled and not, with N and K tails.
+  setenv("KILN_INT4_WGMMA", "1", 1);
+  for (int64_t m : {1, 5, 8, 13, 16, 17, 32, 33, 64}) {
+    run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
+    run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
+  }
+  unsetenv("KILN_INT4_WGMMA");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

@@ -110,6 +110,44 @@ TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x st
   }
 }
 
+TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (sm_90a image), mma.sync otherwise") {
+  LoweringOptions hopper;
+  hopper.target = "cuda-sm90: target sm_90a";
+  hopper.max_smem_per_block = 232448;
+  auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt, const LoweringOptions& o) {
+    return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), o);
+  };
+  const std::string on = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 1", off = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 0";
+  // Off by default.
+  for (int64_t m : {8, 16, 64}) CHECK(lower(m, 128, false, "bf16", hopper).source.find(off) != std::string::npos);
+  setenv("KILN_INT4_WGMMA", "1", 1);
+  // x staged once (M <= 16): post-scaled bf16 at M = 16 (the cluster pair), asymmetric f16 at
+  // M = 9 (a partial n16 tile), n8 at M = 8; the same launches as mma.sync.
+  const LoweredGraph post16 = lower(16, 128, false, "bf16", hopper), asym9 = lower(9, 64, true, "f16", hopper);
+  const LoweredGraph post8 = lower(8, 128, false, "bf16", hopper);
+  CHECK(post16.source.find("void kiln_wgmma_rs_kmajor<16, __nv_bfloat16>(") != std::string::npos);
+  CHECK(asym9.source.find("void kiln_wgmma_rs_kmajor<16, __half>(") != std::string::npos);
+  CHECK(post8.source.find("void kiln_wgmma_rs_kmajor<8, __nv_bfloat16>(") != std::string::npos);
+  // x per super-chunk (M > 16): one wgmma region per K-warp after the cp.async buffers. M = 64,
+  // bf16, group 128: 2 buffers x 2 K-warps x 64 x (256 + 16) x 2 bytes, 1 KB slack + 2 x 256 x 64 x
+  // 2 bytes of regions, then the corrections (2 x 4 k-blocks x 64 x 4 bytes). M = 33: f16,
+  // asymmetric, n40 tiles (rows padded to 40).
+  const LoweredGraph post64 = lower(64, 128, false, "bf16", hopper), asym33 = lower(33, 32, true, "f16", hopper);
+  CHECK(post64.source.find("void kiln_wgmma_rs_kmajor<64, __nv_bfloat16>(") != std::string::npos);
+  CHECK(asym33.source.find("void kiln_wgmma_rs_kmajor<40, __half>(") != std::string::npos);
+  const std::vector<std::string> s64 = steps(post64.plan);
+  REQUIRE(s64.size() == 1);
+  CHECK(s64[0].find("grid=128,1,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 64 * 272 * 2 + 1024 + 2 * 256 * 64 * 2 + 2 * 4 * 64 * 4) + " ") !=
+        std::string::npos);
+  for (const LoweredGraph* l : {&post16, &asym9, &post8, &post64, &asym33}) {
+    CHECK(l->source.find(on) != std::string::npos);
+    compiles_everywhere(*l);
+  }
+  // sm_80 plans never take it.
+  CHECK(lower(16, 128, false, "bf16", LoweringOptions{}).source.find(off) != std::string::npos);
+  unsetenv("KILN_INT4_WGMMA");
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

@@ -405,18 +405,6 @@ __device__ __forceinline__ void kiln_attn_generic(const T* __restrict__ q, const
 const char* kWgmma = R"(
 #define KILN_ATTN_WGMMA
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// d (N/2 f32 per thread) = A·B (+ d when sd != 0); A and B from shared memory, both K-major.
-template <int N, typename T> __device__ void kiln_wgmma_ss(float* d, unsigned long long da, unsigned long long db, int sd);
-// d += A·B; A from registers (4 x b32 per thread), B from shared memory, MN-major.
-template <int N, typename T> __device__ void kiln_wgmma_rs(float* d, const unsigned* a, unsigned long long db);
-__device__ __forceinline__ void kiln_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void kiln_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void kiln_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Keeps the compiler from moving reads or writes of wgmma accumulators across the async MMA.
-template <int N> __device__ __forceinline__ void kiln_wg_pin(float* d) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 // The warp-specialized kernel's mbarriers, 8 bytes each from `base` (shared::cta): Q full, then
 // per stage K full, V full, K empty, V empty.
 struct KilnWsBarriers {
@@ -443,19 +431,6 @@ __device__ __forceinline__ void kiln_mbar_wait(unsigned bar, unsigned parity) {
                "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                "@!p bra KILN_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
-// Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte
-// offsets (each >> 4) in bits 0-13, 16-29, 32-45; layout 1 (128B) in bits 62-63.
-__device__ __forceinline__ unsigned long long kiln_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16 |
-         (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
-}
-// Element offset of (row r, 16-byte chunk c) in a tile of R rows stored as D/64 column blocks
-// of [R][64] with 128-byte rows whose chunks are XOR-swizzled by the row (the canonical
-// 128B-swizzle layout; the block base must be 1024-byte aligned).
-template <int R> __device__ __forceinline__ int kiln_wg_sw(int r, int c) {
-  return (c / 8) * R * 64 + r * 64 + ((c % 8) ^ (r % 8)) * 8;
-}
-
 // Flash attention on Hopper's warpgroup MMA, warp-specialized (FlashAttention-3's schedule,
 // with cp.async in place of the tensor-memory copies). 384 threads, 128 query rows per block:
 // - warpgroup 0, the producer, streams K and V tiles of BN keys into two-stage buffers; each
@@ -545,8 +520,7 @@ __device__ __forceinline__ void kiln_flash_attn_ws_consumer(const T* __restrict_
   auto their_turn = [&] { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory"); };
   auto ready = [&](unsigned bar, int j) {
     kiln_mbar_wait(bar, (j >> 1) & 1);
-    // cp.async wrote through the generic proxy; wgmma reads through the async one.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    kiln_wg_proxy_fence();  // cp.async wrote through the generic proxy
   };
   auto issue_s = [&](float* s, int j) {
     const unsigned kbuf = aK + (j & 1) * BN * D * 2;
@@ -667,30 +641,6 @@ __device__ __forceinline__ void kiln_flash_attn_ws_consumer(const T* __restrict_
 
 /// Shared-memory bytes of the warp-specialized kernel's mbarriers (9 of 8 bytes).
 constexpr int64_t kWsBarrierBytes = 72;
-
-/// One wgmma wrapper specialization (sm_90a source): `rs` takes A from registers and B
-/// N-major (O += P·V), else both from shared memory K-major with a zeroing flag (S = Q·Kᵀ).
-/// The asm operand list has n/2 accumulators, which is why it is generated.
-std::string wgmma_wrapper(bool rs, int64_t n, const std::string& st) {
-  const std::string ab = st == "__half" ? "f16" : "bf16", m = std::to_string(n / 2);
-  std::string text = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\ntemplate <> __device__ __forceinline__ void kiln_wgmma_" +
-                     std::string(rs ? "rs" : "ss") + "<" + std::to_string(n) + ", " + st + ">(float* d, " +
-                     (rs ? "const unsigned* a, unsigned long long db) {\n" :
-                           "unsigned long long da, unsigned long long db, int sd) {\n") +
-                     "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" + std::to_string(n / 2 + (rs ? 5 : 2)) +
-                     ", 0;\\nwgmma.mma_async.sync.aligned.m64n" + std::to_string(n) + "k16.f32." + ab + "." + ab + " {";
-  for (int64_t i = 0; i < n / 2; ++i) text += (i ? ", %" : "%") + std::to_string(i);
-  const int64_t h = n / 2;
-  if (rs)
-    text += "}, {%" + std::to_string(h) + ", %" + std::to_string(h + 1) + ", %" + std::to_string(h + 2) + ", %" +
-            std::to_string(h + 3) + "}, %" + std::to_string(h + 4) + ", p, 1, 1, 1;\\n}\\n\"\n      : ";
-  else
-    text += "}, %" + std::to_string(h) + ", %" + std::to_string(h + 1) + ", p, 1, 1, 0, 0;\\n}\\n\"\n      : ";
-  for (int64_t i = 0; i < n / 2; ++i) text += (i ? ", \"+f\"(d[" : "\"+f\"(d[") + std::to_string(i) + "])";
-  text += rs ? "\n      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(1));\n}\n#endif\n"
-             : "\n      : \"l\"(da), \"l\"(db), \"r\"(sd));\n}\n#endif\n";
-  return text;
-}
 
 /// perm [0, 2, 1, 3]: [B, S, H, D] <-> [B, H, S, D].
 bool swaps_seq_heads(const Node& t) {
@@ -843,11 +793,9 @@ Status Lowerer::attention(const Node& n) {
   const std::string call = "(q, k, v, " + std::string(has_mask ? "mask" : "(const float*)nullptr") + ", y, a);\n";
   std::string body;
   if (wgmma) {
+    add_wgmma(WgmmaForm::kSharedShared, bn, st);
+    add_wgmma(WgmmaForm::kRegsMnMajorB, d, st);
     if (source_.find("#define KILN_ATTN_WGMMA") == std::string::npos) source_ += kWgmma;
-    for (const auto& [rs, w] : {std::pair{false, bn}, std::pair{true, d}}) {
-      const std::string key = std::string(rs ? "kiln_wgmma_rs<" : "kiln_wgmma_ss<") + std::to_string(w) + ", " + st + ">(";
-      if (source_.find(key) == std::string::npos) source_ += wgmma_wrapper(rs, w, st);
-    }
     // Threads that exit do not hold up the mma.sync kernel's barriers.
     body = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n  kiln_flash_attn_ws<" + st + ", " + std::to_string(d) + ", " +
            std::to_string(bn) + ", " + flags + ">" + call + "#else\n  if (threadIdx.x >= 256) return;\n  kiln_flash_attn<" +

@@ -308,7 +308,13 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // FOLD's per-k-block corrections (BASE + 8)·Σx for each column of each k-block of each x
   // buffer, written by prep() (MP pads M to a whole n8 tile).
   constexpr int MP = MN * 8, KBS = SCK / 128;
-  float* corr = reinterpret_cast<float*>(kiln_i4_smem + NB * KW * M * RS * sizeof(E));
+  // Where the lowering chose WG, its swizzled x regions (rows padded to MP, 1 KB alignment
+  // slack): all NB super-chunks in place of the buffers above when x is staged once, else one
+  // super-chunk after them. The images without wgmma of the same plan use the buffers alone;
+  // the corrections follow the larger layout in every image.
+  constexpr int XB_MMA = NB * KW * M * RS * (int)sizeof(E), XB_SWZ = 1024 + (XALL ? NB : 1) * KW * KC * MP * (int)sizeof(E);
+  constexpr int XBYTES = !$WG ? XB_MMA : XALL ? (XB_MMA > XB_SWZ ? XB_MMA : XB_SWZ) : XB_MMA + XB_SWZ;
+  float* corr = reinterpret_cast<float*>(kiln_i4_smem + XBYTES);
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
   // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
@@ -355,6 +361,163 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       for (int a = 0; a < NA; ++a) acc2[a][j][e] = 0.f;
     }
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
+  // This lane's A fragment of step 2v + h of k-block d (row g pair 2h, row g+8 pair 2h, row g
+  // pair 2h+1, row g+8 pair 2h+1), dequantized as FOLD / POST / ASYM ask. One lop3 per pair: the
+  // nibbles, the sign flip of signed weights and the exponent bits.
+  auto dequant = [&](const Group& use, int d, int v, int h, unsigned (&af)[4]) {
+    const E2 sa2 = $CVT2(use.sa[d]), sb2 = $CVT2(use.sb[d]), za2 = $CVT2(use.za[d]), zb2 = $CVT2(use.zb[d]);
+    const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
+    #pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const unsigned bits = kiln_i4_pair_bits(((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1))), $EXP ^ ($FLIP & 0x00080008u));
+      const E2 p = *reinterpret_cast<const E2*>(&bits);
+      E2 q;
+      if (FOLD) q = p;
+      else if (POST) q = __hsub2(p, off2);
+      else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
+      else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
+      af[r] = kiln_i4_u32(q);
+    }
+  };
+  // POST: acc += each row's scale (sa: row g, sb: row g+8) · (a k-block's unscaled sums s0
+  // (+ s1 when two sets were used) - FOLD's corrections at corr + co).
+  auto post_scale = [&](float sa, float sb, int co, const float (&s0)[MN][4], const float (&s1)[MN][4], bool two) {
+    #pragma unroll
+    for (int j = 0; j < MN; ++j) {
+      float2 cr = make_float2(0.f, 0.f);
+      if (FOLD) cr = *reinterpret_cast<const float2*>(corr + co + 8 * j + 2 * t);
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s0[j][e] - ((e & 1) ? cr.y : cr.x);
+        if (two) v += s1[j][e];
+        acc[j][e] += (e < 2 ? sa : sb) * v;
+      }
+    }
+  };
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && $WG
+  // WG (sm_90 plans, KILN_INT4_WGMMA=1; their sm_90a image): each warpgroup (the four N-warps
+  // of one K-warp, 64 rows) issues wgmma m64n(8·MN)k16 with the dequantized weights as its
+  // register A operand (a warp's part of it is the mma.sync fragment above) and x^T as B from
+  // shared memory, so four warps' x fragment reads and 4·MN mma.sync per step become one
+  // warpgroup MMA. B is K-major in the 128B-swizzled layout (a 1 KB-aligned column block of
+  // MP rows per 64 k-slots of a (buffer, K-warp) region), its slots in the nibbles' order:
+  // slots 2t, 2t+1 of step 2v + h are x[32t + 8v + 2h, +4], slots 2t+8, 2t+9
+  // x[32t + 8v + 2h + 1, +5] (offsets in the k-block). With x staged once (XALL) the regions
+  // hold all of the block's super-chunks, filled before the loop; otherwise one region per
+  // K-warp is refilled each super-chunk from the cp.async buffer just landed.
+  constexpr bool WG = true;
+  static_assert(NW % 4 == 0, "WG needs whole warpgroups");
+  constexpr int WCB = KC / 64;  // column blocks per region
+  const unsigned sbase = (unsigned)__cvta_generic_to_shared(kiln_i4_smem);
+  const unsigned xw = (sbase + (XALL ? 0 : XB_MMA) + 1023u) & ~1023u;
+  unsigned char* xwp = kiln_i4_smem + (xw - sbase);
+  // Lane (g, t)'s 16 bytes x[n][32t + 8v .. +7] of k-block d (n % 8 = g) into region rg: its
+  // pairs (x0, x4) (x1, x5) (x2, x6) (x3, x7) go to slots 2t, 2t+1 of chunks 0..3 of step
+  // 2v + h's 32 bytes. A store's 32 lanes (8 rows x 4 words) hit distinct banks: the swizzle
+  // spreads the rows.
+  auto wg_put = [&](int rg, int d, int v, int n, const uint4& q) {
+    const unsigned u[4] = {__byte_perm(q.x, q.z, 0x5410), __byte_perm(q.x, q.z, 0x7632), __byte_perm(q.y, q.w, 0x5410),
+                           __byte_perm(q.y, q.w, 0x7632)};
+    unsigned char* row = xwp + ((rg * WCB + 2 * d + v / 2) * MP + n) * 128;
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {  // pair 2h + p -> chunk 2·(2·(v % 2) + h) + p
+      const int c = 2 * (2 * (v & 1) + (e >> 1)) + (e & 1);
+      *reinterpret_cast<unsigned*>(row + ((c ^ g) * 16) + 4 * t) = u[e];
+    }
+  };
+  // XALL: stages all of the block's x from global memory, warp-item (buffer b, K-warp part wx,
+  // k-block d, n8 tile nb) per warp, every load issued before any store; FOLD's Σx per column
+  // and k-block comes from the same registers.
+  auto wg_stage = [&] {
+    constexpr int NI = NB * KW * D * MN, WARPS = NW * KW, IPW = (NI + WARPS - 1) / WARPS;
+    uint4 xv[IPW][4];
+    #pragma unroll
+    for (int i = 0; i < IPW; ++i) {
+      const int it = warp + WARPS * i, nb = it % MN, d = it / MN % D, wx = it / (MN * D) % KW, b = it / (MN * D * KW);
+      const int n = 8 * nb + g, k0 = (sc0 + b) * SCK + wx * KC + d * 128 + 32 * t;
+      #pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const bool ok = it < NI && sc0 + b < sc1 && (MFULL || n < M) && (KFULL || k0 + 8 * v < K);
+        xv[i][v] = ok ? __ldg(reinterpret_cast<const uint4*>(x + n * K + k0 + 8 * v)) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    #pragma unroll
+    for (int i = 0; i < IPW; ++i) {
+      const int it = warp + WARPS * i, nb = it % MN, d = it / MN % D, wx = it / (MN * D) % KW, b = it / (MN * D * KW);
+      if (it >= NI) break;  // warp-uniform
+      const int n = 8 * nb + g;
+      float s = 0.f;
+      #pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        wg_put(b * KW + wx, d, v, n, xv[i][v]);
+        if (FOLD)
+          #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = kiln_i4_f2(E(), (&xv[i][v].x)[e]);
+            s += f.x + f.y;
+          }
+      }
+      if (FOLD) {
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (t == 0) corr[(b * KBS + wx * D + d) * MP + n] = ($BASE + 8.f) * s;
+      }
+    }
+    kiln_wg_proxy_fence();  // the stores went through the generic proxy, wgmma reads through the async one
+  };
+  // Not XALL: x of cp.async buffer buf (landed, the block past its barrier) into the K-warps'
+  // regions, the same warp-items without the buffer index (rows past M are zeros).
+  auto wg_permute = [&](int buf) {
+    constexpr int NI = KW * D * MN, WARPS = NW * KW;
+    #pragma unroll
+    for (int i = 0; i < (NI + WARPS - 1) / WARPS; ++i) {
+      const int it = warp + WARPS * i, nb = it % MN, d = it / MN % D, wx = it / (MN * D);
+      if (it >= NI) break;  // warp-uniform
+      const int n = 8 * nb + g;
+      #pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int cc = d * 16 + 4 * t + v;  // the 16-byte chunk in the K-warp's part, stored swizzled
+        const E* src = xs + (buf * KW * M + wx * M + n) * RS + (cc ^ ((cc >> 3) & 1)) * 8;
+        wg_put(wx, d, v, n, MFULL || n < M ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0));
+      }
+    }
+    kiln_wg_proxy_fence();
+  };
+  // k-block d of region rg in two batches of four steps, each issued once its A fragments are
+  // dequantized (the second batch's dequantize overlaps the first batch's MMAs), then waited
+  // for together. (Keeping a batch in flight across the wait, with POST sums alternating between
+  // two register sets, made ptxas serialize every wgmma: it cannot follow the groups across the
+  // super-chunk loop.)
+  auto wg_kblock = [&](int d, const Group& use, int rg, int co) {
+    unsigned af[8][4];
+    float sum[MN][4];  // POST: the k-block's unscaled sums (the first MMA overwrites them)
+    #pragma unroll
+    for (int j = 0; j < MN; ++j)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) sum[j][e] = 0.f;
+    float* dst = POST ? &sum[0][0] : &acc[0][0];
+    const unsigned xb = xw + (rg * WCB + 2 * d) * MP * 128;
+    kiln_wg_pin<MN * 4>(dst);
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      #pragma unroll
+      for (int s = 4 * half; s < 4 * half + 4; ++s) dequant(use, d, s / 2, s % 2, af[s]);
+      kiln_wg_fence();
+      #pragma unroll
+      for (int s = 4 * half; s < 4 * half + 4; ++s)
+        kiln_wgmma_rs_kmajor<8 * MN, E>(dst, af[s], kiln_wg_desc(xb + (s / 4) * MP * 128 + (s % 4) * 32, 16, 1024), !POST || s > 0);
+      kiln_wg_commit();
+    }
+    kiln_wg_wait<0>();
+    kiln_wg_pin<MN * 4>(dst);
+    if (POST) post_scale(use.sa[d], use.sb[d], co, sum, sum, false);
+  };
+#else
+  constexpr bool WG = false;
+  auto wg_stage = [] {};
+  auto wg_permute = [](int) {};
+  auto wg_kblock = [](int, const Group&, int, int) {};
+#endif
   // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
@@ -365,11 +528,22 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
       kiln_i4_commit();
       kiln_i4_wait<1>();
-      prep(buf);
+      if (WG) {
+        // Every thread's copies of buffer buf have landed and every warpgroup is done with the
+        // regions (its MMAs were waited for): refill them.
+        __syncthreads();
+        wg_permute(buf);
+      } else {
+        prep(buf);
+      }
       __syncthreads();
     }
     #pragma unroll
     for (int d = 0; d < D; ++d) {
+      if (WG) {
+        wg_kblock(d, use, XALL ? buf * KW + wk : wk, (buf * KBS + wk * D + d) * MP);
+        continue;
+      }
       float tmp[NA][MN][4];  // POST: this k-block's unscaled sums
       #pragma unroll
       for (int a = 0; a < NA; ++a)
@@ -377,7 +551,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         for (int j = 0; j < MN; ++j)
           #pragma unroll
           for (int e = 0; e < 4; ++e) tmp[a][j][e] = 0.f;
-      const E2 sa2 = $CVT2(use.sa[d]), sb2 = $CVT2(use.sb[d]), za2 = $CVT2(use.za[d]), zb2 = $CVT2(use.zb[d]);
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
         uint4 xv[MN];
@@ -389,48 +562,28 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
             xv[j] = make_uint4(__byte_perm(xv[j].x, xv[j].z, 0x5410), __byte_perm(xv[j].x, xv[j].z, 0x7632),
                                __byte_perm(xv[j].y, xv[j].w, 0x5410), __byte_perm(xv[j].y, xv[j].w, 0x7632));
         }
-        const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
           unsigned af[4];
-          #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            // af: row g pair 2h, row g+8 pair 2h, row g pair 2h+1, row g+8 pair 2h+1. One lop3:
-            // the nibble pair, the sign flip of signed weights and the exponent bits.
-            const unsigned bits = kiln_i4_pair_bits(((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1))), $EXP ^ ($FLIP & 0x00080008u));
-            const E2 p = *reinterpret_cast<const E2*>(&bits);
-            E2 q;
-            if (FOLD) q = p;
-            else if (POST) q = __hsub2(p, off2);
-            else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
-            else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
-            af[r] = kiln_i4_u32(q);
-          }
+          dequant(use, d, v, h, af);
           #pragma unroll
           for (int j = 0; j < MN; ++j)
             kiln_i4_mma(POST ? tmp[h % NA][j] : acc2[h % NA][j], af, h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y, E());
         }
       }
-      if (POST) {
-        #pragma unroll
-        for (int j = 0; j < MN; ++j) {
-          float2 cr = make_float2(0.f, 0.f);
-          if (FOLD) cr = *reinterpret_cast<const float2*>(corr + (buf * KBS + wk * D + d) * MP + 8 * j + 2 * t);
-          #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float v = tmp[0][j][e] - ((e & 1) ? cr.y : cr.x);
-            if (NA > 1) v += tmp[NA - 1][j][e];
-            acc[j][e] += (e < 2 ? use.sa[d] : use.sb[d]) * v;
-          }
-        }
-      }
+      if (POST) post_scale(use.sa[d], use.sb[d], (buf * KBS + wk * D + d) * MP, tmp[0], tmp[NA - 1], NA > 1);
     }
-    if (!XALL) __syncthreads();  // the buffer is refilled PF + 1 super-chunks on
+    // The buffer is refilled PF + 1 super-chunks on (WG: its contents went to the regions
+    // before the barrier above).
+    if (!XALL && !WG) __syncthreads();
   };
   Group gq[PF + 1];
   #pragma unroll
   for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p]);
-  if (XALL) {
+  if (WG && XALL) {
+    wg_stage();
+    __syncthreads();
+  } else if (XALL) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
     kiln_i4_wait<0>();
@@ -589,11 +742,15 @@ Status Lowerer::matmul_int4(const Node& n) {
     // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
     // M = 16 0.0286 -> 0.0248 ms, M = 8 0.0217 -> 0.0195 ms (2026-12-01-int4-weight-paths.md).
     if (hopper_plan() && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
-    // nb x buffers (super-chunks) of KC by w K-warps and their per-k-block corrections; the
-    // final hand-over of w - 1 K-warps' sums (v N-warps each) reuses them.
-    auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v) {
-      const int64_t x_and_corr = nb * w * m * (c + 16) * 2 + nb * (w * c / 128) * ((m + 7) / 8 * 8) * 4;
-      return std::max<int64_t>(x_and_corr, (w - 1) * v * 512 * ((m + 7) / 8));
+    // nb x buffers (super-chunks) of KC by w K-warps (with `wgl`, also the wgmma regions: rows
+    // padded to whole n8 tiles, 1 KB alignment slack; in place of the buffers when x is staged
+    // `once`, else one super-chunk's after them) and their per-k-block corrections; the final
+    // hand-over of w - 1 K-warps' sums (v N-warps each) reuses them.
+    const int64_t mp = (m + 7) / 8 * 8;
+    auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v, bool wgl = false, bool once = false) {
+      const int64_t raw = nb * w * m * (c + 16) * 2, swz = 1024 + (once ? nb : 1) * w * c * mp * 2;
+      const int64_t xb = !wgl ? raw : once ? std::max(raw, swz) : raw + swz;
+      return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * 512 * ((m + 7) / 8));
     };
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
@@ -615,7 +772,14 @@ Status Lowerer::matmul_int4(const Node& n) {
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const char* xall_env = std::getenv("KILN_INT4_XALL");
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
-    int64_t smem = smem_for(kc, kw, xall ? per : pf + 1, nw);
+    // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
+    // for measurement. Off by default: at M = 9..16 it measured no faster (H200, commit
+    // 5d4c262, bench/results/2026-12-02-gpu-run8.md); above M = 16, where mma.sync issue bounds
+    // the kernel by count, it is not measured yet.
+    const char* wg_env = std::getenv("KILN_INT4_WGMMA");
+    const bool wg = wg_env && std::string(wg_env) == "1" && hopper_plan() && nw % 4 == 0 &&
+                    smem_for(kc, kw, xall ? per : pf + 1, nw, true, xall) <= smem_limit();
+    int64_t smem = smem_for(kc, kw, xall ? per : pf + 1, nw, wg, xall);
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
     const char* pair_env = std::getenv("KILN_INT4_PAIR");
@@ -629,9 +793,10 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool perm = m <= 16 || (perm_env && std::string(perm_env) == "1");
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
+    if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},

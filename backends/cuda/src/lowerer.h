@@ -96,6 +96,10 @@ inline AxisRows rows_around_axis(const Sizes& xs, int64_t axis_attr) {
   return r;
 }
 
+/// The operand forms of the wgmma wrappers (wgmma.cpp): A and B from shared memory (K-major);
+/// A from registers with B MN-major (accumulates always) or K-major (zeroing flag).
+enum class WgmmaForm { kSharedShared, kRegsMnMajorB, kRegsKMajorB };
+
 class Lowerer {
  public:
   explicit Lowerer(const LoweringOptions& o) : opts_(o) {}
@@ -211,6 +215,9 @@ class Lowerer {
   int64_t smem_limit() const { return opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912; }
   /// Whether the plan is the Hopper plugin's (sm_90a and compute_90 images): wgmma, clusters.
   bool hopper_plan() const { return opts_.target.rfind("cuda-sm90", 0) == 0; }
+  /// The Hopper warpgroup-MMA helpers in the source (once) and the wrapper of `form` for tile
+  /// width n and operand type st (__half or __nv_bfloat16); wgmma.cpp.
+  void add_wgmma(WgmmaForm form, int64_t n, const std::string& st);
   /// Elements per 16-byte vector of the widest of `types`, 0 when that is not at least 2.
   static int64_t vector_width(const std::vector<DType>& types);
   /// strided_copy as 16-byte row copies (innermost dim contiguous on both sides) or a 32x32
