@@ -100,7 +100,7 @@ def main():
     lines = [f"# Fused attention: Kiln vs PyTorch SDPA (B=1, {h} heads, head dim {d}, causal, bf16, "
              f"Kiln layout {a.layout})", "",
              f"torch {torch.__version__}, {torch.cuda.get_device_name()}; Kiln: `kiln bench` device time of the "
-             "plan (CUDA events, graphs on), median; torch: CUDA events around one SDPA call, median. "
+             "plan (CUDA events, graphs on), median; torch: CUDA events around one SDPA call queued behind a device sleep (host dispatch not counted), median. "
              "TFLOP/s count the visible half of the causal score matrix (4·B·H·S²·D/2). "
              "Ratio = torch's fastest / Kiln (≥ 1 means Kiln is faster).", "",
              "| seq | flash ms | efficient ms | cudnn ms | best torch | torch TFLOP/s | Kiln ms | Kiln TFLOP/s | ratio |",

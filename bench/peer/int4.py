@@ -2,7 +2,8 @@
 """INT4 weight-only GEMM: cuBLAS bf16 (torch.matmul) against Kiln's matmul_int4, on the GPU machine.
 
 For weights N x K = 8192 x 8192 and M = 1, 2, 4, 8, 16, 32, 64 (--m to change), times
-torch.matmul(x, W^T) in bf16 with CUDA events, and Kiln's one-node graph
+torch.matmul(x, W^T) in bf16 with CUDA events (peer_common.median_ms: device time, the host's
+dispatch not counted), and Kiln's one-node graph
     %y = matmul_int4(%x, %w, %s) {group_size = G}
 (x bf16[M, K], w u8[N, K/2], s f16[N, K/G], all graph inputs so the .kir stays small) through
 `kiln compile X.kir --target sm_90a` and `kiln bench X.kiln --report-json F` (device time of the

@@ -173,7 +173,7 @@ def main():
             log(f"llama block failed: {result['llama_error']}")
 
     lines = [f"# FP8: Kiln vs torch._scaled_mm, FP8 vs bf16 Llama block ({result['device']}, torch {result['torch']})",
-             "", "Median of CUDA-event times; Kiln: `kiln bench` device time of the plan, CUDA graphs on.", "",
+             "", "Median of CUDA-event times (torch: each call queued behind a device sleep, so its host dispatch is not counted); Kiln: `kiln bench` device time of the plan, CUDA graphs on.", "",
              "| GEMM M=N=K | torch._scaled_mm | Kiln FP8 | Kiln / torch | torch bf16 | Kiln bf16 |",
              "|---|---|---|---|---|---|"]
     for r in result["gemm"]:
