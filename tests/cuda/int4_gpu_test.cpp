@@ -92,6 +92,10 @@ int main() {
     run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
     run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
   }
+  // x per super-chunk at M <= 8 (KILN_INT4_XALL=0): the regions' corrections of the folded path.
+  setenv("KILN_INT4_XALL", "0", 1);
+  for (int64_t m : {1, 8}) run(m, 8000, 8064, 128, false, "bf16", true);
+  unsetenv("KILN_INT4_XALL");
   unsetenv("KILN_INT4_WGMMA");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);

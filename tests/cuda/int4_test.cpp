@@ -139,7 +139,13 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   REQUIRE(s64.size() == 1);
   CHECK(s64[0].find("grid=128,1,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 64 * 272 * 2 + 1024 + 2 * 256 * 64 * 2 + 2 * 4 * 64 * 4) + " ") !=
         std::string::npos);
-  for (const LoweredGraph* l : {&post16, &asym9, &post8, &post64, &asym33}) {
+  // x per super-chunk at M = 8 (KILN_INT4_XALL=0): the folded path's corrections come from the
+  // regions' permute.
+  setenv("KILN_INT4_XALL", "0", 1);
+  const LoweredGraph fold8 = lower(8, 128, false, "bf16", hopper);
+  unsetenv("KILN_INT4_XALL");
+  CHECK(fold8.source.find("constexpr bool XALL = false;") != std::string::npos);
+  for (const LoweredGraph* l : {&post16, &asym9, &post8, &post64, &asym33, &fold8}) {
     CHECK(l->source.find(on) != std::string::npos);
     compiles_everywhere(*l);
   }

@@ -425,9 +425,24 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       *reinterpret_cast<unsigned*>(row + ((c ^ g) * 16) + 4 * t) = u[e];
     }
   };
+  // FOLD: the sum of a 16-byte chunk's 8 values, and the correction (BASE + 8)·Σx of a column's
+  // k-block at corr + co from the sums of lanes t = 0..3 (the k-block's 32 chunks of that column).
+  auto wg_sum8 = [&](const uint4& q) {
+    float s = 0.f;
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = kiln_i4_f2(E(), (&q.x)[e]);
+      s += f.x + f.y;
+    }
+    return s;
+  };
+  auto wg_corr = [&](int co, float s) {
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if (t == 0) corr[co] = ($BASE + 8.f) * s;
+  };
   // XALL: stages all of the block's x from global memory, warp-item (buffer b, K-warp part wx,
-  // k-block d, n8 tile nb) per warp, every load issued before any store; FOLD's Σx per column
-  // and k-block comes from the same registers.
+  // k-block d, n8 tile nb) per warp, every load issued before any store.
   auto wg_stage = [&] {
     constexpr int NI = NB * KW * D * MN, WARPS = NW * KW, IPW = (NI + WARPS - 1) / WARPS;
     uint4 xv[IPW][4];
@@ -450,23 +465,15 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
         wg_put(b * KW + wx, d, v, n, xv[i][v]);
-        if (FOLD)
-          #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 f = kiln_i4_f2(E(), (&xv[i][v].x)[e]);
-            s += f.x + f.y;
-          }
+        if (FOLD) s += wg_sum8(xv[i][v]);
       }
-      if (FOLD) {
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        if (t == 0) corr[(b * KBS + wx * D + d) * MP + n] = ($BASE + 8.f) * s;
-      }
+      if (FOLD) wg_corr((b * KBS + wx * D + d) * MP + n, s);
     }
     kiln_wg_proxy_fence();  // the stores went through the generic proxy, wgmma reads through the async one
   };
   // Not XALL: x of cp.async buffer buf (landed, the block past its barrier) into the K-warps'
-  // regions, the same warp-items without the buffer index (rows past M are zeros).
+  // regions, the same warp-items without the buffer index (rows past M are zeros), and FOLD's
+  // corrections of the buffer (FOLD without XALL: M <= 8).
   auto wg_permute = [&](int buf) {
     constexpr int NI = KW * D * MN, WARPS = NW * KW;
     #pragma unroll
@@ -474,12 +481,16 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       const int it = warp + WARPS * i, nb = it % MN, d = it / MN % D, wx = it / (MN * D);
       if (it >= NI) break;  // warp-uniform
       const int n = 8 * nb + g;
+      float s = 0.f;
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int cc = d * 16 + 4 * t + v;  // the 16-byte chunk in the K-warp's part, stored swizzled
         const E* src = xs + (buf * KW * M + wx * M + n) * RS + (cc ^ ((cc >> 3) & 1)) * 8;
-        wg_put(wx, d, v, n, MFULL || n < M ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0));
+        const uint4 q = MFULL || n < M ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+        wg_put(wx, d, v, n, q);
+        if (FOLD) s += wg_sum8(q);
       }
+      if (FOLD) wg_corr((buf * KBS + wx * D + d) * MP + n, s);  // one tile of x: M <= 8
     }
     kiln_wg_proxy_fence();
   };
