@@ -18,6 +18,14 @@ for f in "$src"/bin/*; do
 done
 cp -a "$src"/lib/*.so* "$dst/lib/"
 cp -a "$src"/lib/kiln/plugins/*.so "$dst/lib/kiln/plugins/"
+# LLVM stays behind (hundreds of MB), so the plugin that links it would fail every plugin load
+# there: leave it out.
+for p in "$dst"/lib/kiln/plugins/*.so; do
+  if ldd "$p" 2>/dev/null | grep -q 'libLLVM'; then
+    rm "$p"
+    echo "carry-build.sh: left out $(basename "$p") (links LLVM)"
+  fi
+done
 # Libraries from Debian packages a GPU image usually lacks (system and CUDA libraries stay out).
 ldd "$dst"/bin/* "$dst"/lib/*.so* "$dst"/lib/kiln/plugins/*.so 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
   while read -r so; do
