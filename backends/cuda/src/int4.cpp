@@ -16,6 +16,12 @@
 namespace kiln::cuda::detail {
 namespace {
 
+/// Whether the measurement knob (environment variable) `name` is set to `value`.
+bool knob_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::string(e) == value;
+}
+
 /// Replaces every `$KEY` in `text` by its value, in order (a key that prefixes a later one,
 /// like $N and $NAME, must come after it).
 std::string fill(std::string text, const std::vector<std::pair<std::string, std::string>>& subs) {
@@ -781,27 +787,23 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool post = g == 128 && !asym;
     // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
-    const char* xall_env = std::getenv("KILN_INT4_XALL");
-    const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !(xall_env && std::string(xall_env) == "0");
+    const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
     // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
     // for measurement. Off by default: at M = 9..16 it measured no faster (H200, commit
     // 5d4c262, bench/results/2026-12-02-gpu-run8.md); above M = 16, where mma.sync issue bounds
     // the kernel by count, it is not measured yet.
-    const char* wg_env = std::getenv("KILN_INT4_WGMMA");
-    const bool wg = wg_env && std::string(wg_env) == "1" && hopper_plan() && nw % 4 == 0 &&
-                    smem_for(kc, kw, xall ? per : pf + 1, nw, true, xall) <= smem_limit();
-    int64_t smem = smem_for(kc, kw, xall ? per : pf + 1, nw, wg, xall);
+    const int64_t nbuf = xall ? per : pf + 1;  // x buffers
+    const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 &&
+                    smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
+    int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
-    const char* pair_env = std::getenv("KILN_INT4_PAIR");
     const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * ((m + 7) / 8) * 512;
-    const bool pair = split == 2 && hopper_plan() && pair_end <= smem_limit() &&
-                      !(pair_env && std::string(pair_env) == "0");
+    const bool pair = split == 2 && hopper_plan() && pair_end <= smem_limit() && !knob_is("KILN_INT4_PAIR", "0");
     if (pair) smem = pair_end;
     // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
     // comparisons): above, the reordering pass was measured slower with the Σx sums it then did.
-    const char* perm_env = std::getenv("KILN_INT4_PERM");
-    const bool perm = m <= 16 || (perm_env && std::string(perm_env) == "1");
+    const bool perm = m <= 16 || knob_is("KILN_INT4_PERM", "1");
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
