@@ -13,8 +13,8 @@ import subprocess
 PRIME_CYCLES = 200_000
 
 
-def median_ms(torch, fn, iters, warmup, prime=None):
-    """Median of `iters` CUDA-event timings of fn() after `warmup` untimed calls.
+def device_times_ms(torch, fn, iters, warmup, prime=None):
+    """`iters` CUDA-event timings of fn() (ms, in order) after `warmup` untimed calls.
 
     With `prime`, each timing starts behind a short device sleep, so the start event and fn's
     kernels are all queued before the device reaches them: the span is device time alone, as in
@@ -36,7 +36,12 @@ def median_ms(torch, fn, iters, warmup, prime=None):
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return times
+
+
+def median_ms(torch, fn, iters, warmup, prime=None):
+    """Median of device_times_ms(torch, fn, iters, warmup, prime)."""
+    return statistics.median(device_times_ms(torch, fn, iters, warmup, prime))
 
 
 def kiln_device_ms(kiln, artifact, report, iterations=None, warmup=None, quiet=True):

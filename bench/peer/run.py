@@ -12,7 +12,7 @@ first line of the error; nothing stops the other workloads.
 
 Times: "device" is GPU time of the model alone (PyTorch: CUDA events around the call, inputs
 already on the GPU, each timing queued behind a short device sleep so that the host's dispatch
-before the first kernel is not counted, as in peer_common.median_ms; Kiln: events around the
+before the first kernel is not counted: peer_common.device_times_ms; Kiln: events around the
 plan's steps). "e2e" is host to host: host
 inputs in, host outputs back (PyTorch: .to("cuda") + call + .cpu(); Kiln: kiln_model_run),
 wall clock. Medians throughout.
@@ -34,7 +34,7 @@ import sys
 import time
 import traceback
 
-from peer_common import PRIME_CYCLES
+from peer_common import device_times_ms
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -258,18 +258,7 @@ def worker(a):
 
         for mode, fn in fns.items():
             try:
-                for _ in range(a.warmup):
-                    call(mode, fn, gpu_in)
-                torch.cuda.synchronize()
-                dev_ms = []
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                for _ in range(a.iterations):
-                    torch.cuda._sleep(PRIME_CYCLES)
-                    start.record()
-                    call(mode, fn, gpu_in)
-                    end.record()
-                    end.synchronize()
-                    dev_ms.append(start.elapsed_time(end))
+                dev_ms = device_times_ms(torch, lambda: call(mode, fn, gpu_in), a.iterations, a.warmup)
                 e2e_ms = []
                 for _ in range(a.e2e_iterations):
                     t0 = time.perf_counter()

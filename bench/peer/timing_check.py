@@ -10,7 +10,6 @@ and a CUDA graph of 20 back-to-back calls replayed (per call). Writes a Markdown
     /opt/torch/.venv/bin/python3 bench/peer/timing_check.py --out timing.md
 """
 import argparse
-import statistics
 
 import torch
 
@@ -30,18 +29,7 @@ def graph_ms(fn, reps=20, iters=50):
     with torch.cuda.graph(g):
         for _ in range(reps):
             fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(200_000)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
+    return median_ms(torch, g.replay, iters, 1, prime=True) / reps
 
 
 def main():
