@@ -67,9 +67,7 @@ TEST_CASE("matmul_int4: small N splits K across blocks (memset, stream, sum)") {
 }
 
 TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x staged once, halves meet as a cluster pair") {
-  LoweringOptions hopper;
-  hopper.target = "cuda-sm90: target sm_90a";
-  hopper.max_smem_per_block = 232448;  // the sm90 plugin's limit
+  const LoweringOptions hopper = hopper_lowering();
   // The sm_90 default at M = 16: 8 N-warps x 2 K-warps, 128 rows a block, 64 blocks of rows, so
   // K splits in two; each half of x (8 super-chunks of 512) is staged once: 8 x 2 x 16 x
   // (256 + 16) x 2 bytes, then the corrections (8 x 4 k-blocks x 16 columns x 4 bytes). sm_80
@@ -111,9 +109,7 @@ TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x st
 }
 
 TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (sm_90a image), mma.sync otherwise") {
-  LoweringOptions hopper;
-  hopper.target = "cuda-sm90: target sm_90a";
-  hopper.max_smem_per_block = 232448;
+  const LoweringOptions hopper = hopper_lowering();
   auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt, const LoweringOptions& o) {
     return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), o);
   };

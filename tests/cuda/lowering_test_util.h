@@ -23,6 +23,15 @@ inline LoweredGraph lower_text(const std::string& text, const LoweringOptions& o
   return *l;
 }
 
+/// The options the cuda-sm90 plugin lowers with: its target (the Hopper plan) and its shared
+/// memory per block.
+inline LoweringOptions hopper_lowering() {
+  LoweringOptions o;
+  o.target = "cuda-sm90: target sm_90a";
+  o.max_smem_per_block = 232448;
+  return o;
+}
+
 /// Compiles the lowered source with NVRTC for sm_80, sm_90a and sm_100a: a failure stops the test
 /// with NVRTC's log and the source; every image must be an ELF cubin.
 inline void compiles_everywhere(const LoweredGraph& l) {
