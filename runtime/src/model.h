@@ -76,6 +76,11 @@ struct kiln_model {
   std::vector<Step> steps;
   cudaGraphExec_t graph = nullptr;  ///< with enable_timing: the steps only, copies apart
   cudaEvent_t steps_begin = nullptr, steps_end = nullptr;  ///< with enable_timing
+  /// With enable_timing: a one-thread kernel that waits lead_ns on the device before
+  /// steps_begin (see launch in model.cpp); null when KILN_TIMING_LEAD_US=0.
+  cudaLibrary_t lead_library = nullptr;
+  cudaKernel_t lead_kernel = nullptr;
+  unsigned long long lead_ns = 0;
   bool timed = false;  ///< a run bracketed by the events has completed
   /// The caller's output buffers of the run enqueued and not yet synchronized.
   std::vector<kiln_host_tensor> pending_outputs;

@@ -89,7 +89,10 @@ typedef struct kiln_runtime_options {
   uint64_t device_memory_limit; /* bytes Kiln may hold on the device; 0 = no limit */
   /* Since API version 2. Default 0. When 1, each run brackets the plan's steps with CUDA
    * events (input and output copies stay outside them, and with CUDA graphs on are issued
-   * apart from the graph), so kiln_model_device_time reports the device time of the plan. */
+   * apart from the graph), so kiln_model_device_time reports the device time of the plan.
+   * The device first waits 50 us (a one-thread kernel; KILN_TIMING_LEAD_US sets the length,
+   * 0 drops it) so the steps start behind running device work rather than behind the host's
+   * launch or an input copy. */
   int32_t enable_timing;
 } kiln_runtime_options;
 
