@@ -294,7 +294,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   const $ST* zpb = zeros + rowb * (K / G) + gl;
   struct Group {
     uint4 a[D], b[D];
-    float sa[D], sb[D], za[D], zb[D];
+    // Scales and zeros as stored: converted where used, so nothing waits on a load just issued.
+    $ST sa[D], sb[D], za[D], zb[D];
   };
   // The weights, scales and zeros of super-chunk sc for this lane (zeros past K or N).
   // Whether k-block d of super-chunk sc holds this lane's k (K may end inside a super-chunk).
@@ -308,10 +309,10 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         q.a[d] = oka ? $LDW(wpa + wo) : make_uint4(0, 0, 0, 0);
         q.b[d] = okb ? $LDW(wpb + wo) : make_uint4(0, 0, 0, 0);
       }
-      q.sa[d] = oka ? kiln_i4_f(spa[so]) : 0.f;
-      q.sb[d] = okb ? kiln_i4_f(spb[so]) : 0.f;
-      q.za[d] = ASYM && oka ? kiln_i4_f(zpa[so]) : 0.f;
-      q.zb[d] = ASYM && okb ? kiln_i4_f(zpb[so]) : 0.f;
+      q.sa[d] = oka ? spa[so] : $ST{};
+      q.sb[d] = okb ? spb[so] : $ST{};
+      q.za[d] = ASYM && oka ? zpa[so] : $ST{};
+      q.zb[d] = ASYM && okb ? zpb[so] : $ST{};
     }
   };
   // The 16-byte chunks of x this thread copies (and reorders) in every super-chunk: chunk i =
@@ -417,7 +418,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // pair 2h+1, row g+8 pair 2h+1), dequantized as FOLD / POST / ASYM ask. One lop3 per pair: the
   // nibbles, the sign flip of signed weights and the exponent bits.
   auto dequant = [&](const Group& use, int d, int v, int h, unsigned (&af)[4]) {
-    const E2 sa2 = $CVT2(use.sa[d]), sb2 = $CVT2(use.sb[d]), za2 = $CVT2(use.za[d]), zb2 = $CVT2(use.zb[d]);
+    const E2 sa2 = $CVT2(kiln_i4_f(use.sa[d])), sb2 = $CVT2(kiln_i4_f(use.sb[d])), za2 = $CVT2(kiln_i4_f(use.za[d])),
+             zb2 = $CVT2(kiln_i4_f(use.zb[d]));
     const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -573,7 +575,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     }
     kiln_wg_wait<0>();
     kiln_wg_pin<MN * 4>(dst);
-    if (POST) post_scale(use.sa[d], use.sb[d], co, sum, sum, false);
+    if (POST) post_scale(kiln_i4_f(use.sa[d]), kiln_i4_f(use.sb[d]), co, sum, sum, false);
   };
 #else
   constexpr bool WG = false;
@@ -644,7 +646,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
             kiln_i4_mma(POST ? tmp[h % NA][j] : acc2[h % NA][j], af, h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y, E());
         }
       }
-      if (POST) post_scale(use.sa[d], use.sb[d], (buf * KBS + wk * D + d) * MP, tmp[0], tmp[NA - 1], NA > 1);
+      if (POST) post_scale(kiln_i4_f(use.sa[d]), kiln_i4_f(use.sb[d]), (buf * KBS + wk * D + d) * MP, tmp[0], tmp[NA - 1], NA > 1);
     }
     // The buffer is refilled PF + 1 super-chunks on (WG: its contents went to the regions
     // before the barrier above).
