@@ -24,19 +24,19 @@ def device_times_ms(torch, fn, iters, warmup, prime=None):
     KILN_PEER_TIMING=idle asks for the old method (for comparisons)."""
     if prime is None:
         prime = os.environ.get("KILN_PEER_TIMING") != "idle"
-    # KILN_PEER_FLUSH_L2=1: overwrite twice the L2 before each timing (cold L2, as `kiln bench`
-    # with KILN_TIMING_FLUSH_L2=1).
+    # KILN_PEER_FLUSH_L2=1: read twice the L2 before each timing (cold L2 without dirty lines to
+    # write back, as `kiln bench` with KILN_TIMING_FLUSH_L2=1).
     flush = None
     if os.environ.get("KILN_PEER_FLUSH_L2") == "1":
         l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-        flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+        flush = torch.zeros(2 * l2 // 4, dtype=torch.int32, device="cuda")
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if flush is not None:
-            flush.zero_()
+            flush.sum()
         if prime:
             torch.cuda._sleep(PRIME_CYCLES)
         a.record()

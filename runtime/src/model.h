@@ -81,10 +81,13 @@ struct kiln_model {
   cudaLibrary_t lead_library = nullptr;
   cudaKernel_t lead_kernel = nullptr;
   unsigned long long lead_ns = 0;
-  /// With enable_timing and KILN_TIMING_FLUSH_L2=1: twice the L2's size, overwritten before each
-  /// timed run so the steps start with a cold L2 (none of their inputs left there by the copies).
+  /// With enable_timing and KILN_TIMING_FLUSH_L2=1: twice the L2's size, zeroed once and read by
+  /// l2_sweep before each timed run, so the steps start with a cold L2 (none of their inputs left
+  /// there by the copies) and no dirty lines.
   void* l2_flush = nullptr;
-  size_t l2_flush_bytes = 0;
+  unsigned long long l2_flush_bytes = 0;
+  cudaLibrary_t l2_library = nullptr;
+  cudaKernel_t l2_sweep = nullptr;
   bool timed = false;  ///< a run bracketed by the events has completed
   /// The caller's output buffers of the run enqueued and not yet synchronized.
   std::vector<kiln_host_tensor> pending_outputs;
