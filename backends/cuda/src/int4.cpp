@@ -255,11 +255,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   constexpr bool XALL = $XALL;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
-  // WS > 0 (XALL only): the weights go through WS shared-memory slots per lane with cp.async
-  // instead of registers, so WS - 1 super-chunks are in flight without holding registers. Each
-  // lane copies and later reads only its own 16-byte pieces: no barrier guards the slots.
-  constexpr int WS = $WS;
-  static_assert(WS == 0 || XALL, "weight stages need x staged once");
   // PAIR (SPLIT = 2): the two halves of K run as one cluster of two blocks; the second hands its
   // sums to the first through distributed shared memory, and the first adds them and stores y
   // (no f32 scratch, no second kernel).
@@ -305,10 +300,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     for (int d = 0; d < D; ++d) {
       const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina, okb = kin && inb;
       const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
-      if (!WS) {
-        q.a[d] = oka ? $LDW(wpa + wo) : make_uint4(0, 0, 0, 0);
-        q.b[d] = okb ? $LDW(wpb + wo) : make_uint4(0, 0, 0, 0);
-      }
+      q.a[d] = oka ? $LDW(wpa + wo) : make_uint4(0, 0, 0, 0);
+      q.b[d] = okb ? $LDW(wpb + wo) : make_uint4(0, 0, 0, 0);
       q.sa[d] = oka ? spa[so] : $ST{};
       q.sb[d] = okb ? spb[so] : $ST{};
       q.za[d] = ASYM && oka ? zpa[so] : $ST{};
@@ -349,25 +342,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   constexpr int XB_MMA = NB * KW * M * RS * (int)sizeof(E), XB_SWZ = 1024 + (XALL ? NB : 1) * KW * KC * MP * (int)sizeof(E);
   constexpr int XBYTES = !$WG ? XB_MMA : XALL ? (XB_MMA > XB_SWZ ? XB_MMA : XB_SWZ) : XB_MMA + XB_SWZ;
   float* corr = reinterpret_cast<float*>(kiln_i4_smem + XBYTES);
-  // WS slots after the corrections: slot u holds, for each (k-block d, row a / b), the NT
-  // lanes' 16-byte pieces side by side (a warp's 32 pieces are 512 contiguous bytes).
-  uint4* wslot = reinterpret_cast<uint4*>(kiln_i4_smem + $WSOFF);
-  auto wpiece = [&](int slot, int d, int ab) { return wslot + ((slot * D + d) * 2 + ab) * NT + threadIdx.x; };
-  // Weights of super-chunk sc into slot sc % WS, one cp.async group (empty past the block's
-  // range, so the group count stays regular).
-  auto wcopy = [&](int sc) {
-    asm volatile("" ::: "memory");  // the slot's last reads stay before its refill
-    if (sc < sc1) {
-      #pragma unroll
-      for (int d = 0; d < D; ++d) {
-        const bool kin = k_in(sc, d), oka = kin && ina, okb = kin && inb;
-        const int wo = sc * (SCK / 2) + d * 64;
-        kiln_i4_cp16(wpiece((sc - sc0) % WS, d, 0), oka ? wpa + wo : w, oka);
-        kiln_i4_cp16(wpiece((sc - sc0) % WS, d, 1), okb ? wpb + wo : w, okb);
-      }
-    }
-    kiln_i4_commit();
-  };
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
   // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
@@ -585,18 +559,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
 #endif
   // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
-  auto step = [&](int sc, Group& use, Group& fill, int buf) {
+  auto step = [&](int sc, const Group& use, Group& fill, int buf) {
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
-    if (WS) {
-      // The slot of sc - 1 was read last step: refill it with sc + WS - 1, then wait for sc's.
-      wcopy(sc + WS - 1);
-      kiln_i4_wait<(WS > 1 ? WS - 1 : 0)>();
-      #pragma unroll
-      for (int d = 0; d < D; ++d) {
-        use.a[d] = *wpiece((sc - sc0) % WS, d, 0);
-        use.b[d] = *wpiece((sc - sc0) % WS, d, 1);
-      }
-    }
     if (XALL) {
       buf = sc - sc0;
     } else {
@@ -661,9 +625,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   } else if (XALL) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
-    #pragma unroll
-    for (int p = 0; p + 1 < WS; ++p) wcopy(sc0 + p);  // behind x's group: x is waited for alone
-    kiln_i4_wait<(WS > 1 ? WS - 1 : 0)>();
+    kiln_i4_wait<0>();
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
   } else {
@@ -848,14 +810,6 @@ Status Lowerer::matmul_int4(const Node& n) {
     // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
-    // KILN_INT4_WSTAGES=S (2..8, x staged once): the weights pass through S shared-memory slots
-    // by cp.async rather than registers (S - 1 super-chunks in flight), for measurement.
-    int64_t wstages = 0, ws_off = 0;
-    if (const char* e = std::getenv("KILN_INT4_WSTAGES"); e && xall && !knob_is("KILN_INT4_WGMMA", "1")) {
-      const int64_t v = std::atoll(e);
-      ws_off = (smem_for(kc, kw, per, nw) + 15) / 16 * 16;
-      if (v >= 2 && v <= 8 && ws_off + v * 32 * nw * kw * (kc / 128) * 32 <= smem_limit()) wstages = v;
-    }
     // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
     // for measurement. Off by default: at M = 9..16 it measured no faster (H200, commit
     // 5d4c262, bench/results/2026-12-02-gpu-run8.md); above M = 16, where mma.sync issue bounds
@@ -864,7 +818,6 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 &&
                     smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
     int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
-    if (wstages) smem = ws_off + wstages * 32 * nw * kw * (kc / 128) * 32;
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
     const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * ((m + 7) / 8) * 512;
@@ -883,7 +836,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$LDW", ldw}, {"$WSOFF", std::to_string(ws_off)}, {"$WS", std::to_string(wstages)}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$LDW", ldw}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
