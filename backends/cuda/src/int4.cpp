@@ -78,26 +78,6 @@ __device__ __forceinline__ void kiln_i4_mma(float* c, const unsigned* a, unsigne
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// 16 bytes of packed weights (read once per kernel, never by another block): the plain
-// read-only load, or with cache hints that keep the stream from displacing x and the scales
-// (L1::no_allocate, L2::evict_first) and have L2 fetch whole 256-byte runs from DRAM.
-__device__ __forceinline__ uint4 kiln_i4_ldw(const unsigned char* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-#define KILN_I4_LDW_HINTED(NAME, OP)                                                                   \
-  __device__ __forceinline__ uint4 NAME(const unsigned char* p) {                                      \
-    uint4 v;                                                                                            \
-    asm(OP " {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)); \
-    return v;                                                                                           \
-  }
-KILN_I4_LDW_HINTED(kiln_i4_ldw_na, "ld.global.nc.L1::no_allocate.v4.u32")
-__device__ __forceinline__ uint4 kiln_i4_ldw_ef(const unsigned char* p) {
-  uint4 v;
-  asm("{\n.reg .b64 pol;\ncreatepolicy.fractional.L2::evict_first.b64 pol, 1.0;\n"
-               "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol;\n}\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-KILN_I4_LDW_HINTED(kiln_i4_ldw_p256, "ld.global.nc.L2::256B.v4.u32")
-KILN_I4_LDW_HINTED(kiln_i4_ldw_nap256, "ld.global.nc.L1::no_allocate.L2::256B.v4.u32")
 __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(s);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
@@ -300,8 +280,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     for (int d = 0; d < D; ++d) {
       const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina, okb = kin && inb;
       const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
-      q.a[d] = oka ? $LDW(wpa + wo) : make_uint4(0, 0, 0, 0);
-      q.b[d] = okb ? $LDW(wpb + wo) : make_uint4(0, 0, 0, 0);
+      q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
+      q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
       q.sa[d] = oka ? spa[so] : $ST{};
       q.sb[d] = okb ? spb[so] : $ST{};
       q.za[d] = ASYM && oka ? zpa[so] : $ST{};
@@ -826,17 +806,12 @@ Status Lowerer::matmul_int4(const Node& n) {
     // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
     // comparisons): above, the reordering pass was measured slower with the Σx sums it then did.
     const bool perm = m <= 16 || knob_is("KILN_INT4_PERM", "1");
-    // KILN_INT4_LDW=na|ef|p256|nap256: cache hints on the weight loads (kiln_i4_ldw_*), for
-    // measurement.
-    std::string ldw = "kiln_i4_ldw";
-    for (const char* h : {"na", "ef", "p256", "nap256"})
-      if (knob_is("KILN_INT4_LDW", h)) ldw += std::string("_") + h;
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$LDW", ldw}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
