@@ -222,15 +222,12 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // lop3 alone. Otherwise (groups 32/64, zeros) the dequantize applies (q - zero) * scale per
 // pair, a lane's 32 values being one group.
 const char* kStream = R"(
-extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
+extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
-  // N-warps (16 rows each), K-warps, M-warps, rows per block, threads, k per super-chunk. With
-  // MW M-warps each (N-warp, K-warp) pair is run by MW warps that load the same weights and take
-  // TN of the MN n8 tiles of x each (tiles J0 ..): fewer registers per warp, more warps per SM.
-  constexpr int NW = $NW, KW = $KW, MW = $MW, RB = 16 * NW, NT = 32 * NW * KW * MW, SCK = KW * KC;
-  constexpr int TN = (MN + MW - 1) / MW;
+  // N-warps (16 rows each), K-warps, rows per block, threads, k per super-chunk
+  constexpr int NW = $NW, KW = $KW, RB = 16 * NW, NT = 32 * NW * KW, SCK = KW * KC;
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   // PF super-chunks of weights in flight; PF + 1 register groups and x buffers in rotation.
   // XALL: all of the block's x (PER super-chunks) is staged and reordered once before the loop,
@@ -256,9 +253,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
   E* xs = reinterpret_cast<E*>(kiln_i4_smem);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp % NW;
-  const int wk = MW == 1 ? warp / NW : warp / NW % KW, wm = MW == 1 ? 0 : warp / (NW * KW);
-  const int g = lane >> 2, t = lane & 3, J0 = wm * TN;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp % NW, wk = warp / NW, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * RB + wn * 16, ra = n0 + g, rb = n0 + g + 8;
   const bool ina = NFULL || ra < N, inb = NFULL || rb < N;
   const int sc0 = blockIdx.y * PER, sc1 = min(sc0 + PER, NSC);
@@ -359,13 +354,13 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
   const int sw = t >> 1;
   const E* xla = xs + (wk * M + g) * RS + (4 * t + sw) * 8;
   const E* xlb = xs + (wk * M + g) * RS + (4 * t - sw) * 8;
-  float acc[TN][4];
+  float acc[MN][4];
   // Two accumulator sets (the word's two mma steps) break the mma dependency chain when there
   // are few n8 tiles; with more tiles the tiles themselves are independent.
-  constexpr int NA = TN <= 2 ? 2 : 1;
-  float acc2[NA][TN][4];
+  constexpr int NA = MN <= 2 ? 2 : 1;
+  float acc2[NA][MN][4];
   #pragma unroll
-  for (int j = 0; j < TN; ++j)
+  for (int j = 0; j < MN; ++j)
     #pragma unroll
     for (int e = 0; e < 4; ++e) {
       acc[j][e] = 0.f;
@@ -394,11 +389,11 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
   };
   // POST: acc += each row's scale (sa: row g, sb: row g+8) · (a k-block's unscaled sums s0
   // (+ s1 when two sets were used) - FOLD's corrections at corr + co).
-  auto post_scale = [&](float sa, float sb, int co, const float (&s0)[TN][4], const float (&s1)[TN][4], bool two) {
+  auto post_scale = [&](float sa, float sb, int co, const float (&s0)[MN][4], const float (&s1)[MN][4], bool two) {
     #pragma unroll
-    for (int j = 0; j < TN; ++j) {
+    for (int j = 0; j < MN; ++j) {
       float2 cr = make_float2(0.f, 0.f);
-      if (FOLD) cr = *reinterpret_cast<const float2*>(corr + co + 8 * (J0 + j) + 2 * t);
+      if (FOLD) cr = *reinterpret_cast<const float2*>(corr + co + 8 * j + 2 * t);
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float v = s0[j][e] - ((e & 1) ? cr.y : cr.x);
@@ -419,7 +414,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
   // hold all of the block's super-chunks, filled before the loop; otherwise one region per
   // K-warp is refilled each super-chunk from the cp.async buffer just landed.
   constexpr bool WG = true;
-  static_assert(NW % 4 == 0 && MW == 1, "WG needs whole warpgroups, each over all of x's tiles");
+  static_assert(NW % 4 == 0, "WG needs whole warpgroups");
   constexpr int WCB = KC / 64;  // column blocks per region
   const unsigned sbase = (unsigned)__cvta_generic_to_shared(kiln_i4_smem);
   const unsigned xw = (sbase + (XALL ? 0 : XB_MMA) + 1023u) & ~1023u;
@@ -568,20 +563,20 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
         wg_kblock(d, use, XALL ? buf * KW + wk : wk, (buf * KBS + wk * D + d) * MP);
         continue;
       }
-      float tmp[NA][TN][4];  // POST: this k-block's unscaled sums
+      float tmp[NA][MN][4];  // POST: this k-block's unscaled sums
       #pragma unroll
       for (int a = 0; a < NA; ++a)
         #pragma unroll
-        for (int j = 0; j < TN; ++j)
+        for (int j = 0; j < MN; ++j)
           #pragma unroll
           for (int e = 0; e < 4; ++e) tmp[a][j][e] = 0.f;
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
-        uint4 xv[TN];
+        uint4 xv[MN];
         #pragma unroll
-        for (int j = 0; j < TN; ++j) {
-          const E* xp = ((v & 1) ? xlb : xla) + (buf * KW * M + 8 * (J0 + j)) * RS + (d * 16 + v) * 8;
-          xv[j] = (MFULL && MW * TN == MN) || 8 * (J0 + j) + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < MN; ++j) {
+          const E* xp = ((v & 1) ? xlb : xla) + (buf * KW * M + 8 * j) * RS + (d * 16 + v) * 8;
+          xv[j] = MFULL || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
           if (!PERM)
             xv[j] = make_uint4(__byte_perm(xv[j].x, xv[j].z, 0x5410), __byte_perm(xv[j].x, xv[j].z, 0x7632),
                                __byte_perm(xv[j].y, xv[j].w, 0x5410), __byte_perm(xv[j].y, xv[j].w, 0x7632));
@@ -591,7 +586,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
           unsigned af[4];
           dequant(use, d, v, h, af);
           #pragma unroll
-          for (int j = 0; j < TN; ++j)
+          for (int j = 0; j < MN; ++j)
             kiln_i4_mma(POST ? tmp[h % NA][j] : acc2[h % NA][j], af, h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y, E());
         }
       }
@@ -624,7 +619,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
   }
   if (!POST)
     #pragma unroll
-    for (int j = 0; j < TN; ++j)
+    for (int j = 0; j < MN; ++j)
       #pragma unroll
       for (int e = 0; e < 4; ++e)
         #pragma unroll
@@ -635,17 +630,17 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
   float* red = reinterpret_cast<float*>(kiln_i4_smem);
   if (wk > 0)
     #pragma unroll
-    for (int j = 0; j < TN; ++j)
+    for (int j = 0; j < MN; ++j)
       #pragma unroll
-      for (int e = 0; e < 4; ++e) red[(((((wk - 1) * NW + wn) * MW + wm) * TN + j) * 4 + e) * 32 + lane] = acc[j][e];
+      for (int e = 0; e < 4; ++e) red[((((wk - 1) * NW + wn) * MN + j) * 4 + e) * 32 + lane] = acc[j][e];
   __syncthreads();
   if (wk == 0)
     #pragma unroll
-    for (int j = 0; j < TN; ++j)
+    for (int j = 0; j < MN; ++j)
       #pragma unroll
       for (int e = 0; e < 4; ++e)
         #pragma unroll
-        for (int o = 1; o < KW; ++o) acc[j][e] += red[(((((o - 1) * NW + wn) * MW + wm) * TN + j) * 4 + e) * 32 + lane];
+        for (int o = 1; o < KW; ++o) acc[j][e] += red[((((o - 1) * NW + wn) * MN + j) * 4 + e) * 32 + lane];
   float* peer = reinterpret_cast<float*>(kiln_i4_smem + $PAIROFF);  // PAIR: the second block's sums
   bool last = true;  // whether this block writes y (or the split-K scratch)
   if (PAIR) {
@@ -653,19 +648,19 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * $MW * 32, $MINB
     last = kiln_i4_cluster_rank() == 0;
     if (wk == 0 && !last)
       #pragma unroll
-      for (int j = 0; j < TN; ++j)
+      for (int j = 0; j < MN; ++j)
         #pragma unroll
-        for (int e = 0; e < 4; ++e) kiln_i4_st_peer(peer + (((wn * MW + wm) * TN + j) * 4 + e) * 32 + lane, 0, acc[j][e]);
+        for (int e = 0; e < 4; ++e) kiln_i4_st_peer(peer + ((wn * MN + j) * 4 + e) * 32 + lane, 0, acc[j][e]);
     kiln_i4_cluster_arrive();
     kiln_i4_cluster_wait();
   }
   if (wk == 0 && last)
     #pragma unroll
-    for (int j = 0; j < TN; ++j)
+    for (int j = 0; j < MN; ++j)
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int n = n0 + g + 8 * (e >> 1), m = 8 * (J0 + j) + 2 * t + (e & 1);
-        const float v = acc[j][e] + (PAIR ? peer[(((wn * MW + wm) * TN + j) * 4 + e) * 32 + lane] : 0.f);
+        const int n = n0 + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
+        const float v = acc[j][e] + (PAIR ? peer[((wn * MN + j) * 4 + e) * 32 + lane] : 0.f);
         if (m < M && n < N) {
           if (SPLIT > 1 && !PAIR) atomicAdd(part + (long long)m * N + n, v);
           else kiln_i4_st(y + (long long)m * N + n, v + $BIAS(n));
@@ -760,7 +755,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
     // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
     // sm_90 plans differ at M = 5..16 (next).
-    int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4, mw = 1;
+    int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
     // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
     // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
     // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
@@ -774,7 +769,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v, bool wgl = false, bool once = false) {
       const int64_t raw = nb * w * m * (c + 16) * 2, swz = 1024 + (once ? nb : 1) * w * c * mp * 2;
       const int64_t xb = !wgl ? raw : once ? std::max(raw, swz) : raw + swz;
-      return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * 512 * mw * ((mp / 8 + mw - 1) / mw));
+      return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * 512 * ((m + 7) / 8));
     };
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
@@ -787,9 +782,6 @@ Status Lowerer::matmul_int4(const Node& n) {
           (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1, v) <= smem_limit())
         kc = a, blocks = b2, minb = c, kw = w4, pf = f, nw = v;
     }
-    // KILN_INT4_MW=2 (M > 16, for measurement): two M-warps per (N-warp, K-warp), each over half
-    // of x's n8 tiles: half the accumulators and x fragments per warp, twice the warps per SM.
-    if (m > 16 && knob_is("KILN_INT4_MW", "2") && nw * kw * 2 <= 16) mw = 2;
     const int64_t rows = 16 * nw;
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
@@ -803,12 +795,12 @@ Status Lowerer::matmul_int4(const Node& n) {
     // 5d4c262, bench/results/2026-12-02-gpu-run8.md); above M = 16, where mma.sync issue bounds
     // the kernel by count, it is not measured yet.
     const int64_t nbuf = xall ? per : pf + 1;  // x buffers
-    const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 && mw == 1 &&
+    const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 &&
                     smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
     int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
-    const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mw * ((mp / 8 + mw - 1) / mw) * 512;
+    const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * ((m + 7) / 8) * 512;
     const bool pair = split == 2 && hopper_plan() && pair_end <= smem_limit() && !knob_is("KILN_INT4_PAIR", "0");
     if (pair) smem = pair_end;
     // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
@@ -817,7 +809,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MW", std::to_string(mw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
                                {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
@@ -827,12 +819,12 @@ Status Lowerer::matmul_int4(const Node& n) {
                              {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
     if (split == 1 || pair) {
-      launch_grid(name, {tiles, split}, 32 * nw * kw * mw, smem, {x, w, s, z, b, out, out});
+      launch_grid(name, {tiles, split}, 32 * nw * kw, smem, {x, w, s, z, b, out, out});
       return ok_status();
     }
     const int part = add_buffer("activation", DType::kF32, {m, nn}, "");
     steps_.push_back({"step memset dst=b" + std::to_string(part) + " bytes=" + std::to_string(bufs_[part].bytes), {part}});
-    launch_grid(name, {tiles, split}, 32 * nw * kw * mw, smem, {x, w, s, z, b, out, part});
+    launch_grid(name, {tiles, split}, 32 * nw * kw, smem, {x, w, s, z, b, out, part});
     const std::string sum = kernel_name("matmul_int4_splitk_sum");
     add_kernel_text(sum, with_bias(fill(kSplitSum, {{"$NAME", sum}, {"$XT", xs}, {"$M", std::to_string(m)},
                                                      {"$N", std::to_string(nn)}})));
