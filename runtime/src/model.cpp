@@ -79,13 +79,18 @@ DONE:
 }
 )";
 
-/// Device lead-in of a timed run, in microseconds: KILN_TIMING_LEAD_US, default 50; 0 turns it off.
-unsigned long long timing_lead_ns() {
+/// Device lead-in of a timed run: KILN_TIMING_LEAD_US (whole microseconds, at most 10 s; 0 turns
+/// it off), default 50. False for a value that is not one.
+bool timing_lead_ns(unsigned long long* ns) {
   const char* e = std::getenv("KILN_TIMING_LEAD_US");
-  if (!e || !*e) return 50'000;
-  char* end = nullptr;
-  unsigned long long us = std::strtoull(e, &end, 10);
-  return (end && *end == '\0') ? us * 1000 : 50'000;
+  *ns = 50'000;
+  if (!e || !*e) return true;
+  unsigned long long us = 0;
+  const char* end = e + std::strlen(e);
+  auto [p, err] = std::from_chars(e, end, us);
+  if (err != std::errc{} || p != end || us > 10'000'000) return false;
+  *ns = us * 1000;
+  return true;
 }
 
 kiln_status* invalid(std::string msg) {
@@ -423,6 +428,17 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   runtime->references.fetch_add(1);
   m->runtime = runtime;
   m->artifact = std::move(artifact);
+  // The timing variables (see kiln_runtime_options.enable_timing), checked before any allocation.
+  bool flush_l2 = false;
+  if (runtime->options.enable_timing) {
+    if (!timing_lead_ns(&m->lead_ns))
+      return invalid("KILN_TIMING_LEAD_US must be a whole number of microseconds up to 10000000, got '" +
+                     std::string(std::getenv("KILN_TIMING_LEAD_US")) + "'");
+    const char* flush = std::getenv("KILN_TIMING_FLUSH_L2");
+    if (flush && *flush && std::string(flush) != "0" && std::string(flush) != "1")
+      return invalid("KILN_TIMING_FLUSH_L2 must be 0 or 1, got '" + std::string(flush) + "'");
+    flush_l2 = flush && std::string(flush) == "1";
+  }
   const artifact::Plan& plan = m->artifact->plan;
   KILN_CUDA_TRY(cudaSetDevice(runtime->device.ordinal));
   if (!plan.kernels.empty()) KILN_RT_TRY(load_image(m.get()));
@@ -454,7 +470,7 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   if (runtime->options.enable_timing) {
     KILN_CUDA_TRY(cudaEventCreate(&m->steps_begin));
     KILN_CUDA_TRY(cudaEventCreate(&m->steps_end));
-    if (const char* e = std::getenv("KILN_TIMING_FLUSH_L2"); e && std::string(e) == "1") {
+    if (flush_l2) {
       int l2 = 0;
       KILN_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, runtime->device.ordinal));
       m->l2_flush_bytes = 2 * static_cast<size_t>(l2 > 0 ? l2 : 64 << 20);
@@ -466,7 +482,6 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
       KILN_RT_TRY(context(cuda_status(cudaLibraryGetKernel(&m->l2_sweep, m->l2_library, "kiln_l2_sweep"),
                                       "cudaLibraryGetKernel"), "loading the L2 sweep kernel"));
     }
-    m->lead_ns = timing_lead_ns();
     if (m->lead_ns) {
       KILN_RT_TRY(context(cuda_status(cudaLibraryLoadData(&m->lead_library, kLeadPtx, nullptr, nullptr, 0, nullptr,
                                                           nullptr, 0), "cudaLibraryLoadData"), "loading the timing lead-in kernel"));

@@ -47,6 +47,11 @@ compile` does, into OUT.kiln (default: MODEL with the extension .kiln).
 
 compile first (MODEL not a .kiln): --target, --sym, -o/--output, --backend, --pipeline,
   --passes, --frontend, --plugin-path, as for `kiln compile`
+
+Device time starts behind a 50 us device wait, so it holds neither the graph launch nor the
+input copies' hand-over. Environment: KILN_TIMING_LEAD_US=N sets that wait (0 drops it);
+KILN_TIMING_FLUSH_L2=1 reads twice the L2's size before each timed run, so the plan finds none
+of its inputs in L2 (weights of a real model rarely are; small ones would stay after the copies).
 )";
 
 struct BenchFlags {

@@ -2,7 +2,9 @@
 // graphs on and off, on a kernel-free plan (copies and a memset: no NVRTC needed).
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "artifact_builder.h"
@@ -100,4 +102,50 @@ TEST_CASE("device time before any run, and enqueue argument errors, are refused 
         "kiln_model_enqueue: 1 output given, the model has 2");
   REQUIRE(message_of(kiln_model_run(l.model, in, 1, out, 2)).empty());
   CHECK(message_of(kiln_model_device_time(l.model, &ms)).empty());
+}
+
+TEST_CASE("timed runs with the L2 sweep and without the lead-in stay correct; bad timing variables are refused") {
+  struct Env {  // restores the two variables on every exit
+    ~Env() {
+      unsetenv("KILN_TIMING_LEAD_US");
+      unsetenv("KILN_TIMING_FLUSH_L2");
+    }
+  } env;
+  for (const char* lead : {"0", "20"}) {
+    CAPTURE(lead);
+    setenv("KILN_TIMING_LEAD_US", lead, 1);
+    setenv("KILN_TIMING_FLUSH_L2", "1", 1);
+    Loaded l;
+    load(l, 1, 1);
+    std::vector<float> x(32), y(32, -1), z(4, 7);
+    for (int i = 0; i < 32; ++i) x[i] = static_cast<float>(3 * i);
+    kiln_host_tensor in[1] = {{x.data(), 128}};
+    kiln_host_tensor out[2] = {{y.data(), 128}, {z.data(), 16}};
+    for (int run = 0; run < 2; ++run) REQUIRE(message_of(kiln_model_run(l.model, in, 1, out, 2)).empty());
+    for (int i = 0; i < 32; ++i) CHECK(y[i] == static_cast<float>(3 * i));
+    double ms = -1;
+    CHECK(message_of(kiln_model_device_time(l.model, &ms)).empty());
+    CHECK(ms >= 0);
+  }
+  const std::pair<const char*, const char*> bad[] = {
+      {"KILN_TIMING_LEAD_US", "fifty"}, {"KILN_TIMING_LEAD_US", "-3"}, {"KILN_TIMING_FLUSH_L2", "yes"}};
+  for (const auto& [name, value] : bad) {
+    CAPTURE(name);
+    CAPTURE(value);
+    unsetenv("KILN_TIMING_LEAD_US");
+    unsetenv("KILN_TIMING_FLUSH_L2");
+    setenv(name, value, 1);
+    kiln_runtime_options o;
+    kiln_runtime_options_initialize(&o);
+    o.enable_timing = 1;
+    Loaded l;
+    REQUIRE(message_of(kiln_runtime_create(&o, &l.rt)).empty());
+    const std::string bytes = kiln::test::make_artifact(kCopyPlan, {}, "");
+    kiln_status* st = kiln_model_load_memory(l.rt, bytes.data(), bytes.size(), &l.model);
+    CHECK(kiln_status_get_code(st) == KILN_STATUS_INVALID_ARGUMENT);
+    const std::string msg = message_of(st);
+    CHECK(msg.find(name) != std::string::npos);
+    CHECK(msg.find(std::string("'") + value + "'") != std::string::npos);
+    CHECK(l.model == nullptr);
+  }
 }
