@@ -150,6 +150,22 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   unsetenv("KILN_INT4_WGMMA");
 }
 
+TEST_CASE("matmul_int4: KILN_INT4_XFIRST=1 stages x before the first weights (x staged once), off by default") {
+  const LoweringOptions hopper = hopper_lowering();
+  auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt) {
+    return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), hopper);
+  };
+  CHECK(lower(1, 128, false, "bf16").source.find("constexpr bool XFIRST = false && XALL && !WG;") != std::string::npos);
+  setenv("KILN_INT4_XFIRST", "1", 1);
+  // M = 1: folded, post-scaled bf16; M = 13: asymmetric f16 in the cluster pair.
+  const LoweredGraph one = lower(1, 128, false, "bf16"), pair13 = lower(13, 64, true, "f16");
+  unsetenv("KILN_INT4_XFIRST");
+  for (const LoweredGraph* l : {&one, &pair13}) {
+    CHECK(l->source.find("constexpr bool XFIRST = true && XALL && !WG;") != std::string::npos);
+    compiles_everywhere(*l);
+  }
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

@@ -78,6 +78,25 @@ __device__ __forceinline__ void kiln_i4_mma(float* c, const unsigned* a, unsigne
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// Plain (coherent) global loads in volatile asm: ptxas keeps them above a following barrier,
+// where it sinks read-only (.nc) loads below it and below a cp.async wait.
+__device__ __forceinline__ uint4 kiln_i4_ld16_pinned(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+template <class T> __device__ __forceinline__ T kiln_i4_ld_pinned(const T* p) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16- or 32-bit scales");
+  if constexpr (sizeof(T) == 2) {
+    unsigned short u;
+    asm volatile("ld.global.u16 %0, [%1];\n" : "=h"(u) : "l"(p));
+    return *reinterpret_cast<const T*>(&u);
+  } else {
+    unsigned u;
+    asm volatile("ld.global.u32 %0, [%1];\n" : "=r"(u) : "l"(p));
+    return *reinterpret_cast<const T*>(&u);
+  }
+}
 __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(s);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
@@ -275,11 +294,21 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // The weights, scales and zeros of super-chunk sc for this lane (zeros past K or N).
   // Whether k-block d of super-chunk sc holds this lane's k (K may end inside a super-chunk).
   auto k_in = [&](int sc, int d) { return KFULL || sc * SCK + kl + d * 128 < K; };
-  auto load = [&](int sc, Group& q) {
+  // (pinned: loads ptxas keeps in program order, for XFIRST's prologue below)
+  auto load = [&](int sc, Group& q, bool pinned = false) {
     #pragma unroll
     for (int d = 0; d < D; ++d) {
       const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina, okb = kin && inb;
       const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
+      if (pinned) {
+        q.a[d] = oka ? kiln_i4_ld16_pinned(wpa + wo) : make_uint4(0, 0, 0, 0);
+        q.b[d] = okb ? kiln_i4_ld16_pinned(wpb + wo) : make_uint4(0, 0, 0, 0);
+        q.sa[d] = oka ? kiln_i4_ld_pinned(spa + so) : $ST{};
+        q.sb[d] = okb ? kiln_i4_ld_pinned(spb + so) : $ST{};
+        q.za[d] = ASYM && oka ? kiln_i4_ld_pinned(zpa + so) : $ST{};
+        q.zb[d] = ASYM && okb ? kiln_i4_ld_pinned(zpb + so) : $ST{};
+        continue;
+      }
       q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
       q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
       q.sa[d] = oka ? spa[so] : $ST{};
@@ -596,15 +625,28 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     // before the barrier above).
     if (!XALL && !WG) __syncthreads();
   };
+  // XFIRST (KILN_INT4_XFIRST=1, x staged once; for measurement, not yet run on a GPU): x's
+  // copies go out before the first weights, so they do not queue behind the weights' requests
+  // in the memory system (with a cold L2 the wait for x was the top stall at M = 1, ncu: 17% of
+  // warp samples, bench/results/2026-12-02-gpu-run9.md). Pinned plain loads and the barrier after
+  // them keep ptxas from sinking the weight loads below the wait for x.
+  constexpr bool XFIRST = $XFIRST && XALL && !WG;
+  if (XFIRST) {
+    for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
+    kiln_i4_commit();
+  }
   Group gq[PF + 1];
   #pragma unroll
-  for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p]);
+  for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p], XFIRST);
+  if (XFIRST) __syncthreads();
   if (WG && XALL) {
     wg_stage();
     __syncthreads();
   } else if (XALL) {
-    for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
-    kiln_i4_commit();
+    if (!XFIRST) {
+      for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
+      kiln_i4_commit();
+    }
     kiln_i4_wait<0>();
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
@@ -811,7 +853,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XFIRST", knob_is("KILN_INT4_XFIRST", "1") ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
