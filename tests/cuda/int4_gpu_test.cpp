@@ -3,8 +3,8 @@
 // K split across blocks, N and K off the tiles, group sizes 32/64/128, symmetric (post-scaled
 // at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65,
 // 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at M = 9..16, and the warpgroup
-// MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64, and KILN_INT4_XFIRST=1's prologue order at
-// M = 1..16. Exits 77 (skip) without a GPU.
+// MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64, KILN_INT4_XFIRST=1's prologue order at
+// M = 1..16 and KILN_INT4_NAT=1's adjacent-nibble pairs at M = 1..64. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -106,6 +106,17 @@ int main() {
     run(m, 257, 1280, 64, true, "f16", m % 2 == 0);
   }
   unsetenv("KILN_INT4_XFIRST");
+  // KILN_INT4_NAT=1: adjacent-nibble pairs against unpermuted x, at every M (x staged once, the
+  // cluster pair, x per super-chunk, 9 n8 tiles), and with the warpgroup MMA path.
+  setenv("KILN_INT4_NAT", "1", 1);
+  for (int64_t m : {1, 8, 13, 16, 17, 33, 64}) {
+    run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
+    run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
+  }
+  setenv("KILN_INT4_WGMMA", "1", 1);
+  for (int64_t m : {16, 64}) run(m, 8000, 8064, 128, false, "bf16", true);
+  unsetenv("KILN_INT4_WGMMA");
+  unsetenv("KILN_INT4_NAT");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

@@ -166,6 +166,23 @@ TEST_CASE("matmul_int4: KILN_INT4_XFIRST=1 stages x before the first weights (x 
   }
 }
 
+TEST_CASE("matmul_int4: KILN_INT4_NAT=1 pairs adjacent nibbles and reads x unpermuted, off by default") {
+  const LoweringOptions hopper = hopper_lowering();
+  auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt) {
+    return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), hopper);
+  };
+  CHECK(lower(64, 128, false, "bf16").source.find("constexpr bool NAT = false;") != std::string::npos);
+  setenv("KILN_INT4_NAT", "1", 1);
+  // M = 1: folded, x staged once; M = 64: post-scaled, x per super-chunk; M = 33: asymmetric f16.
+  const LoweredGraph one = lower(1, 128, false, "bf16"), post64 = lower(64, 128, false, "bf16"),
+                     asym33 = lower(33, 32, true, "f16");
+  unsetenv("KILN_INT4_NAT");
+  for (const LoweredGraph* l : {&one, &post64, &asym33}) {
+    CHECK(l->source.find("constexpr bool NAT = true;") != std::string::npos);
+    compiles_everywhere(*l);
+  }
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

@@ -262,6 +262,12 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // PERM: x chunks are reordered once in shared memory instead of by byte permutes at each read
   // (the lowering's choice: up to two n8 tiles).
   constexpr bool PERM = $PERM;
+  // NAT (KILN_INT4_NAT=1, for the next measurement, not yet run on a GPU): a step's A fragment
+  // pairs adjacent nibbles (the two of one byte, values 2p, 2p + 1 of a word) instead of nibbles
+  // j, j + 4, so x's B fragments are its natural 32-bit words: no byte permutes of x at any M
+  // (no reordering pass up to M = 16, none at each read above), for one shift per weight word and
+  // a byte permute per pair in the dequantize.
+  constexpr bool NAT = $NAT;
   // FOLD (POST; one n8 tile of x, or x staged once): the mma runs on the raw exponent-trick
   // values p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being
   // summed when x is reordered; when x is reordered per super-chunk above M = 8, that sum costs
@@ -356,7 +362,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
   // 16 chunks of a k-block and column sit on 16 consecutive lanes).
   auto prep = [&](int buf) {
-    if (!PERM) return;
+    if (!PERM || (NAT && !FOLD)) return;  // NAT: only FOLD's sums
     #pragma unroll
     for (int r = 0; r < XR; ++r) {
       if (!mine(r)) continue;
@@ -374,8 +380,9 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         const int i = threadIdx.x + r * NT;
         if ((xcol[r] & 15) == 0) corr[(buf * KBS + xcol[r] / 16) * MP + i / (SCK / 8)] = ($BASE + 8.f) * s;
       }
-      *p = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                      __byte_perm(v.y, v.w, 0x7632));
+      if (!NAT)
+        *p = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                        __byte_perm(v.y, v.w, 0x7632));
     }
   };
   // This lane's x reads: row g of its K-warp's part, chunks d·16 + 4t + v stored at
@@ -406,7 +413,10 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const unsigned bits = kiln_i4_pair_bits(((r & 1) ? wb : wa) >> (4 * (2 * h + (r >> 1))), $EXP ^ ($FLIP & 0x00080008u));
+      const unsigned wr = (r & 1) ? wb : wa;
+      const int pr = 2 * h + (r >> 1);  // the pair: NAT byte pr of the word, else nibbles pr, pr + 4
+      const unsigned sel = pr | (pr << 4) | ((4 + pr) << 8) | ((4 + pr) << 12);  // bytes 0, 2: wr's and (wr >> 4)'s byte pr
+      const unsigned bits = kiln_i4_pair_bits(NAT ? __byte_perm(wr, wr >> 4, sel) : wr >> (4 * pr), $EXP ^ ($FLIP & 0x00080008u));
       const E2 p = *reinterpret_cast<const E2*>(&bits);
       E2 q;
       if (FOLD) q = p;
@@ -453,8 +463,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // 2v + h's 32 bytes. A store's 32 lanes (8 rows x 4 words) hit distinct banks: the swizzle
   // spreads the rows.
   auto wg_put = [&](int rg, int d, int v, int n, const uint4& q) {
-    const unsigned u[4] = {__byte_perm(q.x, q.z, 0x5410), __byte_perm(q.x, q.z, 0x7632), __byte_perm(q.y, q.w, 0x5410),
-                           __byte_perm(q.y, q.w, 0x7632)};
+    const unsigned u[4] = {NAT ? q.x : __byte_perm(q.x, q.z, 0x5410), NAT ? q.y : __byte_perm(q.x, q.z, 0x7632),
+                           NAT ? q.z : __byte_perm(q.y, q.w, 0x5410), NAT ? q.w : __byte_perm(q.y, q.w, 0x7632)};
     unsigned char* row = xwp + ((rg * WCB + 2 * d + v / 2) * MP + n) * 128;
     #pragma unroll
     for (int e = 0; e < 4; ++e) {  // pair 2h + p -> chunk 2·(2·(v % 2) + h) + p
@@ -606,7 +616,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         for (int j = 0; j < MN; ++j) {
           const E* xp = ((v & 1) ? xlb : xla) + (buf * KW * M + 8 * j) * RS + (d * 16 + v) * 8;
           xv[j] = MFULL || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
-          if (!PERM)
+          if (!PERM && !NAT)
             xv[j] = make_uint4(__byte_perm(xv[j].x, xv[j].z, 0x5410), __byte_perm(xv[j].x, xv[j].z, 0x7632),
                                __byte_perm(xv[j].y, xv[j].w, 0x5410), __byte_perm(xv[j].y, xv[j].w, 0x7632));
         }
@@ -853,7 +863,8 @@ Status Lowerer::matmul_int4(const Node& n) {
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XFIRST", knob_is("KILN_INT4_XFIRST", "1") ? "true" : "false"}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XFIRST", knob_is("KILN_INT4_XFIRST", "1") ? "true" : "false"},
+                             {"$NAT", knob_is("KILN_INT4_NAT", "1") ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
