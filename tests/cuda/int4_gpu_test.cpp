@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -88,31 +89,30 @@ int main() {
   run(16, 8000, 8064, 32, true, "f16", false);
   // KILN_INT4_WGMMA=1: warpgroup MMAs on the sm_90a image, x staged once (M <= 16, the cluster
   // pair at 13 / 16) and per super-chunk (M > 16), post-scaled and not, with N and K tails.
+  // Two shapes per M under a knob: N and K tails, group 128 (post-scaled) bf16 and a smaller
+  // asymmetric f16 group, bias on odd / even M.
+  auto tails = [&](std::initializer_list<int64_t> ms) {
+    for (int64_t m : ms) {
+      run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
+      run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
+    }
+  };
   setenv("KILN_INT4_WGMMA", "1", 1);
-  for (int64_t m : {1, 5, 8, 13, 16, 17, 32, 33, 64}) {
-    run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
-    run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
-  }
+  tails({1, 5, 8, 13, 16, 17, 32, 33, 64});
   // x per super-chunk at M <= 8 (KILN_INT4_XALL=0): the regions' corrections of the folded path.
   setenv("KILN_INT4_XALL", "0", 1);
   for (int64_t m : {1, 8}) run(m, 8000, 8064, 128, false, "bf16", true);
   unsetenv("KILN_INT4_XALL");
   unsetenv("KILN_INT4_WGMMA");
   // KILN_INT4_XFIRST=1: x's copies before the first weights, which load through pinned plain
-  // loads (x staged once: M <= 16), with N and K tails, group 128 symmetric and 64 asymmetric.
+  // loads (x staged once: M <= 16).
   setenv("KILN_INT4_XFIRST", "1", 1);
-  for (int64_t m : {1, 8, 13, 16}) {
-    run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
-    run(m, 257, 1280, 64, true, "f16", m % 2 == 0);
-  }
+  tails({1, 8, 13, 16});
   unsetenv("KILN_INT4_XFIRST");
   // KILN_INT4_NAT=1: adjacent-nibble pairs against unpermuted x, at every M (x staged once, the
   // cluster pair, x per super-chunk, 9 n8 tiles), and with the warpgroup MMA path.
   setenv("KILN_INT4_NAT", "1", 1);
-  for (int64_t m : {1, 8, 13, 16, 17, 33, 64}) {
-    run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
-    run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
-  }
+  tails({1, 8, 13, 16, 17, 33, 64});
   setenv("KILN_INT4_WGMMA", "1", 1);
   for (int64_t m : {16, 64}) run(m, 8000, 8064, 128, false, "bf16", true);
   unsetenv("KILN_INT4_WGMMA");

@@ -108,19 +108,25 @@ TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x st
   }
 }
 
+namespace {
+/// matmul_int4 over 8192² weights with bias (scales in x's type, f16 x with f16 scales), lowered
+/// with `o` (default: the cuda-sm90 plugin's options).
+LoweredGraph lower_int4(int64_t m, int64_t g, bool asym, const std::string& dt,
+                        const LoweringOptions& o = hopper_lowering()) {
+  return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), o);
+}
+}  // namespace
+
 TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (sm_90a image), mma.sync otherwise") {
   const LoweringOptions hopper = hopper_lowering();
-  auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt, const LoweringOptions& o) {
-    return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), o);
-  };
   const std::string on = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 1", off = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 0";
   // Off by default.
-  for (int64_t m : {8, 16, 64}) CHECK(lower(m, 128, false, "bf16", hopper).source.find(off) != std::string::npos);
+  for (int64_t m : {8, 16, 64}) CHECK(lower_int4(m, 128, false, "bf16", hopper).source.find(off) != std::string::npos);
   setenv("KILN_INT4_WGMMA", "1", 1);
   // x staged once (M <= 16): post-scaled bf16 at M = 16 (the cluster pair), asymmetric f16 at
   // M = 9 (a partial n16 tile), n8 at M = 8; the same launches as mma.sync.
-  const LoweredGraph post16 = lower(16, 128, false, "bf16", hopper), asym9 = lower(9, 64, true, "f16", hopper);
-  const LoweredGraph post8 = lower(8, 128, false, "bf16", hopper);
+  const LoweredGraph post16 = lower_int4(16, 128, false, "bf16", hopper), asym9 = lower_int4(9, 64, true, "f16", hopper);
+  const LoweredGraph post8 = lower_int4(8, 128, false, "bf16", hopper);
   CHECK(post16.source.find("void kiln_wgmma_rs_kmajor<16, __nv_bfloat16>(") != std::string::npos);
   CHECK(asym9.source.find("void kiln_wgmma_rs_kmajor<16, __half>(") != std::string::npos);
   CHECK(post8.source.find("void kiln_wgmma_rs_kmajor<8, __nv_bfloat16>(") != std::string::npos);
@@ -128,7 +134,7 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   // bf16, group 128: 2 buffers x 2 K-warps x 64 x (256 + 16) x 2 bytes, 1 KB slack + 2 x 256 x 64 x
   // 2 bytes of regions, then the corrections (2 x 4 k-blocks x 64 x 4 bytes). M = 33: f16,
   // asymmetric, n40 tiles (rows padded to 40).
-  const LoweredGraph post64 = lower(64, 128, false, "bf16", hopper), asym33 = lower(33, 32, true, "f16", hopper);
+  const LoweredGraph post64 = lower_int4(64, 128, false, "bf16", hopper), asym33 = lower_int4(33, 32, true, "f16", hopper);
   CHECK(post64.source.find("void kiln_wgmma_rs_kmajor<64, __nv_bfloat16>(") != std::string::npos);
   CHECK(asym33.source.find("void kiln_wgmma_rs_kmajor<40, __half>(") != std::string::npos);
   const std::vector<std::string> s64 = steps(post64.plan);
@@ -138,7 +144,7 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   // x per super-chunk at M = 8 (KILN_INT4_XALL=0): the folded path's corrections come from the
   // regions' permute.
   setenv("KILN_INT4_XALL", "0", 1);
-  const LoweredGraph fold8 = lower(8, 128, false, "bf16", hopper);
+  const LoweredGraph fold8 = lower_int4(8, 128, false, "bf16", hopper);
   unsetenv("KILN_INT4_XALL");
   CHECK(fold8.source.find("constexpr bool XALL = false;") != std::string::npos);
   for (const LoweredGraph* l : {&post16, &asym9, &post8, &post64, &asym33, &fold8}) {
@@ -146,19 +152,15 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
     compiles_everywhere(*l);
   }
   // sm_80 plans never take it.
-  CHECK(lower(16, 128, false, "bf16", LoweringOptions{}).source.find(off) != std::string::npos);
+  CHECK(lower_int4(16, 128, false, "bf16", LoweringOptions{}).source.find(off) != std::string::npos);
   unsetenv("KILN_INT4_WGMMA");
 }
 
 TEST_CASE("matmul_int4: KILN_INT4_XFIRST=1 stages x before the first weights (x staged once), off by default") {
-  const LoweringOptions hopper = hopper_lowering();
-  auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt) {
-    return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), hopper);
-  };
-  CHECK(lower(1, 128, false, "bf16").source.find("constexpr bool XFIRST = false && XALL && !WG;") != std::string::npos);
+  CHECK(lower_int4(1, 128, false, "bf16").source.find("constexpr bool XFIRST = false && XALL && !WG;") != std::string::npos);
   setenv("KILN_INT4_XFIRST", "1", 1);
   // M = 1: folded, post-scaled bf16; M = 13: asymmetric f16 in the cluster pair.
-  const LoweredGraph one = lower(1, 128, false, "bf16"), pair13 = lower(13, 64, true, "f16");
+  const LoweredGraph one = lower_int4(1, 128, false, "bf16"), pair13 = lower_int4(13, 64, true, "f16");
   unsetenv("KILN_INT4_XFIRST");
   for (const LoweredGraph* l : {&one, &pair13}) {
     CHECK(l->source.find("constexpr bool XFIRST = true && XALL && !WG;") != std::string::npos);
@@ -167,15 +169,11 @@ TEST_CASE("matmul_int4: KILN_INT4_XFIRST=1 stages x before the first weights (x 
 }
 
 TEST_CASE("matmul_int4: KILN_INT4_NAT=1 pairs adjacent nibbles and reads x unpermuted, off by default") {
-  const LoweringOptions hopper = hopper_lowering();
-  auto lower = [&](int64_t m, int64_t g, bool asym, const std::string& dt) {
-    return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), hopper);
-  };
-  CHECK(lower(64, 128, false, "bf16").source.find("constexpr bool NAT = false;") != std::string::npos);
+  CHECK(lower_int4(64, 128, false, "bf16").source.find("constexpr bool NAT = false;") != std::string::npos);
   setenv("KILN_INT4_NAT", "1", 1);
   // M = 1: folded, x staged once; M = 64: post-scaled, x per super-chunk; M = 33: asymmetric f16.
-  const LoweredGraph one = lower(1, 128, false, "bf16"), post64 = lower(64, 128, false, "bf16"),
-                     asym33 = lower(33, 32, true, "f16");
+  const LoweredGraph one = lower_int4(1, 128, false, "bf16"), post64 = lower_int4(64, 128, false, "bf16"),
+                     asym33 = lower_int4(33, 32, true, "f16");
   unsetenv("KILN_INT4_NAT");
   for (const LoweredGraph* l : {&one, &post64, &asym33}) {
     CHECK(l->source.find("constexpr bool NAT = true;") != std::string::npos);
