@@ -27,9 +27,10 @@ constexpr std::string_view kBench = R"(usage: kiln bench MODEL.kiln [--iteration
 Load an artifact with the runtime, fill its inputs with seeded random data, warm up, then
 time N runs. Reported per mode (CUDA graphs on, off): latency of a whole run (input upload,
 plan, output download, as kiln_model_run) as min, median, mean, p90, p99 and max; the device
-time of the plan alone (CUDA events); the host time to enqueue a run; throughput in runs/s
-and, given a batch, samples/s. A model that is not a .kiln is compiled first, as `kiln
-compile` does, into OUT.kiln (default: MODEL with the extension .kiln).
+time of the plan alone (CUDA events, measured in a separate pass of N runs on a timing
+runtime); the host time to enqueue a run; throughput in runs/s and, given a batch, samples/s.
+A model that is not a .kiln is compiled first, as `kiln compile` does, into OUT.kiln
+(default: MODEL with the extension .kiln).
 
   --iterations N        timed runs per mode (default 100)
   --warmup N            untimed runs first (default 10)
@@ -48,10 +49,11 @@ compile` does, into OUT.kiln (default: MODEL with the extension .kiln).
 compile first (MODEL not a .kiln): --target, --sym, -o/--output, --backend, --pipeline,
   --passes, --frontend, --plugin-path, as for `kiln compile`
 
-Device time starts behind a 50 us device wait, so it holds neither the graph launch nor the
-input copies' hand-over. Environment: KILN_TIMING_LEAD_US=N sets that wait (0 drops it);
-KILN_TIMING_FLUSH_L2=1 reads twice the L2's size before each timed run, so the plan finds none
-of its inputs in L2 (weights of a real model rarely are; small ones would stay after the copies).
+The timing pass's runs start behind a 50 us device wait, so device time holds neither the graph
+launch nor the input copies' hand-over (latency comes from the other pass, without it).
+Environment: KILN_TIMING_LEAD_US=N sets that wait (0 drops it); KILN_TIMING_FLUSH_L2=1 reads
+twice the L2's size before each timed run, so the plan finds none of its inputs in L2 (weights
+of a real model rarely are; small ones would stay there after the copies).
 )";
 
 struct BenchFlags {
@@ -231,100 +233,146 @@ std::string take(kiln_status* st) {
   return m;
 }
 
-/// Loads the model on a fresh runtime, warms up and times the runs in one graph mode.
-/// The infos' names are copied into `names` (whose elements never move): the runtime's own
-/// name strings are freed with the model.
+/// A model loaded on its own runtime, released together.
+struct LoadedModel {
+  kiln_runtime* rt = nullptr;
+  kiln_model* m = nullptr;
+  LoadedModel() = default;
+  LoadedModel(const LoadedModel&) = delete;
+  LoadedModel& operator=(const LoadedModel&) = delete;
+  ~LoadedModel() {
+    kiln_model_release(m);
+    kiln_runtime_release(rt);
+  }
+};
+
+/// Loads f.model on a fresh runtime (CUDA graphs as asked, device timing or not). Returns ""
+/// or the failure; *invalid_timing is set when the runtime refused a timing variable's value.
+std::string load_for_bench(const BenchFlags& f, bool graphs, bool timing, LoadedModel* l, std::string* device_name,
+                           bool* runtime_error, bool* invalid_timing) {
+  kiln_runtime_options o;
+  kiln_runtime_options_initialize(&o);
+  o.device_ordinal = f.device;
+  o.use_cuda_graphs = graphs ? 1 : 0;
+  o.enable_timing = timing ? 1 : 0;
+  if (kiln_status* st = kiln_runtime_create(&o, &l->rt)) {
+    *runtime_error = true;  // NO_DEVICE and friends: the runtime's own message
+    return take(st);
+  }
+  *device_name = kiln_runtime_device_name(l->rt);
+  std::cerr << "bench: " << (graphs ? "graphs on" : "graphs off") << ": loading " << f.model << " on " << *device_name
+            << (timing ? " (device timing)" : "") << "\n";
+  kiln_status* st = kiln_model_load_file(l->rt, f.model.c_str(), &l->m);
+  if (!st) return "";
+  const std::string err = take(st);
+  *invalid_timing = err.rfind("KILN_TIMING_", 0) == 0;
+  return err;
+}
+
+/// Warm-up runs, then f.iterations timed runs: host latency and enqueue time of each, and with
+/// `device` (a timing runtime) the plan's device time. Returns "" or the error that stopped them.
+std::string time_runs(const BenchFlags& f, kiln_model* m, const std::vector<kiln_host_tensor>& ins,
+                      std::vector<kiln_host_tensor>& outs, std::vector<double>* latency,
+                      std::vector<double>* enqueue, std::vector<double>* device, std::string* note) {
+  using clock = std::chrono::steady_clock;
+  auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  for (int i = 0; i < f.warmup; ++i)
+    if (std::string e = take(kiln_model_run(m, ins.data(), ins.size(), outs.data(), outs.size())); !e.empty()) return e;
+  for (int i = 0; i < f.iterations; ++i) {
+    const auto t0 = clock::now();
+    if (std::string e = take(kiln_model_enqueue(m, ins.data(), ins.size(), outs.data(), outs.size())); !e.empty()) return e;
+    const auto t1 = clock::now();
+    if (std::string e = take(kiln_model_synchronize(m)); !e.empty()) return e;
+    const auto t2 = clock::now();
+    if (latency) latency->push_back(ms(t2 - t0)), enqueue->push_back(ms(t1 - t0));
+    double dev = 0;
+    if (!device) continue;
+    if (std::string e = take(kiln_model_device_time(m, &dev)); e.empty()) {
+      device->push_back(dev);
+    } else {
+      *note += (note->empty() ? "" : "; ") + std::string("device timing unavailable: ") + e;
+      device->clear();
+      device = nullptr;
+    }
+  }
+  return "";
+}
+
+/// Times one graph mode in two passes, each on a fresh runtime: device time of the plan on a
+/// timing runtime (whose runs start behind its device lead-in and copy outside the graph), then
+/// latency, enqueue time and throughput on a normal one, as a host program would run the model.
+/// When the timing runtime cannot load the model, the second pass alone runs (noted). The infos'
+/// names are copied into `names` (whose elements never move): the runtime's own name strings are
+/// freed with the model.
 ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, std::vector<kiln_tensor_info>* inputs_out,
                    std::vector<kiln_tensor_info>* outputs_out, std::deque<std::string>* names) {
   ModeResult r;
-  const char* mode = graphs ? "graphs on" : "graphs off";
-  kiln_runtime* rt = nullptr;
-  kiln_model* m = nullptr;
-  std::string err;
-  // Device timing keeps the copies outside the graph; should that fail to load, time without it.
-  for (int timing : {1, 0}) {
-    kiln_runtime_options o;
-    kiln_runtime_options_initialize(&o);
-    o.device_ordinal = f.device;
-    o.use_cuda_graphs = graphs ? 1 : 0;
-    o.enable_timing = timing;
-    kiln_status* st = kiln_runtime_create(&o, &rt);
-    if (st) {
-      r.error = take(st);  // NO_DEVICE and friends: the runtime's own message
-      return r;
+  std::vector<std::vector<unsigned char>> in_data, out_data;
+  std::vector<kiln_host_tensor> ins, outs;
+  // The seeded inputs and the output buffers, from the first model loaded.
+  auto prepare_io = [&](kiln_model* m) -> std::string {
+    std::mt19937_64 rng(f.seed);
+    inputs_out->clear();
+    outputs_out->clear();
+    in_data.assign(kiln_model_num_inputs(m), {});
+    out_data.assign(kiln_model_num_outputs(m), {});
+    for (size_t i = 0; i < in_data.size(); ++i) {
+      kiln_tensor_info info{};
+      if (std::string e = take(kiln_model_input_info(m, i, &info)); !e.empty()) return e;
+      fill_random(info, rng, f.int_max, in_data[i]);
+      ins.push_back({in_data[i].data(), info.bytes});
+      names->push_back(info.name ? info.name : "");
+      info.name = names->back().c_str();
+      inputs_out->push_back(info);
     }
-    *device_name = kiln_runtime_device_name(rt);
-    std::cerr << "bench: " << mode << ": loading " << f.model << " on " << *device_name << "\n";
-    err = take(kiln_model_load_file(rt, f.model.c_str(), &m));
-    if (err.empty()) {
-      if (!timing) r.note = "device timing unavailable: " + r.note;
-      break;
+    for (size_t i = 0; i < out_data.size(); ++i) {
+      kiln_tensor_info info{};
+      if (std::string e = take(kiln_model_output_info(m, i, &info)); !e.empty()) return e;
+      out_data[i].assign(info.bytes, 0);
+      outs.push_back({out_data[i].data(), info.bytes});
+      names->push_back(info.name ? info.name : "");
+      info.name = names->back().c_str();
+      outputs_out->push_back(info);
     }
-    kiln_runtime_release(rt);
-    rt = nullptr;
-    if (!timing) {
+    return "";
+  };
+
+  std::vector<double> latency, enqueue, device;
+  bool timed = false;
+  const bool profile = f.profile_top > 0 && graphs == f.graph_modes.front();
+  auto profile_steps = [&](kiln_model* m) -> std::string {
+    r.step_ms.assign(kiln_model_num_steps(m), 0.0);
+    return take(kiln_model_profile_steps(m, 10, r.step_ms.data(), r.step_ms.size()));
+  };
+  {
+    LoadedModel l;
+    bool runtime_error = false, invalid_timing = false;
+    std::string err = load_for_bench(f, graphs, true, &l, device_name, &runtime_error, &invalid_timing);
+    if (runtime_error || invalid_timing) {
       r.error = err;
       return r;
     }
-    r.note = err;
-    std::cerr << "bench: " << mode << ": loading with device timing failed (" << err << "); retrying without\n";
-  }
-
-  std::vector<std::vector<unsigned char>> in_data(kiln_model_num_inputs(m)), out_data(kiln_model_num_outputs(m));
-  std::vector<kiln_host_tensor> ins, outs;
-  std::mt19937_64 rng(f.seed);
-  inputs_out->clear();
-  outputs_out->clear();
-  for (size_t i = 0; i < in_data.size() && r.error.empty(); ++i) {
-    kiln_tensor_info info{};
-    r.error = take(kiln_model_input_info(m, i, &info));
-    fill_random(info, rng, f.int_max, in_data[i]);
-    ins.push_back({in_data[i].data(), info.bytes});
-    names->push_back(info.name ? info.name : "");
-    info.name = names->back().c_str();
-    inputs_out->push_back(info);
-  }
-  for (size_t i = 0; i < out_data.size() && r.error.empty(); ++i) {
-    kiln_tensor_info info{};
-    r.error = take(kiln_model_output_info(m, i, &info));
-    out_data[i].assign(info.bytes, 0);
-    outs.push_back({out_data[i].data(), info.bytes});
-    names->push_back(info.name ? info.name : "");
-    info.name = names->back().c_str();
-    outputs_out->push_back(info);
-  }
-
-  using clock = std::chrono::steady_clock;
-  auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  std::vector<double> latency, enqueue, device;
-  for (int i = 0; i < f.warmup && r.error.empty(); ++i)
-    r.error = take(kiln_model_run(m, ins.data(), ins.size(), outs.data(), outs.size()));
-  bool timed = r.error.empty();
-  for (int i = 0; i < f.iterations && r.error.empty(); ++i) {
-    const auto t0 = clock::now();
-    r.error = take(kiln_model_enqueue(m, ins.data(), ins.size(), outs.data(), outs.size()));
-    const auto t1 = clock::now();
-    if (r.error.empty()) r.error = take(kiln_model_synchronize(m));
-    const auto t2 = clock::now();
-    if (!r.error.empty()) break;
-    latency.push_back(ms(t2 - t0));
-    enqueue.push_back(ms(t1 - t0));
-    double dev = 0;
-    if (timed) {
-      if (std::string e = take(kiln_model_device_time(m, &dev)); e.empty()) device.push_back(dev);
-      else timed = false, r.note += (r.note.empty() ? "" : "; ") + std::string("device timing unavailable: ") + e;
+    if (!err.empty()) {
+      r.note = "device timing unavailable: " + err;
+      std::cerr << "bench: loading with device timing failed (" << err << "); timing without it\n";
+    } else {
+      r.error = prepare_io(l.m);
+      if (r.error.empty()) r.error = time_runs(f, l.m, ins, outs, nullptr, nullptr, &device, &r.note);
+      timed = r.error.empty() && device.size() == static_cast<size_t>(f.iterations);
+      if (r.error.empty() && profile) r.error = profile_steps(l.m);
+      if (!r.error.empty()) return r;
     }
   }
-  if (r.error.empty() && f.profile_top > 0 && graphs == f.graph_modes.front()) {
-    r.step_ms.assign(kiln_model_num_steps(m), 0.0);
-    r.error = take(kiln_model_profile_steps(m, 10, r.step_ms.data(), r.step_ms.size()));
-  }
-  kiln_model_release(m);
-  kiln_runtime_release(rt);
+  LoadedModel l;
+  bool runtime_error = false, invalid_timing = false;
+  r.error = load_for_bench(f, graphs, false, &l, device_name, &runtime_error, &invalid_timing);
+  if (r.error.empty() && ins.empty() && outs.empty()) r.error = prepare_io(l.m);
+  if (r.error.empty()) r.error = time_runs(f, l.m, ins, outs, &latency, &enqueue, nullptr, &r.note);
+  if (r.error.empty() && profile && r.step_ms.empty()) r.error = profile_steps(l.m);  // pass 1 did not load
   if (!r.error.empty()) return r;
   r.latency = summarize(latency);
   r.enqueue = summarize(enqueue);
-  if (timed && device.size() == latency.size()) {
+  if (timed) {
     r.device = summarize(device);
     r.has_device = true;
   }
