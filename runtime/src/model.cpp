@@ -18,9 +18,13 @@ using artifact::PlanStep;
 constexpr uint64_t kDefaultGemmWorkspace = 32ull << 20;
 constexpr uint64_t kStagingAlign = 256;
 
-/// A kernel that spins on the device's global timer for `ns` nanoseconds (one thread). PTX,
-/// so the driver builds it for whatever GPU the runtime runs on.
-constexpr const char* kLeadPtx = R"(.version 7.0
+/// The timing runtime's two kernels, PTX so the driver builds them for whatever GPU the runtime
+/// runs on:
+/// - kiln_timing_lead spins on the device's global timer for `ns` nanoseconds (one thread);
+/// - kiln_l2_sweep reads `bytes` (a multiple of 16) at `p` once across the grid and stores
+///   nothing unless the xor of everything read equals `never` (it does not for a zeroed buffer
+///   and never = 1): evicts L2 without leaving dirty lines whose write-back would load the steps.
+constexpr const char* kTimingPtx = R"(.version 7.0
 .target sm_50
 .address_size 64
 .visible .entry kiln_timing_lead(.param .u64 ns) {
@@ -35,14 +39,6 @@ WAIT:
   @%p bra WAIT;
   ret;
 }
-)";
-
-/// Reads `bytes` (a multiple of 16) at `p` once across the grid and stores nothing unless the
-/// xor of everything read equals `never` (it does not for a zeroed buffer and never = 1): evicts
-/// L2 without leaving dirty lines whose write-back would load the timed steps.
-constexpr const char* kSweepPtx = R"(.version 7.0
-.target sm_50
-.address_size 64
 .visible .entry kiln_l2_sweep(.param .u64 p, .param .u64 bytes, .param .u32 never) {
   .reg .u64 %a, %end, %off, %stride, %t64;
   .reg .u32 %gi, %bs, %cta, %ncta, %x, %y, %z, %w, %acc, %nv;
@@ -337,15 +333,16 @@ kiln_status* launch(kiln_model* m) {
     return enqueue(m);
   }
   KILN_RT_TRY(enqueue_input_copies(m));
-  // The device waits a little before the first event, so the steps are queued behind running
-  // device work: the events then hold device time alone, not the host's launch of the graph
-  // nor the hand-over from the copy engine (as PyTorch's peers are timed in bench/peer).
+  // With KILN_TIMING_FLUSH_L2=1, L2 is swept clean of what the copies left there.
   if (m->l2_sweep) {
     unsigned never = 1;
     void* args[] = {&m->l2_flush, &m->l2_flush_bytes, &never};
     KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(m->l2_sweep), dim3(1024),
                                    dim3(256), args, 0, m->stream));
   }
+  // The device waits a little before the first event, so the steps are queued behind running
+  // device work: the events then hold device time alone, not the host's launch of the graph
+  // nor the hand-over from the copy engine (as PyTorch's peers are timed in bench/peer).
   if (m->lead_kernel) {
     void* args[] = {&m->lead_ns};
     KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(m->lead_kernel), dim3(1), dim3(1), args, 0, m->stream));
@@ -470,6 +467,16 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   if (runtime->options.enable_timing) {
     KILN_CUDA_TRY(cudaEventCreate(&m->steps_begin));
     KILN_CUDA_TRY(cudaEventCreate(&m->steps_end));
+    if (flush_l2 || m->lead_ns) {
+      KILN_RT_TRY(context(cuda_status(cudaLibraryLoadData(&m->timing_library, kTimingPtx, nullptr, nullptr, 0, nullptr,
+                                                          nullptr, 0), "cudaLibraryLoadData"), "loading the timing kernels"));
+      auto kernel = [&](cudaKernel_t* k, const char* name) {
+        return context(cuda_status(cudaLibraryGetKernel(k, m->timing_library, name), "cudaLibraryGetKernel"),
+                       std::string("loading the timing kernel ") + name);
+      };
+      if (m->lead_ns) KILN_RT_TRY(kernel(&m->lead_kernel, "kiln_timing_lead"));
+      if (flush_l2) KILN_RT_TRY(kernel(&m->l2_sweep, "kiln_l2_sweep"));
+    }
     if (flush_l2) {
       int l2 = 0;
       KILN_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, runtime->device.ordinal));
@@ -477,16 +484,6 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
       KILN_RT_TRY(context(cuda_status(cudaMalloc(&m->l2_flush, m->l2_flush_bytes), "cudaMalloc"),
                           "allocating the L2 flush buffer (KILN_TIMING_FLUSH_L2)"));
       KILN_CUDA_TRY(cudaMemset(m->l2_flush, 0, m->l2_flush_bytes));
-      KILN_RT_TRY(context(cuda_status(cudaLibraryLoadData(&m->l2_library, kSweepPtx, nullptr, nullptr, 0, nullptr,
-                                                          nullptr, 0), "cudaLibraryLoadData"), "loading the L2 sweep kernel"));
-      KILN_RT_TRY(context(cuda_status(cudaLibraryGetKernel(&m->l2_sweep, m->l2_library, "kiln_l2_sweep"),
-                                      "cudaLibraryGetKernel"), "loading the L2 sweep kernel"));
-    }
-    if (m->lead_ns) {
-      KILN_RT_TRY(context(cuda_status(cudaLibraryLoadData(&m->lead_library, kLeadPtx, nullptr, nullptr, 0, nullptr,
-                                                          nullptr, 0), "cudaLibraryLoadData"), "loading the timing lead-in kernel"));
-      KILN_RT_TRY(context(cuda_status(cudaLibraryGetKernel(&m->lead_kernel, m->lead_library, "kiln_timing_lead"),
-                                      "cudaLibraryGetKernel"), "loading the timing lead-in kernel"));
     }
   }
   KILN_RT_TRY(prepare_steps(m.get()));
@@ -618,9 +615,8 @@ kiln_model::~kiln_model() {
   if (cublas) (void)cublasLtDestroy(cublas);
   if (stream) (void)cudaStreamDestroy(stream);
   if (library) (void)cudaLibraryUnload(library);
-  if (lead_library) (void)cudaLibraryUnload(lead_library);
+  if (timing_library) (void)cudaLibraryUnload(timing_library);
   if (l2_flush) (void)cudaFree(l2_flush);
-  if (l2_library) (void)cudaLibraryUnload(l2_library);
   if (staging) (void)cudaFreeHost(staging);
   if (runtime) {
     runtime->allocator->release(weights);

@@ -76,17 +76,17 @@ struct kiln_model {
   std::vector<Step> steps;
   cudaGraphExec_t graph = nullptr;  ///< with enable_timing: the steps only, copies apart
   cudaEvent_t steps_begin = nullptr, steps_end = nullptr;  ///< with enable_timing
-  /// With enable_timing: a one-thread kernel that waits lead_ns on the device before
-  /// steps_begin (see launch in model.cpp); null when KILN_TIMING_LEAD_US=0.
-  cudaLibrary_t lead_library = nullptr;
+  /// With enable_timing: the module of the two kernels below (model.cpp's kTimingPtx).
+  cudaLibrary_t timing_library = nullptr;
+  /// A one-thread kernel that waits lead_ns on the device before steps_begin (see launch in
+  /// model.cpp); null when KILN_TIMING_LEAD_US=0.
   cudaKernel_t lead_kernel = nullptr;
   unsigned long long lead_ns = 0;
-  /// With enable_timing and KILN_TIMING_FLUSH_L2=1: twice the L2's size, zeroed once and read by
-  /// l2_sweep before each timed run, so the steps start with a cold L2 (none of their inputs left
-  /// there by the copies) and no dirty lines.
+  /// With KILN_TIMING_FLUSH_L2=1: twice the L2's size, zeroed once and read by l2_sweep before
+  /// each timed run, so the steps start with a cold L2 (none of their inputs left there by the
+  /// copies) and no dirty lines.
   void* l2_flush = nullptr;
   unsigned long long l2_flush_bytes = 0;
-  cudaLibrary_t l2_library = nullptr;
   cudaKernel_t l2_sweep = nullptr;
   bool timed = false;  ///< a run bracketed by the events has completed
   /// The caller's output buffers of the run enqueued and not yet synchronized.

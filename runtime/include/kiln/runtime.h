@@ -92,8 +92,8 @@ typedef struct kiln_runtime_options {
    * apart from the graph), so kiln_model_device_time reports the device time of the plan.
    * The device first waits 50 us (a one-thread kernel; KILN_TIMING_LEAD_US sets the length,
    * 0 drops it) so the steps start behind running device work rather than behind the host's
-   * launch or an input copy. KILN_TIMING_FLUSH_L2=1 also overwrites twice the L2's size first,
-   * so the steps find none of their data in L2 (as for weights too large to stay there). */
+   * launch or an input copy. KILN_TIMING_FLUSH_L2=1 also reads twice the L2's size first, so
+   * the steps find none of their data in L2 (as for weights too large to stay there). */
   int32_t enable_timing;
 } kiln_runtime_options;
 
