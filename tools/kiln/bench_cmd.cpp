@@ -246,17 +246,18 @@ struct LoadedModel {
   }
 };
 
-/// Loads f.model on a fresh runtime (CUDA graphs as asked, device timing or not). Returns ""
-/// or the failure; *invalid_timing is set when the runtime refused a timing variable's value.
+/// Loads f.model on a fresh runtime (CUDA graphs as asked, device timing or not). Returns "" or
+/// the failure; *fatal is set when no other runtime could do better: the runtime itself failed
+/// (no device, ...) or the model was refused as invalid (a bad file, or a KILN_TIMING_* value).
 std::string load_for_bench(const BenchFlags& f, bool graphs, bool timing, LoadedModel* l, std::string* device_name,
-                           bool* runtime_error, bool* invalid_timing) {
+                           bool* fatal) {
   kiln_runtime_options o;
   kiln_runtime_options_initialize(&o);
   o.device_ordinal = f.device;
   o.use_cuda_graphs = graphs ? 1 : 0;
   o.enable_timing = timing ? 1 : 0;
   if (kiln_status* st = kiln_runtime_create(&o, &l->rt)) {
-    *runtime_error = true;  // NO_DEVICE and friends: the runtime's own message
+    *fatal = true;  // NO_DEVICE and friends: the runtime's own message
     return take(st);
   }
   *device_name = kiln_runtime_device_name(l->rt);
@@ -264,9 +265,8 @@ std::string load_for_bench(const BenchFlags& f, bool graphs, bool timing, Loaded
             << (timing ? " (device timing)" : "") << "\n";
   kiln_status* st = kiln_model_load_file(l->rt, f.model.c_str(), &l->m);
   if (!st) return "";
-  const std::string err = take(st);
-  *invalid_timing = err.rfind("KILN_TIMING_", 0) == 0;
-  return err;
+  *fatal = kiln_status_get_code(st) == KILN_STATUS_INVALID_ARGUMENT;
+  return take(st);
 }
 
 /// Warm-up runs, then f.iterations timed runs: host latency and enqueue time of each, and with
@@ -338,7 +338,7 @@ ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, s
   };
 
   std::vector<double> latency, enqueue, device;
-  bool timed = false;
+  bool timing_loaded = false, timed = false;
   const bool profile = f.profile_top > 0 && graphs == f.graph_modes.front();
   auto profile_steps = [&](kiln_model* m) -> std::string {
     r.step_ms.assign(kiln_model_num_steps(m), 0.0);
@@ -346,13 +346,14 @@ ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, s
   };
   {
     LoadedModel l;
-    bool runtime_error = false, invalid_timing = false;
-    std::string err = load_for_bench(f, graphs, true, &l, device_name, &runtime_error, &invalid_timing);
-    if (runtime_error || invalid_timing) {
+    bool fatal = false;
+    std::string err = load_for_bench(f, graphs, true, &l, device_name, &fatal);
+    if (fatal) {
       r.error = err;
       return r;
     }
-    if (!err.empty()) {
+    timing_loaded = err.empty();
+    if (!timing_loaded) {
       r.note = "device timing unavailable: " + err;
       std::cerr << "bench: loading with device timing failed (" << err << "); timing without it\n";
     } else {
@@ -364,11 +365,11 @@ ModeResult measure(const BenchFlags& f, bool graphs, std::string* device_name, s
     }
   }
   LoadedModel l;
-  bool runtime_error = false, invalid_timing = false;
-  r.error = load_for_bench(f, graphs, false, &l, device_name, &runtime_error, &invalid_timing);
-  if (r.error.empty() && ins.empty() && outs.empty()) r.error = prepare_io(l.m);
+  bool fatal = false;
+  r.error = load_for_bench(f, graphs, false, &l, device_name, &fatal);
+  if (r.error.empty() && !timing_loaded) r.error = prepare_io(l.m);
   if (r.error.empty()) r.error = time_runs(f, l.m, ins, outs, &latency, &enqueue, nullptr, &r.note);
-  if (r.error.empty() && profile && r.step_ms.empty()) r.error = profile_steps(l.m);  // pass 1 did not load
+  if (r.error.empty() && profile && !timing_loaded) r.error = profile_steps(l.m);
   if (!r.error.empty()) return r;
   r.latency = summarize(latency);
   r.enqueue = summarize(enqueue);
