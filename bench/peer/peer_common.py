@@ -18,7 +18,7 @@ def device_times_ms(torch, fn, iters, warmup, prime=None):
 
     With `prime`, each timing starts behind a short device sleep, so the start event and fn's
     kernels are all queued before the device reaches them: the span is device time alone, as in
-    `kiln bench` (whose events follow the input copies on a busy stream). Without it the device
+    `kiln bench` (whose timed runs start behind a device wait of their own). Without it the device
     sits idle from the start event until the host has dispatched fn (Python, ATen, the library's
     heuristics), and that host time is counted as well. `prime` defaults to on unless
     KILN_PEER_TIMING=idle asks for the old method (for comparisons)."""

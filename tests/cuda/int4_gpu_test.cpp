@@ -87,8 +87,6 @@ int main() {
   // halves meet as a cluster pair (the last block holds 64 rows, the last super-chunk is partial).
   run(13, 8000, 8064, 128, false, "bf16", true);
   run(16, 8000, 8064, 32, true, "f16", false);
-  // KILN_INT4_WGMMA=1: warpgroup MMAs on the sm_90a image, x staged once (M <= 16, the cluster
-  // pair at 13 / 16) and per super-chunk (M > 16), post-scaled and not, with N and K tails.
   // Two shapes per M under a knob: N and K tails, group 128 (post-scaled) bf16 and a smaller
   // asymmetric f16 group, bias on odd / even M.
   auto tails = [&](std::initializer_list<int64_t> ms) {
@@ -97,6 +95,8 @@ int main() {
       run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
     }
   };
+  // KILN_INT4_WGMMA=1: warpgroup MMAs on the sm_90a image, x staged once (M <= 16, the cluster
+  // pair at 13 / 16) and per super-chunk (M > 16), post-scaled and not.
   setenv("KILN_INT4_WGMMA", "1", 1);
   tails({1, 5, 8, 13, 16, 17, 32, 33, 64});
   // x per super-chunk at M <= 8 (KILN_INT4_XALL=0): the regions' corrections of the folded path.

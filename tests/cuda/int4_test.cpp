@@ -118,15 +118,14 @@ LoweredGraph lower_int4(int64_t m, int64_t g, bool asym, const std::string& dt,
 }  // namespace
 
 TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (sm_90a image), mma.sync otherwise") {
-  const LoweringOptions hopper = hopper_lowering();
   const std::string on = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 1", off = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 0";
   // Off by default.
-  for (int64_t m : {8, 16, 64}) CHECK(lower_int4(m, 128, false, "bf16", hopper).source.find(off) != std::string::npos);
+  for (int64_t m : {8, 16, 64}) CHECK(lower_int4(m, 128, false, "bf16").source.find(off) != std::string::npos);
   setenv("KILN_INT4_WGMMA", "1", 1);
   // x staged once (M <= 16): post-scaled bf16 at M = 16 (the cluster pair), asymmetric f16 at
   // M = 9 (a partial n16 tile), n8 at M = 8; the same launches as mma.sync.
-  const LoweredGraph post16 = lower_int4(16, 128, false, "bf16", hopper), asym9 = lower_int4(9, 64, true, "f16", hopper);
-  const LoweredGraph post8 = lower_int4(8, 128, false, "bf16", hopper);
+  const LoweredGraph post16 = lower_int4(16, 128, false, "bf16"), asym9 = lower_int4(9, 64, true, "f16");
+  const LoweredGraph post8 = lower_int4(8, 128, false, "bf16");
   CHECK(post16.source.find("void kiln_wgmma_rs_kmajor<16, __nv_bfloat16>(") != std::string::npos);
   CHECK(asym9.source.find("void kiln_wgmma_rs_kmajor<16, __half>(") != std::string::npos);
   CHECK(post8.source.find("void kiln_wgmma_rs_kmajor<8, __nv_bfloat16>(") != std::string::npos);
@@ -134,7 +133,7 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   // bf16, group 128: 2 buffers x 2 K-warps x 64 x (256 + 16) x 2 bytes, 1 KB slack + 2 x 256 x 64 x
   // 2 bytes of regions, then the corrections (2 x 4 k-blocks x 64 x 4 bytes). M = 33: f16,
   // asymmetric, n40 tiles (rows padded to 40).
-  const LoweredGraph post64 = lower_int4(64, 128, false, "bf16", hopper), asym33 = lower_int4(33, 32, true, "f16", hopper);
+  const LoweredGraph post64 = lower_int4(64, 128, false, "bf16"), asym33 = lower_int4(33, 32, true, "f16");
   CHECK(post64.source.find("void kiln_wgmma_rs_kmajor<64, __nv_bfloat16>(") != std::string::npos);
   CHECK(asym33.source.find("void kiln_wgmma_rs_kmajor<40, __half>(") != std::string::npos);
   const std::vector<std::string> s64 = steps(post64.plan);
@@ -144,7 +143,7 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   // x per super-chunk at M = 8 (KILN_INT4_XALL=0): the folded path's corrections come from the
   // regions' permute.
   setenv("KILN_INT4_XALL", "0", 1);
-  const LoweredGraph fold8 = lower_int4(8, 128, false, "bf16", hopper);
+  const LoweredGraph fold8 = lower_int4(8, 128, false, "bf16");
   unsetenv("KILN_INT4_XALL");
   CHECK(fold8.source.find("constexpr bool XALL = false;") != std::string::npos);
   for (const LoweredGraph* l : {&post16, &asym9, &post8, &post64, &asym33, &fold8}) {

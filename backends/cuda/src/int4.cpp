@@ -302,25 +302,20 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   auto k_in = [&](int sc, int d) { return KFULL || sc * SCK + kl + d * 128 < K; };
   // (pinned: loads ptxas keeps in program order, for XFIRST's prologue below)
   auto load = [&](int sc, Group& q, bool pinned = false) {
+    auto w16 = [&](const unsigned char* p) {
+      return pinned ? kiln_i4_ld16_pinned(p) : __ldg(reinterpret_cast<const uint4*>(p));
+    };
+    auto entry = [&](const $ST* p) { return pinned ? kiln_i4_ld_pinned(p) : *p; };
     #pragma unroll
     for (int d = 0; d < D; ++d) {
       const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina, okb = kin && inb;
       const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
-      if (pinned) {
-        q.a[d] = oka ? kiln_i4_ld16_pinned(wpa + wo) : make_uint4(0, 0, 0, 0);
-        q.b[d] = okb ? kiln_i4_ld16_pinned(wpb + wo) : make_uint4(0, 0, 0, 0);
-        q.sa[d] = oka ? kiln_i4_ld_pinned(spa + so) : $ST{};
-        q.sb[d] = okb ? kiln_i4_ld_pinned(spb + so) : $ST{};
-        q.za[d] = ASYM && oka ? kiln_i4_ld_pinned(zpa + so) : $ST{};
-        q.zb[d] = ASYM && okb ? kiln_i4_ld_pinned(zpb + so) : $ST{};
-        continue;
-      }
-      q.a[d] = oka ? __ldg(reinterpret_cast<const uint4*>(wpa + wo)) : make_uint4(0, 0, 0, 0);
-      q.b[d] = okb ? __ldg(reinterpret_cast<const uint4*>(wpb + wo)) : make_uint4(0, 0, 0, 0);
-      q.sa[d] = oka ? spa[so] : $ST{};
-      q.sb[d] = okb ? spb[so] : $ST{};
-      q.za[d] = ASYM && oka ? zpa[so] : $ST{};
-      q.zb[d] = ASYM && okb ? zpb[so] : $ST{};
+      q.a[d] = oka ? w16(wpa + wo) : make_uint4(0, 0, 0, 0);
+      q.b[d] = okb ? w16(wpb + wo) : make_uint4(0, 0, 0, 0);
+      q.sa[d] = oka ? entry(spa + so) : $ST{};
+      q.sb[d] = okb ? entry(spb + so) : $ST{};
+      q.za[d] = ASYM && oka ? entry(zpa + so) : $ST{};
+      q.zb[d] = ASYM && okb ? entry(zpb + so) : $ST{};
     }
   };
   // The 16-byte chunks of x this thread copies (and reorders) in every super-chunk: chunk i =
@@ -405,8 +400,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     }
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
   // This lane's A fragment of step 2v + h of k-block d (row g pair 2h, row g+8 pair 2h, row g
-  // pair 2h+1, row g+8 pair 2h+1), dequantized as FOLD / POST / ASYM ask. One lop3 per pair: the
-  // nibbles, the sign flip of signed weights and the exponent bits.
+  // pair 2h+1, row g+8 pair 2h+1), dequantized as FOLD / POST / ASYM ask. One lop3 per pair (NAT:
+  // after a byte permute): the nibbles, the sign flip of signed weights and the exponent bits.
   auto dequant = [&](const Group& use, int d, int v, int h, unsigned (&af)[4]) {
     const E2 sa2 = $CVT2(kiln_i4_f(use.sa[d])), sb2 = $CVT2(kiln_i4_f(use.sb[d])), za2 = $CVT2(kiln_i4_f(use.za[d])),
              zb2 = $CVT2(kiln_i4_f(use.zb[d]));
@@ -843,9 +838,8 @@ Status Lowerer::matmul_int4(const Node& n) {
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
     // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
-    // for measurement. Off by default: at M = 9..16 it measured no faster (H200, commit
-    // 5d4c262, bench/results/2026-12-02-gpu-run8.md); above M = 16, where mma.sync issue bounds
-    // the kernel by count, it is not measured yet.
+    // for measurement. Off by default: no faster at M = 9..16 (H200, commit 5d4c262,
+    // bench/results/2026-12-02-gpu-run8.md), slower at M = 32 and 64 (2026-12-02-gpu-run9.md).
     const int64_t nbuf = xall ? per : pf + 1;  // x buffers
     const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 &&
                     smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();

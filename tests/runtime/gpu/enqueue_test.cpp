@@ -105,7 +105,7 @@ TEST_CASE("device time before any run, and enqueue argument errors, are refused 
 }
 
 TEST_CASE("timed runs with the L2 sweep and without the lead-in stay correct; bad timing variables are refused") {
-  struct Env {  // restores the two variables on every exit
+  struct Env {  // clears the two variables on every exit (the suite never sets them otherwise)
     ~Env() {
       unsetenv("KILN_TIMING_LEAD_US");
       unsetenv("KILN_TIMING_FLUSH_L2");
