@@ -155,28 +155,24 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   unsetenv("KILN_INT4_WGMMA");
 }
 
-TEST_CASE("matmul_int4: KILN_INT4_XFIRST=1 stages x before the first weights (x staged once), off by default") {
-  CHECK(lower_int4(1, 128, false, "bf16").source.find("constexpr bool XFIRST = false && XALL && !WG;") != std::string::npos);
-  setenv("KILN_INT4_XFIRST", "1", 1);
-  // M = 1: folded, post-scaled bf16; M = 13: asymmetric f16 in the cluster pair.
-  const LoweredGraph one = lower_int4(1, 128, false, "bf16"), pair13 = lower_int4(13, 64, true, "f16");
-  unsetenv("KILN_INT4_XFIRST");
-  for (const LoweredGraph* l : {&one, &pair13}) {
-    CHECK(l->source.find("constexpr bool XFIRST = true && XALL && !WG;") != std::string::npos);
-    compiles_everywhere(*l);
-  }
-}
-
-TEST_CASE("matmul_int4: KILN_INT4_NAT=1 pairs adjacent nibbles and reads x unpermuted, off by default") {
-  CHECK(lower_int4(64, 128, false, "bf16").source.find("constexpr bool NAT = false;") != std::string::npos);
-  setenv("KILN_INT4_NAT", "1", 1);
-  // M = 1: folded, x staged once; M = 64: post-scaled, x per super-chunk; M = 33: asymmetric f16.
-  const LoweredGraph one = lower_int4(1, 128, false, "bf16"), post64 = lower_int4(64, 128, false, "bf16"),
-                     asym33 = lower_int4(33, 32, true, "f16");
-  unsetenv("KILN_INT4_NAT");
-  for (const LoweredGraph* l : {&one, &post64, &asym33}) {
-    CHECK(l->source.find("constexpr bool NAT = true;") != std::string::npos);
-    compiles_everywhere(*l);
+TEST_CASE("matmul_int4: up to M = 16 x is reordered and staged before the weights; above, read as stored") {
+  // M = 1: folded, post-scaled bf16; M = 13: asymmetric f16 in the cluster pair; M = 16: the last
+  // reordered; M = 17 and 64: post-scaled, x per super-chunk; M = 33: asymmetric f16.
+  struct Case {
+    int64_t m, g;
+    bool asym;
+    const char* dt;
+  };
+  for (const Case c : {Case{1, 128, false, "bf16"}, Case{13, 64, true, "f16"}, Case{16, 128, false, "bf16"},
+                       Case{17, 128, false, "bf16"}, Case{33, 32, true, "f16"}, Case{64, 128, false, "bf16"}}) {
+    CAPTURE(c.m);
+    const LoweredGraph l = lower_int4(c.m, c.g, c.asym, c.dt);
+    const bool small = c.m <= 16;
+    CHECK(l.source.find(std::string("constexpr bool PERM = ") + (small ? "true" : "false") + ", NAT = !PERM;") !=
+          std::string::npos);
+    CHECK(l.source.find(std::string("constexpr bool XALL = ") + (small ? "true" : "false") + ";") != std::string::npos);
+    CHECK(l.source.find("constexpr bool XFIRST = XALL && !WG;") != std::string::npos);
+    compiles_everywhere(l);
   }
 }
 

@@ -259,15 +259,13 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // (no f32 scratch, no second kernel).
   constexpr bool PAIR = $PAIR;
   if (PAIR) kiln_i4_cluster_arrive_relaxed();  // waited for before the hand-over: both blocks run
-  // PERM: x chunks are reordered once in shared memory instead of by byte permutes at each read
-  // (the lowering's choice: up to two n8 tiles).
-  constexpr bool PERM = $PERM;
-  // NAT (KILN_INT4_NAT=1, for the next measurement, not yet run on a GPU): a step's A fragment
-  // pairs adjacent nibbles (the two of one byte, values 2p, 2p + 1 of a word) instead of nibbles
-  // j, j + 4, so x's B fragments are its natural 32-bit words: no byte permutes of x at any M
-  // (no reordering pass up to M = 16, none at each read above), for one shift per weight word and
-  // a byte permute per pair in the dequantize.
-  constexpr bool NAT = $NAT;
+  // Two pairings of a weight word's nibbles with x (the lowering's choice by M):
+  // PERM (M <= 16): a step's A fragment pairs nibbles j, j + 4 (one shift and a lop3 per pair);
+  //   x chunks are reordered once in shared memory to match.
+  // NAT (otherwise): it pairs the two nibbles of one byte (values 2p, 2p + 1 of a word; a byte
+  //   permute more per pair), so x's B fragments are its natural 32-bit words: read as stored,
+  //   no reordering pass, which costs more than the permutes it saves when many n8 tiles read x.
+  constexpr bool PERM = $PERM, NAT = !PERM;
   // FOLD (POST; one n8 tile of x, or x staged once): the mma runs on the raw exponent-trick
   // values p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being
   // summed when x is reordered; when x is reordered per super-chunk above M = 8, that sum costs
@@ -357,7 +355,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
   // 16 chunks of a k-block and column sit on 16 consecutive lanes).
   auto prep = [&](int buf) {
-    if (!PERM || (NAT && !FOLD)) return;  // NAT: only FOLD's sums
+    if (!PERM) return;
     #pragma unroll
     for (int r = 0; r < XR; ++r) {
       if (!mine(r)) continue;
@@ -375,9 +373,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         const int i = threadIdx.x + r * NT;
         if ((xcol[r] & 15) == 0) corr[(buf * KBS + xcol[r] / 16) * MP + i / (SCK / 8)] = ($BASE + 8.f) * s;
       }
-      if (!NAT)
-        *p = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                        __byte_perm(v.y, v.w, 0x7632));
+      *p = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                      __byte_perm(v.y, v.w, 0x7632));
     }
   };
   // This lane's x reads: row g of its K-warp's part, chunks d·16 + 4t + v stored at
@@ -611,9 +608,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         for (int j = 0; j < MN; ++j) {
           const E* xp = ((v & 1) ? xlb : xla) + (buf * KW * M + 8 * j) * RS + (d * 16 + v) * 8;
           xv[j] = MFULL || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
-          if (!PERM && !NAT)
-            xv[j] = make_uint4(__byte_perm(xv[j].x, xv[j].z, 0x5410), __byte_perm(xv[j].x, xv[j].z, 0x7632),
-                               __byte_perm(xv[j].y, xv[j].w, 0x5410), __byte_perm(xv[j].y, xv[j].w, 0x7632));
         }
         #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -630,12 +624,12 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     // before the barrier above).
     if (!XALL && !WG) __syncthreads();
   };
-  // XFIRST (KILN_INT4_XFIRST=1, x staged once; for measurement, not yet run on a GPU): x's
-  // copies go out before the first weights, so they do not queue behind the weights' requests
-  // in the memory system (with a cold L2 the wait for x was the top stall at M = 1, ncu: 17% of
-  // warp samples, bench/results/2026-12-02-gpu-run9.md). Pinned plain loads and the barrier after
-  // them keep ptxas from sinking the weight loads below the wait for x.
-  constexpr bool XFIRST = $XFIRST && XALL && !WG;
+  // XFIRST (x staged once, mma.sync): x's copies go out before the first weights, so they do not
+  // queue behind the weights' requests in the memory system (with a cold L2 the wait for x was
+  // the top stall at M = 1, ncu: 17% of warp samples). Pinned plain loads and the barrier after
+  // them keep ptxas from sinking the weight loads below the wait for x. H200, 8192², cold L2:
+  // M = 1 0.0165 -> 0.0156 ms, M = 8 0.0177 -> 0.0164 (bench/results/2026-12-02-gpu-run10.md).
+  constexpr bool XFIRST = XALL && !WG;
   if (XFIRST) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
@@ -643,17 +637,13 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   Group gq[PF + 1];
   #pragma unroll
   for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p], XFIRST);
-  if (XFIRST) __syncthreads();
-  if (WG && XALL) {
-    wg_stage();
+  if (XFIRST) {
     __syncthreads();
-  } else if (XALL) {
-    if (!XFIRST) {
-      for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
-      kiln_i4_commit();
-    }
     kiln_i4_wait<0>();
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
+    __syncthreads();
+  } else if (XALL) {  // WG
+    wg_stage();
     __syncthreads();
   } else {
     stage(sc0, 0);
@@ -849,16 +839,17 @@ Status Lowerer::matmul_int4(const Node& n) {
     const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * ((m + 7) / 8) * 512;
     const bool pair = split == 2 && hopper_plan() && pair_end <= smem_limit() && !knob_is("KILN_INT4_PAIR", "0");
     if (pair) smem = pair_end;
-    // x reordered once per super-chunk up to M = 16 (KILN_INT4_PERM=1 forces it at every M, for
-    // comparisons): above, the reordering pass was measured slower with the Σx sums it then did.
-    const bool perm = m <= 16 || knob_is("KILN_INT4_PERM", "1");
+    // Up to M = 16 x is reordered in shared memory once per super-chunk (PERM) for the cheaper
+    // nibble pairs j, j + 4; above, x is read as stored and each A fragment pairs a byte's two
+    // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
+    // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
+    const bool perm = m <= 16;
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XFIRST", knob_is("KILN_INT4_XFIRST", "1") ? "true" : "false"},
-                             {"$NAT", knob_is("KILN_INT4_NAT", "1") ? "true" : "false"}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
