@@ -88,7 +88,7 @@ TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x st
   CHECK(pair.source.find("KILN_I4_PAIR_DIMS __launch_bounds__") != std::string::npos);
   CHECK(pair.source.find("constexpr bool PAIR = true;") != std::string::npos);
   CHECK(pair.source.find("constexpr bool XALL = true;") != std::string::npos);
-  CHECK(pair.source.find("constexpr int NW = 8, KW = 2,") != std::string::npos);
+  CHECK(pair.source.find("constexpr int MT = 1, NW = 8, KW = 2,") != std::string::npos);
   compiles_everywhere(pair);
   // The same shape from M = 5 (two super-chunks in flight up to M = 8); M <= 4 keeps 64-row
   // blocks without the split.

@@ -245,8 +245,9 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
-  // N-warps (16 rows each), K-warps, rows per block, threads, k per super-chunk
-  constexpr int NW = $NW, KW = $KW, RB = 16 * NW, NT = 32 * NW * KW, SCK = KW * KC;
+  // m16 row tiles per warp, N-warps (16·MT rows each), K-warps, rows per block, threads, k per
+  // super-chunk. MT = 2 reuses each x fragment read from shared memory for two row tiles.
+  constexpr int MT = $MT, NW = $NW, KW = $KW, RB = 16 * MT * NW, NT = 32 * NW * KW, SCK = KW * KC;
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   // PF super-chunks of weights in flight; PF + 1 register groups and x buffers in rotation.
   // XALL: all of the block's x (PER super-chunks) is staged and reordered once before the loop,
@@ -277,23 +278,28 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
   E* xs = reinterpret_cast<E*>(kiln_i4_smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp % NW, wk = warp / NW, g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * RB + wn * 16, ra = n0 + g, rb = n0 + g + 8;
-  const bool ina = NFULL || ra < N, inb = NFULL || rb < N;
+  // Row tile u of this warp holds rows n0 + 16u + g (a) and n0 + 16u + g + 8 (b).
+  const int n0 = blockIdx.x * RB + wn * 16 * MT;
+  bool ina[MT], inb[MT];
   const int sc0 = blockIdx.y * PER, sc1 = min(sc0 + PER, NSC);
   // This lane's weight bytes and scale/zero entries at super-chunk 0; super-chunk sc adds
   // sc·SCK/2 bytes and sc·SCK/G entries (rows past N are clamped and never used).
-  const long long rowa = min(ra, N - 1), rowb = min(rb, N - 1);
   const int kl = wk * KC + 32 * t, gl = (wk * KC + (POST ? 0 : 32 * t)) / G;
-  const unsigned char* wpa = w + rowa * (K / 2) + kl / 2;
-  const unsigned char* wpb = w + rowb * (K / 2) + kl / 2;
-  const $ST* spa = scales + rowa * (K / G) + gl;
-  const $ST* spb = scales + rowb * (K / G) + gl;
-  const $ST* zpa = zeros + rowa * (K / G) + gl;
-  const $ST* zpb = zeros + rowb * (K / G) + gl;
+  const unsigned char *wpa[MT], *wpb[MT];
+  const $ST *spa[MT], *spb[MT], *zpa[MT], *zpb[MT];
+  #pragma unroll
+  for (int u = 0; u < MT; ++u) {
+    const int ra = n0 + 16 * u + g, rb = ra + 8;
+    ina[u] = NFULL || ra < N, inb[u] = NFULL || rb < N;
+    const long long rowa = min(ra, N - 1), rowb = min(rb, N - 1);
+    wpa[u] = w + rowa * (K / 2) + kl / 2, wpb[u] = w + rowb * (K / 2) + kl / 2;
+    spa[u] = scales + rowa * (K / G) + gl, spb[u] = scales + rowb * (K / G) + gl;
+    zpa[u] = zeros + rowa * (K / G) + gl, zpb[u] = zeros + rowb * (K / G) + gl;
+  }
   struct Group {
-    uint4 a[D], b[D];
+    uint4 a[MT][D], b[MT][D];
     // Scales and zeros as stored: converted where used, so nothing waits on a load just issued.
-    $ST sa[D], sb[D], za[D], zb[D];
+    $ST sa[MT][D], sb[MT][D], za[MT][D], zb[MT][D];
   };
   // The weights, scales and zeros of super-chunk sc for this lane (zeros past K or N).
   // Whether k-block d of super-chunk sc holds this lane's k (K may end inside a super-chunk).
@@ -305,16 +311,18 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     };
     auto entry = [&](const $ST* p) { return pinned ? kiln_i4_ld_pinned(p) : *p; };
     #pragma unroll
-    for (int d = 0; d < D; ++d) {
-      const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina, okb = kin && inb;
-      const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
-      q.a[d] = oka ? w16(wpa + wo) : make_uint4(0, 0, 0, 0);
-      q.b[d] = okb ? w16(wpb + wo) : make_uint4(0, 0, 0, 0);
-      q.sa[d] = oka ? entry(spa + so) : $ST{};
-      q.sb[d] = okb ? entry(spb + so) : $ST{};
-      q.za[d] = ASYM && oka ? entry(zpa + so) : $ST{};
-      q.zb[d] = ASYM && okb ? entry(zpb + so) : $ST{};
-    }
+    for (int u = 0; u < MT; ++u)
+      #pragma unroll
+      for (int d = 0; d < D; ++d) {
+        const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina[u], okb = kin && inb[u];
+        const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
+        q.a[u][d] = oka ? w16(wpa[u] + wo) : make_uint4(0, 0, 0, 0);
+        q.b[u][d] = okb ? w16(wpb[u] + wo) : make_uint4(0, 0, 0, 0);
+        q.sa[u][d] = oka ? entry(spa[u] + so) : $ST{};
+        q.sb[u][d] = okb ? entry(spb[u] + so) : $ST{};
+        q.za[u][d] = ASYM && oka ? entry(zpa[u] + so) : $ST{};
+        q.zb[u][d] = ASYM && okb ? entry(zpb[u] + so) : $ST{};
+      }
   };
   // The 16-byte chunks of x this thread copies (and reorders) in every super-chunk: chunk i =
   // threadIdx.x + r·NT of the M·SCK/8 is row m, chunk c of the super-chunk (part h = c / (KC/8)
@@ -382,27 +390,29 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   const int sw = t >> 1;
   const E* xla = xs + (wk * M + g) * RS + (4 * t + sw) * 8;
   const E* xlb = xs + (wk * M + g) * RS + (4 * t - sw) * 8;
-  float acc[MN][4];
+  float acc[MT][MN][4];
   // Two accumulator sets (the word's two mma steps) break the mma dependency chain when there
   // are few n8 tiles; with more tiles the tiles themselves are independent.
   constexpr int NA = MN <= 2 ? 2 : 1;
-  float acc2[NA][MN][4];
+  float acc2[NA][MT][MN][4];
   #pragma unroll
-  for (int j = 0; j < MN; ++j)
+  for (int u = 0; u < MT; ++u)
     #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      acc[j][e] = 0.f;
+    for (int j = 0; j < MN; ++j)
       #pragma unroll
-      for (int a = 0; a < NA; ++a) acc2[a][j][e] = 0.f;
-    }
+      for (int e = 0; e < 4; ++e) {
+        acc[u][j][e] = 0.f;
+        #pragma unroll
+        for (int a = 0; a < NA; ++a) acc2[a][u][j][e] = 0.f;
+      }
   const E2 base2 = $CVT2($BASE), off2 = $CVT2($BASE + 8.f);
   // This lane's A fragment of step 2v + h of k-block d (row g pair 2h, row g+8 pair 2h, row g
   // pair 2h+1, row g+8 pair 2h+1), dequantized as FOLD / POST / ASYM ask. One lop3 per pair (NAT:
   // after a byte permute): the nibbles, the sign flip of signed weights and the exponent bits.
-  auto dequant = [&](const Group& use, int d, int v, int h, unsigned (&af)[4]) {
-    const E2 sa2 = $CVT2(kiln_i4_f(use.sa[d])), sb2 = $CVT2(kiln_i4_f(use.sb[d])), za2 = $CVT2(kiln_i4_f(use.za[d])),
-             zb2 = $CVT2(kiln_i4_f(use.zb[d]));
-    const unsigned wa = (&use.a[d].x)[v], wb = (&use.b[d].x)[v];
+  auto dequant = [&](const Group& use, int u, int d, int v, int h, unsigned (&af)[4]) {
+    const E2 sa2 = $CVT2(kiln_i4_f(use.sa[u][d])), sb2 = $CVT2(kiln_i4_f(use.sb[u][d])),
+             za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
+    const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const unsigned wr = (r & 1) ? wb : wa;
@@ -418,9 +428,9 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       af[r] = kiln_i4_u32(q);
     }
   };
-  // POST: acc += each row's scale (sa: row g, sb: row g+8) · (a k-block's unscaled sums s0
+  // POST: acc[u] += each row's scale (sa: row g, sb: row g+8) · (a k-block's unscaled sums s0
   // (+ s1 when two sets were used) - FOLD's corrections at corr + co).
-  auto post_scale = [&](float sa, float sb, int co, const float (&s0)[MN][4], const float (&s1)[MN][4], bool two) {
+  auto post_scale = [&](int u, float sa, float sb, int co, const float (&s0)[MN][4], const float (&s1)[MN][4], bool two) {
     #pragma unroll
     for (int j = 0; j < MN; ++j) {
       float2 cr = make_float2(0.f, 0.f);
@@ -429,7 +439,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       for (int e = 0; e < 4; ++e) {
         float v = s0[j][e] - ((e & 1) ? cr.y : cr.x);
         if (two) v += s1[j][e];
-        acc[j][e] += (e < 2 ? sa : sb) * v;
+        acc[u][j][e] += (e < 2 ? sa : sb) * v;
       }
     }
   };
@@ -445,7 +455,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // hold all of the block's super-chunks, filled before the loop; otherwise one region per
   // K-warp is refilled each super-chunk from the cp.async buffer just landed.
   constexpr bool WG = true;
-  static_assert(NW % 4 == 0, "WG needs whole warpgroups");
+  static_assert(NW % 4 == 0 && MT == 1, "WG needs whole warpgroups of one row tile per warp");
   constexpr int WCB = KC / 64;  // column blocks per region
   const unsigned sbase = (unsigned)__cvta_generic_to_shared(kiln_i4_smem);
   const unsigned xw = (sbase + (XALL ? 0 : XB_MMA) + 1023u) & ~1023u;
@@ -545,13 +555,13 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     for (int j = 0; j < MN; ++j)
       #pragma unroll
       for (int e = 0; e < 4; ++e) sum[j][e] = 0.f;
-    float* dst = POST ? &sum[0][0] : &acc[0][0];
+    float* dst = POST ? &sum[0][0] : &acc[0][0][0];
     const unsigned xb = xw + (rg * WCB + 2 * d) * MP * 128;
     kiln_wg_pin<MN * 4>(dst);
     #pragma unroll
     for (int half = 0; half < 2; ++half) {
       #pragma unroll
-      for (int s = 4 * half; s < 4 * half + 4; ++s) dequant(use, d, s / 2, s % 2, af[s]);
+      for (int s = 4 * half; s < 4 * half + 4; ++s) dequant(use, 0, d, s / 2, s % 2, af[s]);
       kiln_wg_fence();
       #pragma unroll
       for (int s = 4 * half; s < 4 * half + 4; ++s)
@@ -560,7 +570,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     }
     kiln_wg_wait<0>();
     kiln_wg_pin<MN * 4>(dst);
-    if (POST) post_scale(kiln_i4_f(use.sa[d]), kiln_i4_f(use.sb[d]), co, sum, sum, false);
+    if (POST) post_scale(0, kiln_i4_f(use.sa[0][d]), kiln_i4_f(use.sb[0][d]), co, sum, sum, false);
   };
 #else
   constexpr bool WG = false;
@@ -594,13 +604,15 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         wg_kblock(d, use, XALL ? buf * KW + wk : wk, (buf * KBS + wk * D + d) * MP);
         continue;
       }
-      float tmp[NA][MN][4];  // POST: this k-block's unscaled sums
+      float tmp[NA][MT][MN][4];  // POST: this k-block's unscaled sums
       #pragma unroll
       for (int a = 0; a < NA; ++a)
         #pragma unroll
-        for (int j = 0; j < MN; ++j)
+        for (int u = 0; u < MT; ++u)
           #pragma unroll
-          for (int e = 0; e < 4; ++e) tmp[a][j][e] = 0.f;
+          for (int j = 0; j < MN; ++j)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) tmp[a][u][j][e] = 0.f;
       #pragma unroll
       for (int v = 0; v < 4; ++v) {
         uint4 xv[MN];
@@ -610,15 +622,20 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
           xv[j] = MFULL || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
         }
         #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          unsigned af[4];
-          dequant(use, d, v, h, af);
+        for (int h = 0; h < 2; ++h)
           #pragma unroll
-          for (int j = 0; j < MN; ++j)
-            kiln_i4_mma(POST ? tmp[h % NA][j] : acc2[h % NA][j], af, h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y, E());
-        }
+          for (int u = 0; u < MT; ++u) {
+            unsigned af[4];
+            dequant(use, u, d, v, h, af);
+            #pragma unroll
+            for (int j = 0; j < MN; ++j)
+              kiln_i4_mma(POST ? tmp[h % NA][u][j] : acc2[h % NA][u][j], af, h ? xv[j].z : xv[j].x, h ? xv[j].w : xv[j].y, E());
+          }
       }
-      if (POST) post_scale(kiln_i4_f(use.sa[d]), kiln_i4_f(use.sb[d]), (buf * KBS + wk * D + d) * MP, tmp[0], tmp[NA - 1], NA > 1);
+      if (POST)
+        #pragma unroll
+        for (int u = 0; u < MT; ++u)
+          post_scale(u, kiln_i4_f(use.sa[u][d]), kiln_i4_f(use.sb[u][d]), (buf * KBS + wk * D + d) * MP, tmp[0][u], tmp[NA - 1][u], NA > 1);
     }
     // The buffer is refilled PF + 1 super-chunks on (WG: its contents went to the regions
     // before the barrier above).
@@ -656,28 +673,35 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   }
   if (!POST)
     #pragma unroll
-    for (int j = 0; j < MN; ++j)
+    for (int u = 0; u < MT; ++u)
       #pragma unroll
-      for (int e = 0; e < 4; ++e)
+      for (int j = 0; j < MN; ++j)
         #pragma unroll
-        for (int a = 0; a < NA; ++a) acc[j][e] += acc2[a][j][e];
+        for (int e = 0; e < 4; ++e)
+          #pragma unroll
+          for (int a = 0; a < NA; ++a) acc[u][j][e] += acc2[a][u][j][e];
   // K-warps 1..KW-1 hand their sums to K-warp 0 (the x buffers are free once every warp is done:
-  // with XALL, warps leave the loop at their own pace).
+  // with XALL, warps leave the loop at their own pace). Tile (u, j) of a warp is its slot
+  // wn·MT·MN + u·MN + j of a K-warp's sums.
   if (XALL) __syncthreads();
   float* red = reinterpret_cast<float*>(kiln_i4_smem);
   if (wk > 0)
     #pragma unroll
-    for (int j = 0; j < MN; ++j)
+    for (int u = 0; u < MT; ++u)
       #pragma unroll
-      for (int e = 0; e < 4; ++e) red[((((wk - 1) * NW + wn) * MN + j) * 4 + e) * 32 + lane] = acc[j][e];
+      for (int j = 0; j < MN; ++j)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) red[(((((wk - 1) * NW + wn) * MT + u) * MN + j) * 4 + e) * 32 + lane] = acc[u][j][e];
   __syncthreads();
   if (wk == 0)
     #pragma unroll
-    for (int j = 0; j < MN; ++j)
+    for (int u = 0; u < MT; ++u)
       #pragma unroll
-      for (int e = 0; e < 4; ++e)
+      for (int j = 0; j < MN; ++j)
         #pragma unroll
-        for (int o = 1; o < KW; ++o) acc[j][e] += red[((((o - 1) * NW + wn) * MN + j) * 4 + e) * 32 + lane];
+        for (int e = 0; e < 4; ++e)
+          #pragma unroll
+          for (int o = 1; o < KW; ++o) acc[u][j][e] += red[(((((o - 1) * NW + wn) * MT + u) * MN + j) * 4 + e) * 32 + lane];
   float* peer = reinterpret_cast<float*>(kiln_i4_smem + $PAIROFF);  // PAIR: the second block's sums
   bool last = true;  // whether this block writes y (or the split-K scratch)
   if (PAIR) {
@@ -685,24 +709,29 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     last = kiln_i4_cluster_rank() == 0;
     if (wk == 0 && !last)
       #pragma unroll
-      for (int j = 0; j < MN; ++j)
+      for (int u = 0; u < MT; ++u)
         #pragma unroll
-        for (int e = 0; e < 4; ++e) kiln_i4_st_peer(peer + ((wn * MN + j) * 4 + e) * 32 + lane, 0, acc[j][e]);
+        for (int j = 0; j < MN; ++j)
+          #pragma unroll
+          for (int e = 0; e < 4; ++e)
+            kiln_i4_st_peer(peer + (((wn * MT + u) * MN + j) * 4 + e) * 32 + lane, 0, acc[u][j][e]);
     kiln_i4_cluster_arrive();
     kiln_i4_cluster_wait();
   }
   if (wk == 0 && last)
     #pragma unroll
-    for (int j = 0; j < MN; ++j)
+    for (int u = 0; u < MT; ++u)
       #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = n0 + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
-        const float v = acc[j][e] + (PAIR ? peer[((wn * MN + j) * 4 + e) * 32 + lane] : 0.f);
-        if (m < M && n < N) {
-          if (SPLIT > 1 && !PAIR) atomicAdd(part + (long long)m * N + n, v);
-          else kiln_i4_st(y + (long long)m * N + n, v + $BIAS(n));
+      for (int j = 0; j < MN; ++j)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int n = n0 + 16 * u + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
+          const float v = acc[u][j][e] + (PAIR ? peer[(((wn * MT + u) * MN + j) * 4 + e) * 32 + lane] : 0.f);
+          if (m < M && n < N) {
+            if (SPLIT > 1 && !PAIR) atomicAdd(part + (long long)m * N + n, v);
+            else kiln_i4_st(y + (long long)m * N + n, v + $BIAS(n));
+          }
         }
-      }
 }
 )";
 
@@ -802,11 +831,14 @@ Status Lowerer::matmul_int4(const Node& n) {
     // padded to whole n8 tiles, 1 KB alignment slack; in place of the buffers when x is staged
     // `once`, else one super-chunk's after them) and their per-k-block corrections; the final
     // hand-over of w - 1 K-warps' sums (v N-warps each) reuses them.
+    // KILN_INT4_MT=2 (mma.sync path, for measurement): two m16 row tiles per warp, each x
+    // fragment read from shared memory serving both.
+    const int64_t mt = knob_is("KILN_INT4_MT", "2") ? 2 : 1;
     const int64_t mp = (m + 7) / 8 * 8;
     auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v, bool wgl = false, bool once = false) {
       const int64_t raw = nb * w * m * (c + 16) * 2, swz = 1024 + (once ? nb : 1) * w * c * mp * 2;
       const int64_t xb = !wgl ? raw : once ? std::max(raw, swz) : raw + swz;
-      return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * 512 * ((m + 7) / 8));
+      return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * mt * 512 * ((m + 7) / 8));
     };
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
@@ -819,11 +851,12 @@ Status Lowerer::matmul_int4(const Node& n) {
           (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1, v) <= smem_limit())
         kc = a, blocks = b2, minb = c, kw = w4, pf = f, nw = v;
     }
-    const int64_t rows = 16 * nw;
+    const int64_t rows = 16 * mt * nw;
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
-    const bool post = g == 128 && !asym;
+    // (KILN_INT4_POST=0 scales each pair before the mma instead, for measurement.)
+    const bool post = g == 128 && !asym && !knob_is("KILN_INT4_POST", "0");
     // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
@@ -831,12 +864,12 @@ Status Lowerer::matmul_int4(const Node& n) {
     // for measurement. Off by default: no faster at M = 9..16 (H200, commit 5d4c262,
     // bench/results/2026-12-02-gpu-run8.md), slower at M = 32 and 64 (2026-12-02-gpu-run9.md).
     const int64_t nbuf = xall ? per : pf + 1;  // x buffers
-    const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 &&
+    const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 && mt == 1 &&
                     smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
     int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
-    const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * ((m + 7) / 8) * 512;
+    const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mt * ((m + 7) / 8) * 512;
     const bool pair = split == 2 && hopper_plan() && pair_end <= smem_limit() && !knob_is("KILN_INT4_PAIR", "0");
     if (pair) smem = pair_end;
     // Up to M = 16 x is reordered in shared memory once per super-chunk (PERM) for the cheaper
@@ -847,7 +880,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
+    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
                                {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
