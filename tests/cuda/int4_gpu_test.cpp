@@ -1,9 +1,10 @@
 // GPU test of matmul_int4 on cuda-sm90 against the reference interpreter: the streaming kernel
-// at M = 1..64 across its boundaries (MN tiles 8/9, KC 512/256 at 32/33), with and without the
+// at M = 1..64 across its boundaries (MN tiles 8/9, one or two row tiles per warp at 16/17), with and without the
 // K split across blocks, N and K off the tiles, group sizes 32/64/128, symmetric (post-scaled
 // at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65,
-// 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at M = 9..16, and the warpgroup
-// MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64. Exits 77 (skip) without a GPU.
+// 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at M = 9..16 and two row tiles
+// per warp above M = 16 (one under KILN_INT4_MT=1), and the warpgroup MMA path KILN_INT4_WGMMA=1
+// asks for at M = 1..64. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -113,6 +114,10 @@ int main() {
   for (int64_t m : {1, 8}) run(m, 8000, 8064, 128, false, "bf16", true);
   unsetenv("KILN_INT4_XALL");
   unsetenv("KILN_INT4_WGMMA");
+  // KILN_INT4_MT=1: one row tile per warp above M = 16 (the sm_80 plans' shape), post-scaled.
+  setenv("KILN_INT4_MT", "1", 1);
+  tails({17, 33, 64});
+  unsetenv("KILN_INT4_MT");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

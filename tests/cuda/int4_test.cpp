@@ -155,6 +155,37 @@ TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (
   unsetenv("KILN_INT4_WGMMA");
 }
 
+TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split in two as a cluster pair, pairs scaled before the mma") {
+  const LoweringOptions hopper = hopper_lowering();
+  // M = 64, group 128 symmetric bf16: 4 N-warps x 2 tiles x 16 rows = 128 rows a block, 64 blocks
+  // of rows, so K splits in two (8 super-chunks of 512 each). Two x buffers of 2 K-warps x 64 x
+  // (256 + 16) x 2 bytes, the corrections (2 x 4 k-blocks x 64 columns x 4 bytes), then the
+  // second block's sums (4 N-warps x 2 tiles x 8 n8 tiles x 512 bytes).
+  const LoweredGraph post64 = lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
+  const int64_t x_and_corr = 2 * 2 * 64 * 272 * 2 + 2 * 4 * 64 * 4;
+  std::vector<std::string> s = steps(post64.plan);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(x_and_corr + 4 * 2 * 8 * 512) + " ") != std::string::npos);
+  CHECK(post64.source.find("constexpr int MT = 2, NW = 4, KW = 2,") != std::string::npos);
+  CHECK(post64.source.find("constexpr bool POST = false, ASYM = false;") != std::string::npos);
+  CHECK(post64.source.find("constexpr bool PAIR = true;") != std::string::npos);
+  // M = 17, asymmetric f16 group 32: the same shape, three n8 tiles (rows padded to 24).
+  const LoweredGraph asym17 = lower_text(int4_graph(17, 8192, 8192, 32, true, "f16", "f16", true), hopper);
+  s = steps(asym17.plan);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 17 * 272 * 2 + 2 * 4 * 24 * 4 + 4 * 2 * 3 * 512) + " ") !=
+        std::string::npos);
+  // KILN_INT4_MT=1 goes back to one tile (post-scaled again); sm_80 plans keep one tile.
+  setenv("KILN_INT4_MT", "1", 1);
+  const LoweredGraph one = lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
+  unsetenv("KILN_INT4_MT");
+  CHECK(one.source.find("constexpr int MT = 1, NW = 4, KW = 2,") != std::string::npos);
+  CHECK(one.source.find("constexpr bool POST = true, ASYM = false;") != std::string::npos);
+  CHECK(lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false)).source.find("constexpr int MT = 1,") !=
+        std::string::npos);
+  for (const LoweredGraph* l : {&post64, &asym17}) compiles_everywhere(*l);
+}
+
 TEST_CASE("matmul_int4: up to M = 16 x is reordered and staged before the weights; above, read as stored") {
   // M = 1: folded, post-scaled bf16; M = 13: asymmetric f16 in the cluster pair; M = 16: the last
   // reordered; M = 17 and 64: post-scaled, x per super-chunk; M = 33: asymmetric f16.

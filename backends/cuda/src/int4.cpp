@@ -209,9 +209,10 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // of N) and B = x^T (8 rows of M per n8 tile), so M = 1..8 pads only to 8, not 16.
 //
 // Block: 32·NW·KW threads = NW N-warps x KW K-warps (see the lowering: 4 x 4 up to M = 16, 8 x 2
-// at M = 5..16 on sm_90, 4 x 2 above), 16·NW weight rows (grid.x = N / (16 NW)). The block walks
-// its K range in super-chunks of KW·KC; K-warp wk takes KC of each (D = KC / 128 k-blocks), and
-// the KW parts are summed through shared memory at the end. grid.y splits K across blocks when N
+// at M = 5..16 on sm_90, 4 x 2 above), 16·MT·NW weight rows (grid.x = N / (16 MT NW); MT = 2
+// row tiles per warp above M = 16, else 1). The block walks its K range in super-chunks of
+// KW·KC; K-warp wk takes KC of each (D = KC / 128 k-blocks), and the KW parts are summed
+// through shared memory at the end. grid.y splits K across blocks when N
 // gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32 scratch and
 // a second kernel adds the bias and rounds (the lowering zeroes the scratch), or, split in two
 // on sm_90, in the first block of a cluster pair (PAIR).
@@ -228,18 +229,19 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // nibbles j and j + 4 into a half pair (exponent trick). Step (v, h) puts pairs 2h / 2h+1 in
 // slots 2t, 2t+1 / 2t+8, 2t+9, so the B fragment needs x[m][8v + 2h, +4] and
 // x[m][8v + 2h + 1, +5]. Once a super-chunk of x has landed, each 16-byte chunk is reordered in
-// place to x0 x4 x1 x5 x2 x6 x3 x7, so one 16-byte read gives both steps' B fragments (up to
-// M = 16; above, each read does the four byte permutes itself).
+// place to x0 x4 x1 x5 x2 x6 x3 x7, so one 16-byte read gives both steps' B fragments. That is
+// up to M = 16; above, a pair is the two nibbles of one byte instead (NAT in the kernel), so x
+// is read as stored.
 // x sits in shared memory as [buffer][wk][M][KC + 16]: the 16-byte chunk c of a row is stored
 // at c ^ ((c >> 3) & 1) and rows are 32 mod 128 bytes apart, which makes each quarter-warp's
 // 16-byte reads (rows g, g+1, chunks 4t + v) hit 8 distinct bank groups.
 //
-// Scales: with group 128 and symmetric weights a k-block is one group (POST): the mma runs on
-// exact integers and each k-block's sum is scaled in f32. Up to M = 8 (FOLD) the integers are
-// the raw exponent-trick values p = BASE + 8 + q, and the k-block's sum loses (BASE + 8)·Σx
-// (Σx per column, summed once in shared memory when x is reordered), so the dequantize is the
-// lop3 alone. Otherwise (groups 32/64, zeros) the dequantize applies (q - zero) * scale per
-// pair, a lane's 32 values being one group.
+// Scales: with group 128, symmetric weights and one row tile per warp a k-block is one group
+// (POST): the mma runs on exact integers and each k-block's sum is scaled in f32. Up to M = 8
+// (FOLD) the integers are the raw exponent-trick values p = BASE + 8 + q, and the k-block's sum
+// loses (BASE + 8)·Σx (Σx per column, summed once in shared memory when x is reordered), so the
+// dequantize is the lop3 alone. Otherwise (groups 32/64, zeros, two row tiles) the dequantize
+// applies (q - zero) * scale per pair, a lane's 32 values being one group.
 const char* kStream = R"(
 extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
@@ -278,24 +280,20 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
   E* xs = reinterpret_cast<E*>(kiln_i4_smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wn = warp % NW, wk = warp / NW, g = lane >> 2, t = lane & 3;
-  // Row tile u of this warp holds rows n0 + 16u + g (a) and n0 + 16u + g + 8 (b).
-  const int n0 = blockIdx.x * RB + wn * 16 * MT;
-  bool ina[MT], inb[MT];
+  // Row tile u of this warp holds rows ra + 16u and rb + 16u.
+  const int n0 = blockIdx.x * RB + wn * 16 * MT, ra = n0 + g, rb = n0 + g + 8;
   const int sc0 = blockIdx.y * PER, sc1 = min(sc0 + PER, NSC);
-  // This lane's weight bytes and scale/zero entries at super-chunk 0; super-chunk sc adds
-  // sc·SCK/2 bytes and sc·SCK/G entries (rows past N are clamped and never used).
+  // This lane's weight bytes and scale/zero entries at super-chunk 0 in tile 0; super-chunk sc
+  // adds sc·SCK/2 bytes and sc·SCK/G entries, tile u 16u rows (rows past N are clamped and never
+  // used: tile u's rows are past N whenever tile 0's are).
+  const long long rowa = min(ra, N - 1), rowb = min(rb, N - 1);
   const int kl = wk * KC + 32 * t, gl = (wk * KC + (POST ? 0 : 32 * t)) / G;
-  const unsigned char *wpa[MT], *wpb[MT];
-  const $ST *spa[MT], *spb[MT], *zpa[MT], *zpb[MT];
-  #pragma unroll
-  for (int u = 0; u < MT; ++u) {
-    const int ra = n0 + 16 * u + g, rb = ra + 8;
-    ina[u] = NFULL || ra < N, inb[u] = NFULL || rb < N;
-    const long long rowa = min(ra, N - 1), rowb = min(rb, N - 1);
-    wpa[u] = w + rowa * (K / 2) + kl / 2, wpb[u] = w + rowb * (K / 2) + kl / 2;
-    spa[u] = scales + rowa * (K / G) + gl, spb[u] = scales + rowb * (K / G) + gl;
-    zpa[u] = zeros + rowa * (K / G) + gl, zpb[u] = zeros + rowb * (K / G) + gl;
-  }
+  const unsigned char* wpa = w + rowa * (K / 2) + kl / 2;
+  const unsigned char* wpb = w + rowb * (K / 2) + kl / 2;
+  const $ST* spa = scales + rowa * (K / G) + gl;
+  const $ST* spb = scales + rowb * (K / G) + gl;
+  const $ST* zpa = zeros + rowa * (K / G) + gl;
+  const $ST* zpb = zeros + rowb * (K / G) + gl;
   struct Group {
     uint4 a[MT][D], b[MT][D];
     // Scales and zeros as stored: converted where used, so nothing waits on a load just issued.
@@ -314,14 +312,16 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     for (int u = 0; u < MT; ++u)
       #pragma unroll
       for (int d = 0; d < D; ++d) {
-        const bool kin = sc < sc1 && k_in(sc, d), oka = kin && ina[u], okb = kin && inb[u];
-        const int wo = sc * (SCK / 2) + d * 64, so = sc * (SCK / G) + d * 128 / G;
-        q.a[u][d] = oka ? w16(wpa[u] + wo) : make_uint4(0, 0, 0, 0);
-        q.b[u][d] = okb ? w16(wpb[u] + wo) : make_uint4(0, 0, 0, 0);
-        q.sa[u][d] = oka ? entry(spa[u] + so) : $ST{};
-        q.sb[u][d] = okb ? entry(spb[u] + so) : $ST{};
-        q.za[u][d] = ASYM && oka ? entry(zpa[u] + so) : $ST{};
-        q.zb[u][d] = ASYM && okb ? entry(zpb[u] + so) : $ST{};
+        // (Offsets and tests written per load rather than as per-tile arrays: ptxas scheduled the
+        // M = 1 kernel's loads worse with the arrays, 0.0155 -> 0.0160 ms.)
+        const bool kin = sc < sc1 && k_in(sc, d), oka = kin && (NFULL || ra + 16 * u < N), okb = kin && (NFULL || rb + 16 * u < N);
+        const int wo = sc * (SCK / 2) + d * 64 + u * 16 * (K / 2), so = sc * (SCK / G) + d * 128 / G + u * 16 * (K / G);
+        q.a[u][d] = oka ? w16(wpa + wo) : make_uint4(0, 0, 0, 0);
+        q.b[u][d] = okb ? w16(wpb + wo) : make_uint4(0, 0, 0, 0);
+        q.sa[u][d] = oka ? entry(spa + so) : $ST{};
+        q.sb[u][d] = okb ? entry(spb + so) : $ST{};
+        q.za[u][d] = ASYM && oka ? entry(zpa + so) : $ST{};
+        q.zb[u][d] = ASYM && okb ? entry(zpb + so) : $ST{};
       }
   };
   // The 16-byte chunks of x this thread copies (and reorders) in every super-chunk: chunk i =
@@ -820,8 +820,17 @@ Status Lowerer::matmul_int4(const Node& n) {
     // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
     // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
     // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
-    // sm_90 plans differ at M = 5..16 (next).
-    int64_t kc = m > 32 || m <= 16 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
+    // sm_90 plans differ at M = 5..16 and above M = 16 (below).
+    // Above M = 16 on sm_90 (mma.sync path) each warp takes two m16 row tiles, so every x
+    // fragment it reads from shared memory feeds both: half the shared-memory reads per weight.
+    // H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md), one tile at KC 512 / 256 ->
+    // two at 256: M = 32 0.0292 -> 0.0278 ms, M = 48 0.0364 -> 0.0326, M = 64 0.0413 -> 0.0369
+    // (cuBLAS bf16 0.0382). sm_80 plans keep one tile: with twice the rows per block N = 8192
+    // needs the K split, which there goes through the scratch and a second kernel (no cluster
+    // pair), unmeasured. KILN_INT4_MT=1 or 2 overrides, for comparisons.
+    int64_t mt = m > 16 && hopper_plan() && !knob_is("KILN_INT4_WGMMA", "1") ? 2 : 1;
+    if (knob_is("KILN_INT4_MT", "1") || knob_is("KILN_INT4_MT", "2")) mt = std::getenv("KILN_INT4_MT")[0] - '0';
+    int64_t kc = m > 32 || m <= 16 || mt == 2 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
     // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
     // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
     // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
@@ -830,10 +839,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     // nb x buffers (super-chunks) of KC by w K-warps (with `wgl`, also the wgmma regions: rows
     // padded to whole n8 tiles, 1 KB alignment slack; in place of the buffers when x is staged
     // `once`, else one super-chunk's after them) and their per-k-block corrections; the final
-    // hand-over of w - 1 K-warps' sums (v N-warps each) reuses them.
-    // KILN_INT4_MT=2 (mma.sync path, for measurement): two m16 row tiles per warp, each x
-    // fragment read from shared memory serving both.
-    const int64_t mt = knob_is("KILN_INT4_MT", "2") ? 2 : 1;
+    // hand-over of w - 1 K-warps' sums (v N-warps of mt row tiles each) reuses them.
     const int64_t mp = (m + 7) / 8 * 8;
     auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v, bool wgl = false, bool once = false) {
       const int64_t raw = nb * w * m * (c + 16) * 2, swz = 1024 + (once ? nb : 1) * w * c * mp * 2;
@@ -855,8 +861,9 @@ Status Lowerer::matmul_int4(const Node& n) {
     const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
-    // (KILN_INT4_POST=0 scales each pair before the mma instead, for measurement.)
-    const bool post = g == 128 && !asym && !knob_is("KILN_INT4_POST", "0");
+    // Post-scaling keeps each k-block's unscaled sums beside the accumulators: with two row
+    // tiles those spill (M = 64: 600 bytes), so the pairs are scaled before the mma instead.
+    const bool post = g == 128 && !asym && mt == 1;
     // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
