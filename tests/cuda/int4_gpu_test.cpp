@@ -1,10 +1,11 @@
 // GPU test of matmul_int4 on cuda-sm90 against the reference interpreter: the streaming kernel
-// at M = 1..64 across its boundaries (MN tiles 8/9, one or two row tiles per warp at 16/17), with and without the
-// K split across blocks, N and K off the tiles, group sizes 32/64/128, symmetric (post-scaled
-// at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65,
-// 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at M = 9..16 and two row tiles
-// per warp above M = 16 (one under KILN_INT4_MT=1), and the warpgroup MMA path KILN_INT4_WGMMA=1
-// asks for at M = 1..64. Exits 77 (skip) without a GPU.
+// at M = 1..64 across its boundaries (MN tiles 8/9, one or two row tiles per warp at 16/17),
+// with and without the K split across blocks, N and K off the tiles, group sizes 32/64/128,
+// symmetric (post-scaled at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize
+// + gemm) and M = 65, 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at
+// M = 5..64, one row tile per warp above M = 16 under KILN_INT4_MT=1, and the warpgroup MMA path
+// KILN_INT4_WGMMA=1 asks for at M = 1..64. KILN_TEST_SHARD=I/N runs a share of the cases.
+// Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
 #include <cmath>
