@@ -412,10 +412,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   auto dequant = [&](const Group& use, int u, int d, int v, int h, unsigned (&af)[4]) {
     const E2 sa2 = $CVT2(kiln_i4_f(use.sa[u][d])), sb2 = $CVT2(kiln_i4_f(use.sb[u][d])),
              za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
-    // ASYM: (q - z)·s as q·s + (-z·s), one fma per pair after the exponent trick's subtraction;
-    // -z·s is rounded once to x's type (at most |z·s|·2^-9 in bf16, 3% of a step at z = 15).
-    const E2 nza2 = $CVT2(-kiln_i4_f(use.za[u][d]) * kiln_i4_f(use.sa[u][d])),
-             nzb2 = $CVT2(-kiln_i4_f(use.zb[u][d]) * kiln_i4_f(use.sb[u][d]));
     const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -427,7 +423,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       E2 q;
       if (FOLD) q = p;
       else if (POST) q = __hsub2(p, off2);
-      else if (ASYM && $AFMA) q = __hfma2(__hsub2(p, base2), (r & 1) ? sb2 : sa2, (r & 1) ? nzb2 : nza2);
       else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
       else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
       af[r] = kiln_i4_u32(q);
@@ -894,7 +889,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$AFMA", knob_is("KILN_INT4_AFMA", "0") ? "false" : "true"}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
