@@ -3,8 +3,9 @@
 // with and without the K split across blocks, N and K off the tiles, group sizes 32/64/128,
 // symmetric (post-scaled at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize
 // + gemm) and M = 65, 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at
-// M = 5..64, one row tile per warp above M = 16 under KILN_INT4_MT=1, and the warpgroup MMA path
-// KILN_INT4_WGMMA=1 asks for at M = 1..64. KILN_TEST_SHARD=I/N runs a share of the cases.
+// M = 5..64, one row tile per warp above M = 16 under KILN_INT4_MT=1, the warpgroup MMA path
+// KILN_INT4_WGMMA=1 asks for at M = 1..64 and KILN_INT4_XARRIVE=1's per-super-chunk waits for x
+// at M = 1..16. KILN_TEST_SHARD=I/N runs a share of the cases.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
@@ -119,6 +120,11 @@ int main() {
   setenv("KILN_INT4_MT", "1", 1);
   tails({17, 33, 64});
   unsetenv("KILN_INT4_MT");
+  // KILN_INT4_XARRIVE=1: x staged once without the reorder, each super-chunk waited for by its
+  // mbarrier (M <= 16: the 64-row plan at 1, the cluster pair at 8, 13, 16).
+  setenv("KILN_INT4_XARRIVE", "1", 1);
+  tails({1, 8, 13, 16});
+  unsetenv("KILN_INT4_XARRIVE");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

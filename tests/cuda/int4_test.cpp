@@ -202,9 +202,32 @@ TEST_CASE("matmul_int4: up to M = 16 x is reordered and staged before the weight
     CHECK(l.source.find(std::string("constexpr bool PERM = ") + (small ? "true" : "false") + ", NAT = !PERM;") !=
           std::string::npos);
     CHECK(l.source.find(std::string("constexpr bool XALL = ") + (small ? "true" : "false") + ";") != std::string::npos);
-    CHECK(l.source.find("constexpr bool XFIRST = XALL && !WG;") != std::string::npos);
+    CHECK(l.source.find("constexpr bool XFIRST = XALL && !WG && !XARRIVE;") != std::string::npos);
+    CHECK(l.source.find("constexpr bool XARRIVE = false && XALL") != std::string::npos);
     compiles_everywhere(l);
   }
+}
+
+TEST_CASE("matmul_int4: KILN_INT4_XARRIVE=1 waits for each super-chunk's x by mbarrier, x read as stored (x staged once)") {
+  CHECK(lower_int4(16, 128, false, "bf16").source.find("constexpr bool XARRIVE = false && XALL") != std::string::npos);
+  setenv("KILN_INT4_XARRIVE", "1", 1);
+  // M = 16 on sm_90, group 128: the cluster-pair plan's x and corrections (8 x 2 x 16 x 272 x 2 +
+  // 8 x 4 x 16 x 4 bytes), then 8 mbarriers of 8 bytes, then the second block's sums.
+  const LoweredGraph post16 = lower_int4(16, 128, false, "bf16"), asym13 = lower_int4(13, 64, true, "f16"),
+                     one = lower_int4(1, 128, false, "bf16"), m32 = lower_int4(32, 128, false, "bf16");
+  unsetenv("KILN_INT4_XARRIVE");
+  const int64_t x_and_corr = 8 * 2 * 16 * 272 * 2 + 8 * 4 * 16 * 4;
+  const std::vector<std::string> s = steps(post16.plan);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].find("grid=64,2,1 block=512,1,1 smem=" + std::to_string(x_and_corr + 8 * 8 + 8 * 2 * 512) + " ") != std::string::npos);
+  CHECK(post16.source.find("+ " + std::to_string(x_and_corr) + ";") != std::string::npos);  // the mbarriers' offset
+  for (const LoweredGraph* l : {&post16, &asym13, &one}) {
+    CHECK(l->source.find("constexpr bool XARRIVE = true && XALL") != std::string::npos);
+    CHECK(l->source.find("constexpr bool PERM = false, NAT = !PERM;") != std::string::npos);
+    compiles_everywhere(*l);
+  }
+  // Above M = 16 x is not staged once: the knob changes nothing.
+  CHECK(m32.source.find("constexpr bool XARRIVE = false && XALL") != std::string::npos);
 }
 
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {

@@ -255,6 +255,11 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // XALL: all of the block's x (PER super-chunks) is staged and reordered once before the loop,
   // which then needs no block-wide barrier: each warp streams its weights at its own pace.
   constexpr bool XALL = $XALL;
+  // XARRIVE (KILN_INT4_XARRIVE=1 with x staged once, for measurement; not yet run on a GPU): x is
+  // not reordered (NAT pairs, no FOLD) and each super-chunk's x has an mbarrier that completes
+  // when every thread's copies of it have landed, so a warp waits for the x it is about to use
+  // instead of the block waiting for all of x (and its reorder) before the first mma.
+  constexpr bool XARRIVE = $XARRIVE && XALL && !$WG;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
   // PAIR (SPLIT = 2): the two halves of K run as one cluster of two blocks; the second hands its
@@ -273,7 +278,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // values p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being
   // summed when x is reordered; when x is reordered per super-chunk above M = 8, that sum costs
   // more than the per-pair subtraction it saves.
-  constexpr bool FOLD = POST && (MN == 1 || XALL);
+  constexpr bool FOLD = POST && (MN == 1 || XALL) && !XARRIVE;
   constexpr bool KFULL = K % SCK == 0, NFULL = N % RB == 0, MFULL = M % 8 == 0;
   typedef $XT E;
   typedef $E2 E2;
@@ -358,6 +363,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   constexpr int XB_MMA = NB * KW * M * RS * (int)sizeof(E), XB_SWZ = 1024 + (XALL ? NB : 1) * KW * KC * MP * (int)sizeof(E);
   constexpr int XBYTES = !$WG ? XB_MMA : XALL ? (XB_MMA > XB_SWZ ? XB_MMA : XB_SWZ) : XB_MMA + XB_SWZ;
   float* corr = reinterpret_cast<float*>(kiln_i4_smem + XBYTES);
+  // XARRIVE's mbarriers, one per super-chunk (8 bytes each, past everything the kernel reuses).
+  const unsigned xbar = (unsigned)__cvta_generic_to_shared(kiln_i4_smem) + $XBAROFF;
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
   // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
@@ -584,6 +591,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
     if (XALL) {
       buf = sc - sc0;
+      if (XARRIVE) kiln_mbar_wait(xbar + 8 * buf, 0);
     } else {
       if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
       kiln_i4_commit();
@@ -646,10 +654,18 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // the top stall at M = 1, ncu: 17% of warp samples). Pinned plain loads and the barrier after
   // them keep ptxas from sinking the weight loads below the wait for x. H200, 8192², cold L2:
   // M = 1 0.0165 -> 0.0156 ms, M = 8 0.0177 -> 0.0164 (bench/results/2026-12-02-gpu-run10.md).
-  constexpr bool XFIRST = XALL && !WG;
+  constexpr bool XFIRST = XALL && !WG && !XARRIVE;
   if (XFIRST) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
+  }
+  if (XARRIVE) {
+    for (int i = threadIdx.x; i < PER; i += NT) kiln_mbar_init(xbar + 8 * i, NT);
+    __syncthreads();  // initialized before any thread's copies can arrive
+    for (int sc = sc0; sc < sc1; ++sc) {
+      stage(sc, sc - sc0);
+      kiln_mbar_arrive_cp_async(xbar + 8 * (sc - sc0));
+    }
   }
   Group gq[PF + 1];
   #pragma unroll
@@ -659,10 +675,10 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     kiln_i4_wait<0>();
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
-  } else if (XALL) {  // WG
+  } else if (XALL && !XARRIVE) {  // WG
     wg_stage();
     __syncthreads();
-  } else {
+  } else if (!XALL) {
     stage(sc0, 0);
     kiln_i4_commit();
   }
@@ -848,12 +864,12 @@ Status Lowerer::matmul_int4(const Node& n) {
     };
     // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
     // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
-    // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 or 2, N-warps per block
+    // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 to 4, N-warps per block
     // 4 or 8, at most 16 warps). A shape whose shared memory does not fit is ignored.
     if (const char* e = std::getenv("KILN_INT4_STREAM")) {
       long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1, v = 4;
       const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f, &v);
-      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && (f == 1 || f == 2) &&
+      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && f >= 1 && f <= 4 &&
           (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1, v) <= smem_limit())
         kc = a, blocks = b2, minb = c, kw = w4, pf = f, nw = v;
     }
@@ -874,6 +890,12 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 && mt == 1 &&
                     smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
     int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
+    // KILN_INT4_XARRIVE=1 (x staged once, mma.sync path; for measurement): see XARRIVE in the
+    // kernel; its mbarriers follow everything else the block keeps in shared memory. x is then
+    // read as stored, so the nibble pairs are a byte's two.
+    const bool xarrive = xall && !wg && knob_is("KILN_INT4_XARRIVE", "1") && (smem + 7) / 8 * 8 + 8 * per <= smem_limit();
+    const int64_t xbar_off = xarrive ? (smem + 7) / 8 * 8 : 0;
+    if (xarrive) smem = xbar_off + 8 * per;
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
     const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mt * ((m + 7) / 8) * 512;
@@ -883,13 +905,15 @@ Status Lowerer::matmul_int4(const Node& n) {
     // nibble pairs j, j + 4; above, x is read as stored and each A fragment pairs a byte's two
     // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
     // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
-    const bool perm = m <= 16;
+    const bool perm = m <= 16 && !xarrive;
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
+    add_mbarrier();  // XARRIVE's (the kernel text names them either way)
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}});
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XARRIVE", xarrive ? "true" : "false"},
+                               {"$XBAROFF", std::to_string(xbar_off)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
