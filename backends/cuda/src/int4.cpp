@@ -212,10 +212,10 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // at M = 5..16 on sm_90, 4 x 2 above), 16·MT·NW weight rows (grid.x = N / (16 MT NW); MT = 2
 // row tiles per warp above M = 16, else 1). The block walks its K range in super-chunks of
 // KW·KC; K-warp wk takes KC of each (D = KC / 128 k-blocks), and the KW parts are summed
-// through shared memory at the end. grid.y splits K across blocks when N
-// gives too few blocks for the SMs; the partial sums then meet by atomicAdd in an f32 scratch and
-// a second kernel adds the bias and rounds (the lowering zeroes the scratch), or, split in two
-// on sm_90, in the first block of a cluster pair (PAIR).
+// through shared memory at the end. grid.y splits K across blocks when N gives too few blocks
+// for the SMs; the partial sums then meet by atomicAdd in an f32 scratch and a second kernel adds
+// the bias and rounds (the lowering zeroes the scratch), or, split in two on sm_90, in the first
+// block of a cluster pair (PAIR).
 // Memory parallelism: a warp loads all D k-blocks of the super-chunk PF ahead (2 x 16 B per lane
 // and k-block: 4 KB per warp at D = 4, 32 KB per SM and super-chunk with one block of 8 warps,
 // 256 B contiguous per row) into registers before it computes the current one; x for the next
@@ -252,7 +252,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   constexpr int MT = $MT, NW = $NW, KW = $KW, RB = 16 * MT * NW, NT = 32 * NW * KW, SCK = KW * KC;
   constexpr int NSC = (K + SCK - 1) / SCK, PER = $PER, SPLIT = $SPLIT;
   // PF super-chunks of weights in flight; PF + 1 register groups and x buffers in rotation.
-  // XALL: all of the block's x (PER super-chunks) is staged and reordered once before the loop,
+  // XALL: all of the block's x (PER super-chunks) is staged (and reordered) once before the loop,
   // which then needs no block-wide barrier: each warp streams its weights at its own pace.
   constexpr bool XALL = $XALL;
   // XARRIVE (KILN_INT4_XARRIVE=1 with x staged once, for measurement; not yet run on a GPU): x is
