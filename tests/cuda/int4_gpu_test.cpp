@@ -4,8 +4,9 @@
 // symmetric (post-scaled at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize
 // + gemm) and M = 65, 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at
 // M = 5..64, one row tile per warp above M = 16 under KILN_INT4_MT=1, the warpgroup MMA path
-// KILN_INT4_WGMMA=1 asks for at M = 1..64 and KILN_INT4_XARRIVE=1's per-super-chunk waits for x
-// at M = 1..16. KILN_TEST_SHARD=I/N runs a share of the cases.
+// KILN_INT4_WGMMA=1 asks for at M = 1..64, KILN_INT4_XARRIVE=1's per-super-chunk waits for x
+// at M = 1..16 and KILN_INT4_L2PF=2's L2 prefetches. KILN_TEST_SHARD=I/N runs a share of the
+// cases.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
@@ -125,6 +126,10 @@ int main() {
   setenv("KILN_INT4_XARRIVE", "1", 1);
   tails({1, 8, 13, 16});
   unsetenv("KILN_INT4_XARRIVE");
+  // KILN_INT4_L2PF=2: L2 prefetches of the weights ahead of the register loads (N and K tails).
+  setenv("KILN_INT4_L2PF", "2", 1);
+  tails({1, 16, 33, 64});
+  unsetenv("KILN_INT4_L2PF");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

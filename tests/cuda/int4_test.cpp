@@ -230,6 +230,22 @@ TEST_CASE("matmul_int4: KILN_INT4_XARRIVE=1 waits for each super-chunk's x by mb
   CHECK(m32.source.find("constexpr bool XARRIVE = false && XALL") != std::string::npos);
 }
 
+TEST_CASE("matmul_int4: KILN_INT4_L2PF=n prefetches weights into L2 n super-chunks past the registers' (off by default)") {
+  CHECK(lower_int4(1, 128, false, "bf16").source.find("constexpr int L2PF = 0;") != std::string::npos);
+  setenv("KILN_INT4_L2PF", "2", 1);
+  // M = 1 (x staged once), M = 64 (two row tiles, x per super-chunk), asymmetric f16 at 33.
+  const LoweredGraph one = lower_int4(1, 128, false, "bf16"), post64 = lower_int4(64, 128, false, "bf16"),
+                     asym33 = lower_int4(33, 32, true, "f16");
+  setenv("KILN_INT4_L2PF", "9", 1);  // out of range: ignored
+  const LoweredGraph ignored = lower_int4(1, 128, false, "bf16");
+  unsetenv("KILN_INT4_L2PF");
+  CHECK(ignored.source.find("constexpr int L2PF = 0;") != std::string::npos);
+  for (const LoweredGraph* l : {&one, &post64, &asym33}) {
+    CHECK(l->source.find("constexpr int L2PF = 2;") != std::string::npos);
+    compiles_everywhere(*l);
+  }
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

@@ -97,6 +97,8 @@ template <class T> __device__ __forceinline__ T kiln_i4_ld_pinned(const T* p) {
     return *reinterpret_cast<const T*>(&u);
   }
 }
+// Asks L2 for the 128-byte line holding p (no register waits on it).
+__device__ __forceinline__ void kiln_i4_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(s);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
@@ -328,6 +330,16 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         q.za[u][d] = ASYM && oka ? entry(zpa + so) : $ST{};
         q.zb[u][d] = ASYM && okb ? entry(zpb + so) : $ST{};
       }
+  };
+  // L2PF (KILN_INT4_L2PF=n, for measurement; not yet run on a GPU): each warp asks L2 for its
+  // rows' weights of super-chunk sc + PF + n while it loads sc + PF into registers, so DRAM
+  // requests run n super-chunks further ahead than the registers allow, holding no registers.
+  constexpr int L2PF = $L2PF;
+  auto l2_prefetch = [&](int s) {
+    if (L2PF == 0 || lane >= 16 * MT || s >= sc1 || (!KFULL && s * SCK + wk * KC >= K)) return;
+    const unsigned char* p = w + (long long)min(n0 + lane, N - 1) * (K / 2) + s * (SCK / 2) + wk * (KC / 2);
+    #pragma unroll
+    for (int o = 0; o < KC / 2; o += 128) kiln_i4_prefetch_l2(p + o);
   };
   // The 16-byte chunks of x this thread copies (and reorders) in every super-chunk: chunk i =
   // threadIdx.x + r·NT of the M·SCK/8 is row m, chunk c of the super-chunk (part h = c / (KC/8)
@@ -589,6 +601,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
+    l2_prefetch(sc + PF + L2PF);
     if (XALL) {
       buf = sc - sc0;
       if (XARRIVE) kiln_mbar_wait(xbar + 8 * buf, 0);
@@ -670,6 +683,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   Group gq[PF + 1];
   #pragma unroll
   for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p], XFIRST);
+  for (int p = 0; p < L2PF; ++p) l2_prefetch(sc0 + PF + p);
   if (XFIRST) {
     __syncthreads();
     kiln_i4_wait<0>();
@@ -906,6 +920,10 @@ Status Lowerer::matmul_int4(const Node& n) {
     // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
     // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
     const bool perm = m <= 16 && !xarrive;
+    // KILN_INT4_L2PF=1..8 (for measurement): L2 prefetches that many super-chunks past the
+    // registers' (L2PF in the kernel).
+    int64_t l2pf = 0;
+    if (const char* e = std::getenv("KILN_INT4_L2PF"); e != nullptr && e[0] >= '1' && e[0] <= '8' && e[1] == '\0') l2pf = e[0] - '0';
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
@@ -913,7 +931,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
                                {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XARRIVE", xarrive ? "true" : "false"},
-                               {"$XBAROFF", std::to_string(xbar_off)}});
+                               {"$XBAROFF", std::to_string(xbar_off)}, {"$L2PF", std::to_string(l2pf)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
