@@ -246,6 +246,26 @@ TEST_CASE("matmul_int4: KILN_INT4_L2PF=n prefetches weights into L2 n super-chun
   }
 }
 
+TEST_CASE("matmul_int4: KILN_INT4_XROWS=1 reads the last n8 tile of x without a row test, with slack past the buffers") {
+  const LoweringOptions hopper = hopper_lowering();
+  const std::string g12 = int4_graph(12, 8192, 8192, 128, false, "bf16", "f16", false);
+  const LoweredGraph plain = lower_text(g12, hopper);
+  setenv("KILN_INT4_XROWS", "1", 1);
+  const LoweredGraph m12 = lower_text(g12, hopper), asym33 = lower_int4(33, 32, true, "f16"),
+                     m16 = lower_int4(16, 128, false, "bf16");
+  unsetenv("KILN_INT4_XROWS");
+  CHECK(plain.source.find("constexpr bool XROWS = false;") != std::string::npos);
+  CHECK(m12.source.find("constexpr bool XROWS = true;") != std::string::npos);
+  CHECK(asym33.source.find("constexpr bool XROWS = true;") != std::string::npos);
+  CHECK(m16.source.find("constexpr bool XROWS = false;") != std::string::npos);  // whole tiles: nothing to do
+  // M = 12 on sm_90: x and corrections (8 x 2 x 12 x 272 x 2 + 8 x 4 x 16 x 4 bytes), 4 rows of
+  // slack (4 x 272 x 2), then the second block's sums (8 N-warps x 2 tiles x 512).
+  const int64_t x_and_corr = 8 * 2 * 12 * 272 * 2 + 8 * 4 * 16 * 4;
+  CHECK(steps(plain.plan)[0].find("smem=" + std::to_string(x_and_corr + 8 * 2 * 512) + " ") != std::string::npos);
+  CHECK(steps(m12.plan)[0].find("smem=" + std::to_string(x_and_corr + 4 * 272 * 2 + 8 * 2 * 512) + " ") != std::string::npos);
+  for (const LoweredGraph* l : {&m12, &asym33}) compiles_everywhere(*l);
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

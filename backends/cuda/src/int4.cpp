@@ -282,6 +282,10 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // more than the per-pair subtraction it saves.
   constexpr bool FOLD = POST && (MN == 1 || XALL) && !XARRIVE;
   constexpr bool KFULL = K % SCK == 0, NFULL = N % RB == 0, MFULL = M % 8 == 0;
+  // XROWS (KILN_INT4_XROWS=1, for measurement; not yet run on a GPU): the last n8 tile reads all
+  // 8 rows of x without a test. Rows past M hold whatever follows in shared memory (the lowering
+  // adds slack past the end); they only reach output columns past M, which are never stored.
+  constexpr bool XROWS = $XROWS;
   typedef $XT E;
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
@@ -640,7 +644,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         #pragma unroll
         for (int j = 0; j < MN; ++j) {
           const E* xp = ((v & 1) ? xlb : xla) + (buf * KW * M + 8 * j) * RS + (d * 16 + v) * 8;
-          xv[j] = MFULL || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
+          xv[j] = MFULL || XROWS || 8 * j + g < M ? *reinterpret_cast<const uint4*>(xp) : make_uint4(0, 0, 0, 0);
         }
         #pragma unroll
         for (int h = 0; h < 2; ++h)
@@ -904,6 +908,10 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 && mt == 1 &&
                     smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
     int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
+    // KILN_INT4_XROWS=1 (mma.sync path, for measurement): see XROWS in the kernel; the last
+    // buffer's last tile reads up to mp - m rows past the buffers.
+    const bool xrows = !wg && m % 8 != 0 && knob_is("KILN_INT4_XROWS", "1");
+    if (xrows) smem += (mp - m) * (kc + 16) * 2;
     // KILN_INT4_XARRIVE=1 (x staged once, mma.sync path; for measurement): see XARRIVE in the
     // kernel; its mbarriers follow everything else the block keeps in shared memory. x is then
     // read as stored, so the nibble pairs are a byte's two.
@@ -931,7 +939,8 @@ Status Lowerer::matmul_int4(const Node& n) {
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
                                {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XARRIVE", xarrive ? "true" : "false"},
-                               {"$XBAROFF", std::to_string(xbar_off)}, {"$L2PF", std::to_string(l2pf)}});
+                               {"$XBAROFF", std::to_string(xbar_off)}, {"$L2PF", std::to_string(l2pf)},
+                               {"$XROWS", xrows ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
