@@ -22,6 +22,13 @@ bool knob_is(const char* name, const char* value) {
   return e != nullptr && std::string(e) == value;
 }
 
+/// The measurement knob `name` as one digit from lo to hi (both in 1..9), else 0 (unset or
+/// anything else).
+int knob_digit(const char* name, int lo, int hi) {
+  const char* e = std::getenv(name);
+  return e != nullptr && e[0] >= '0' + lo && e[0] <= '0' + hi && e[1] == '\0' ? e[0] - '0' : 0;
+}
+
 /// Replaces every `$KEY` in `text` by its value, in order (a key that prefixes a later one,
 /// like $N and $NAME, must come after it).
 std::string fill(std::string text, const std::vector<std::pair<std::string, std::string>>& subs) {
@@ -863,7 +870,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     // needs the K split, which there goes through the scratch and a second kernel (no cluster
     // pair), unmeasured. KILN_INT4_MT=1 or 2 overrides, for comparisons.
     int64_t mt = m > 16 && hopper_plan() && !knob_is("KILN_INT4_WGMMA", "1") ? 2 : 1;
-    if (knob_is("KILN_INT4_MT", "1") || knob_is("KILN_INT4_MT", "2")) mt = std::getenv("KILN_INT4_MT")[0] - '0';
+    if (const int v = knob_digit("KILN_INT4_MT", 1, 2)) mt = v;
     int64_t kc = m > 32 || m <= 16 || mt == 2 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
     // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
     // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
@@ -915,8 +922,9 @@ Status Lowerer::matmul_int4(const Node& n) {
     // KILN_INT4_XARRIVE=1 (x staged once, mma.sync path; for measurement): see XARRIVE in the
     // kernel; its mbarriers follow everything else the block keeps in shared memory. x is then
     // read as stored, so the nibble pairs are a byte's two.
-    const bool xarrive = xall && !wg && knob_is("KILN_INT4_XARRIVE", "1") && (smem + 7) / 8 * 8 + 8 * per <= smem_limit();
-    const int64_t xbar_off = xarrive ? (smem + 7) / 8 * 8 : 0;
+    const int64_t xbar_at = (smem + 7) / 8 * 8;
+    const bool xarrive = xall && !wg && knob_is("KILN_INT4_XARRIVE", "1") && xbar_at + 8 * per <= smem_limit();
+    const int64_t xbar_off = xarrive ? xbar_at : 0;
     if (xarrive) smem = xbar_off + 8 * per;
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
@@ -930,8 +938,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool perm = m <= 16 && !xarrive;
     // KILN_INT4_L2PF=1..8 (for measurement): L2 prefetches that many super-chunks past the
     // registers' (L2PF in the kernel).
-    int64_t l2pf = 0;
-    if (const char* e = std::getenv("KILN_INT4_L2PF"); e != nullptr && e[0] >= '1' && e[0] <= '8' && e[1] == '\0') l2pf = e[0] - '0';
+    const int64_t l2pf = knob_digit("KILN_INT4_L2PF", 1, 8);
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
