@@ -41,10 +41,11 @@ TEST_CASE("matmul_int4: the streaming kernel for f16/bf16 x up to M = 64 (one la
     // 64 rows a block -> 128 blocks, no K split. Up to M = 16 four K-warps (512 threads) with
     // KC 256. Up to M = 8 the block stages all of x at once (8 super-chunks of 1024), else two
     // buffers; a buffer holds KW x M rows of KC + 16, then one f32 correction per k-block
-    // (KW KC / 128 of them) and padded column.
+    // (KW KC / 128 of them) and padded column; above M = 8 off a multiple of 8, slack for the
+    // last n8 tile's rows past M.
     const int64_t kc = m > 32 || m <= 16 ? 256 : 512, kw = m <= 16 ? 4 : 2, nb = m <= 8 ? 8 : 2;
-    const int64_t corr = nb * (kw * kc / 128) * ((m + 7) / 8 * 8) * 4;
-    const int64_t smem = std::max<int64_t>(nb * kw * m * (kc + 16) * 2 + corr, (kw - 1) * 2048 * ((m + 7) / 8));
+    const int64_t mp = (m + 7) / 8 * 8, corr = nb * (kw * kc / 128) * mp * 4, slack = m > 8 ? (mp - m) * (kc + 16) * 2 : 0;
+    const int64_t smem = std::max<int64_t>(nb * kw * m * (kc + 16) * 2 + corr, (kw - 1) * 2048 * ((m + 7) / 8)) + slack;
     CHECK(s[0].find("grid=128,1,1 block=" + std::to_string(128 * kw) + ",1,1 smem=" + std::to_string(smem) + " ") !=
           std::string::npos);
     CHECK(l.kernels == std::vector<std::string>{"k0_matmul_int4_stream"});
@@ -169,11 +170,12 @@ TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split i
   CHECK(post64.source.find("constexpr int MT = 2, NW = 4, KW = 2,") != std::string::npos);
   CHECK(post64.source.find("constexpr bool POST = false, ASYM = false;") != std::string::npos);
   CHECK(post64.source.find("constexpr bool PAIR = true;") != std::string::npos);
-  // M = 17, asymmetric f16 group 32: the same shape, three n8 tiles (rows padded to 24).
+  // M = 17, asymmetric f16 group 32: the same shape, three n8 tiles (rows padded to 24, 7 rows of
+  // slack for the last tile).
   const LoweredGraph asym17 = lower_text(int4_graph(17, 8192, 8192, 32, true, "f16", "f16", true), hopper);
   s = steps(asym17.plan);
   REQUIRE(s.size() == 1);
-  CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 17 * 272 * 2 + 2 * 4 * 24 * 4 + 4 * 2 * 3 * 512) + " ") !=
+  CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 17 * 272 * 2 + 2 * 4 * 24 * 4 + 7 * 272 * 2 + 4 * 2 * 3 * 512) + " ") !=
         std::string::npos);
   // KILN_INT4_MT=1 goes back to one tile (post-scaled again); sm_80 plans keep one tile.
   setenv("KILN_INT4_MT", "1", 1);
@@ -202,66 +204,23 @@ TEST_CASE("matmul_int4: up to M = 16 x is reordered and staged before the weight
     CHECK(l.source.find(std::string("constexpr bool PERM = ") + (small ? "true" : "false") + ", NAT = !PERM;") !=
           std::string::npos);
     CHECK(l.source.find(std::string("constexpr bool XALL = ") + (small ? "true" : "false") + ";") != std::string::npos);
-    CHECK(l.source.find("constexpr bool XFIRST = XALL && !WG && !XARRIVE;") != std::string::npos);
-    CHECK(l.source.find("constexpr bool XARRIVE = false && XALL") != std::string::npos);
+    CHECK(l.source.find("constexpr bool XFIRST = XALL && !WG;") != std::string::npos);
     compiles_everywhere(l);
   }
 }
 
-TEST_CASE("matmul_int4: KILN_INT4_XARRIVE=1 waits for each super-chunk's x by mbarrier, x read as stored (x staged once)") {
-  CHECK(lower_int4(16, 128, false, "bf16").source.find("constexpr bool XARRIVE = false && XALL") != std::string::npos);
-  setenv("KILN_INT4_XARRIVE", "1", 1);
-  // M = 16 on sm_90, group 128: the cluster-pair plan's x and corrections (8 x 2 x 16 x 272 x 2 +
-  // 8 x 4 x 16 x 4 bytes), then 8 mbarriers of 8 bytes, then the second block's sums.
-  const LoweredGraph post16 = lower_int4(16, 128, false, "bf16"), asym13 = lower_int4(13, 64, true, "f16"),
-                     one = lower_int4(1, 128, false, "bf16"), m32 = lower_int4(32, 128, false, "bf16");
-  unsetenv("KILN_INT4_XARRIVE");
-  const int64_t x_and_corr = 8 * 2 * 16 * 272 * 2 + 8 * 4 * 16 * 4;
-  const std::vector<std::string> s = steps(post16.plan);
-  REQUIRE(s.size() == 1);
-  CHECK(s[0].find("grid=64,2,1 block=512,1,1 smem=" + std::to_string(x_and_corr + 8 * 8 + 8 * 2 * 512) + " ") != std::string::npos);
-  CHECK(post16.source.find("+ " + std::to_string(x_and_corr) + ";") != std::string::npos);  // the mbarriers' offset
-  for (const LoweredGraph* l : {&post16, &asym13, &one}) {
-    CHECK(l->source.find("constexpr bool XARRIVE = true && XALL") != std::string::npos);
-    CHECK(l->source.find("constexpr bool PERM = false, NAT = !PERM;") != std::string::npos);
-    compiles_everywhere(*l);
-  }
-  // Above M = 16 x is not staged once: the knob changes nothing.
-  CHECK(m32.source.find("constexpr bool XARRIVE = false && XALL") != std::string::npos);
-}
-
-TEST_CASE("matmul_int4: KILN_INT4_L2PF=n prefetches weights into L2 n super-chunks past the registers' (off by default)") {
-  CHECK(lower_int4(1, 128, false, "bf16").source.find("constexpr int L2PF = 0;") != std::string::npos);
-  setenv("KILN_INT4_L2PF", "2", 1);
-  // M = 1 (x staged once), M = 64 (two row tiles, x per super-chunk), asymmetric f16 at 33.
-  const LoweredGraph one = lower_int4(1, 128, false, "bf16"), post64 = lower_int4(64, 128, false, "bf16"),
-                     asym33 = lower_int4(33, 32, true, "f16");
-  setenv("KILN_INT4_L2PF", "9", 1);  // out of range: ignored
-  const LoweredGraph ignored = lower_int4(1, 128, false, "bf16");
-  unsetenv("KILN_INT4_L2PF");
-  CHECK(ignored.source.find("constexpr int L2PF = 0;") != std::string::npos);
-  for (const LoweredGraph* l : {&one, &post64, &asym33}) {
-    CHECK(l->source.find("constexpr int L2PF = 2;") != std::string::npos);
-    compiles_everywhere(*l);
-  }
-}
-
-TEST_CASE("matmul_int4: KILN_INT4_XROWS=1 reads the last n8 tile of x without a row test, with slack past the buffers") {
+TEST_CASE("matmul_int4: above M = 8 off a multiple of 8, the last n8 tile of x is read without a row test, with slack past the buffers") {
   const LoweringOptions hopper = hopper_lowering();
-  const std::string g12 = int4_graph(12, 8192, 8192, 128, false, "bf16", "f16", false);
-  const LoweredGraph plain = lower_text(g12, hopper);
-  setenv("KILN_INT4_XROWS", "1", 1);
-  const LoweredGraph m12 = lower_text(g12, hopper), asym33 = lower_int4(33, 32, true, "f16"),
-                     m16 = lower_int4(16, 128, false, "bf16");
-  unsetenv("KILN_INT4_XROWS");
-  CHECK(plain.source.find("constexpr bool XROWS = false;") != std::string::npos);
+  const LoweredGraph m12 = lower_text(int4_graph(12, 8192, 8192, 128, false, "bf16", "f16", false), hopper),
+                     asym33 = lower_int4(33, 32, true, "f16"), m16 = lower_int4(16, 128, false, "bf16"),
+                     m5 = lower_text(int4_graph(5, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
   CHECK(m12.source.find("constexpr bool XROWS = true;") != std::string::npos);
   CHECK(asym33.source.find("constexpr bool XROWS = true;") != std::string::npos);
   CHECK(m16.source.find("constexpr bool XROWS = false;") != std::string::npos);  // whole tiles: nothing to do
+  CHECK(m5.source.find("constexpr bool XROWS = false;") != std::string::npos);   // one tile: the row test stays
   // M = 12 on sm_90: x and corrections (8 x 2 x 12 x 272 x 2 + 8 x 4 x 16 x 4 bytes), 4 rows of
   // slack (4 x 272 x 2), then the second block's sums (8 N-warps x 2 tiles x 512).
   const int64_t x_and_corr = 8 * 2 * 12 * 272 * 2 + 8 * 4 * 16 * 4;
-  CHECK(steps(plain.plan)[0].find("smem=" + std::to_string(x_and_corr + 8 * 2 * 512) + " ") != std::string::npos);
   CHECK(steps(m12.plan)[0].find("smem=" + std::to_string(x_and_corr + 4 * 272 * 2 + 8 * 2 * 512) + " ") != std::string::npos);
   for (const LoweredGraph* l : {&m12, &asym33}) compiles_everywhere(*l);
 }

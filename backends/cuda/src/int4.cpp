@@ -105,7 +105,6 @@ template <class T> __device__ __forceinline__ T kiln_i4_ld_pinned(const T* p) {
   }
 }
 // Asks L2 for the 128-byte line holding p (no register waits on it).
-__device__ __forceinline__ void kiln_i4_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(s);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
@@ -264,11 +263,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // XALL: all of the block's x (PER super-chunks) is staged (and reordered) once before the loop,
   // which then needs no block-wide barrier: each warp streams its weights at its own pace.
   constexpr bool XALL = $XALL;
-  // XARRIVE (KILN_INT4_XARRIVE=1 with x staged once, for measurement; not yet run on a GPU): x is
-  // not reordered (NAT pairs, no FOLD) and each super-chunk's x has an mbarrier that completes
-  // when every thread's copies of it have landed, so a warp waits for the x it is about to use
-  // instead of the block waiting for all of x (and its reorder) before the first mma.
-  constexpr bool XARRIVE = $XARRIVE && XALL && !$WG;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
   constexpr bool POST = $POST, ASYM = $ASYM;
   // PAIR (SPLIT = 2): the two halves of K run as one cluster of two blocks; the second hands its
@@ -287,11 +281,11 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // values p = BASE + 8 + q and each k-block's sum loses (BASE + 8)·Σx once, Σx per column being
   // summed when x is reordered; when x is reordered per super-chunk above M = 8, that sum costs
   // more than the per-pair subtraction it saves.
-  constexpr bool FOLD = POST && (MN == 1 || XALL) && !XARRIVE;
+  constexpr bool FOLD = POST && (MN == 1 || XALL);
   constexpr bool KFULL = K % SCK == 0, NFULL = N % RB == 0, MFULL = M % 8 == 0;
-  // XROWS (KILN_INT4_XROWS=1, for measurement; not yet run on a GPU): the last n8 tile reads all
-  // 8 rows of x without a test. Rows past M hold whatever follows in shared memory (the lowering
-  // adds slack past the end); they only reach output columns past M, which are never stored.
+  // XROWS (M > 8, off a multiple of 8): the last n8 tile reads all 8 rows of x without a test.
+  // Rows past M hold whatever follows in shared memory (the lowering adds slack past the end);
+  // they only reach output columns past M, which are never stored.
   constexpr bool XROWS = $XROWS;
   typedef $XT E;
   typedef $E2 E2;
@@ -342,16 +336,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         q.zb[u][d] = ASYM && okb ? entry(zpb + so) : $ST{};
       }
   };
-  // L2PF (KILN_INT4_L2PF=n, for measurement; not yet run on a GPU): each warp asks L2 for its
-  // rows' weights of super-chunk sc + PF + n while it loads sc + PF into registers, so DRAM
-  // requests run n super-chunks further ahead than the registers allow, holding no registers.
-  constexpr int L2PF = $L2PF;
-  auto l2_prefetch = [&](int s) {
-    if (L2PF == 0 || lane >= 16 * MT || s >= sc1 || (!KFULL && s * SCK + wk * KC >= K)) return;
-    const unsigned char* p = w + (long long)min(n0 + lane, N - 1) * (K / 2) + s * (SCK / 2) + wk * (KC / 2);
-    #pragma unroll
-    for (int o = 0; o < KC / 2; o += 128) kiln_i4_prefetch_l2(p + o);
-  };
   // The 16-byte chunks of x this thread copies (and reorders) in every super-chunk: chunk i =
   // threadIdx.x + r·NT of the M·SCK/8 is row m, chunk c of the super-chunk (part h = c / (KC/8)
   // of the KW, chunk cc within it). Their offsets are the same in every super-chunk, so they are
@@ -386,8 +370,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   constexpr int XB_MMA = NB * KW * M * RS * (int)sizeof(E), XB_SWZ = 1024 + (XALL ? NB : 1) * KW * KC * MP * (int)sizeof(E);
   constexpr int XBYTES = !$WG ? XB_MMA : XALL ? (XB_MMA > XB_SWZ ? XB_MMA : XB_SWZ) : XB_MMA + XB_SWZ;
   float* corr = reinterpret_cast<float*>(kiln_i4_smem + XBYTES);
-  // XARRIVE's mbarriers, one per super-chunk (8 bytes each, past everything the kernel reuses).
-  const unsigned xbar = (unsigned)__cvta_generic_to_shared(kiln_i4_smem) + $XBAROFF;
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
   // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
@@ -612,10 +594,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
-    l2_prefetch(sc + PF + L2PF);
     if (XALL) {
       buf = sc - sc0;
-      if (XARRIVE) kiln_mbar_wait(xbar + 8 * buf, 0);
     } else {
       if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
       kiln_i4_commit();
@@ -678,29 +658,20 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // the top stall at M = 1, ncu: 17% of warp samples). Pinned plain loads and the barrier after
   // them keep ptxas from sinking the weight loads below the wait for x. H200, 8192², cold L2:
   // M = 1 0.0165 -> 0.0156 ms, M = 8 0.0177 -> 0.0164 (bench/results/2026-12-02-gpu-run10.md).
-  constexpr bool XFIRST = XALL && !WG && !XARRIVE;
+  constexpr bool XFIRST = XALL && !WG;
   if (XFIRST) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
   }
-  if (XARRIVE) {
-    for (int i = threadIdx.x; i < PER; i += NT) kiln_mbar_init(xbar + 8 * i, NT);
-    __syncthreads();  // initialized before any thread's copies can arrive
-    for (int sc = sc0; sc < sc1; ++sc) {
-      stage(sc, sc - sc0);
-      kiln_mbar_arrive_cp_async(xbar + 8 * (sc - sc0));
-    }
-  }
   Group gq[PF + 1];
   #pragma unroll
   for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p], XFIRST);
-  for (int p = 0; p < L2PF; ++p) l2_prefetch(sc0 + PF + p);
   if (XFIRST) {
     __syncthreads();
     kiln_i4_wait<0>();
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
-  } else if (XALL && !XARRIVE) {  // WG
+  } else if (XALL) {  // WG
     wg_stage();
     __syncthreads();
   } else if (!XALL) {
@@ -915,17 +886,14 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 && mt == 1 &&
                     smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
     int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
-    // KILN_INT4_XROWS=1 (mma.sync path, for measurement): see XROWS in the kernel; the last
-    // buffer's last tile reads up to mp - m rows past the buffers.
-    const bool xrows = !wg && m % 8 != 0 && knob_is("KILN_INT4_XROWS", "1");
-    if (xrows) smem += (mp - m) * (kc + 16) * 2;
-    // KILN_INT4_XARRIVE=1 (x staged once, mma.sync path; for measurement): see XARRIVE in the
-    // kernel; its mbarriers follow everything else the block keeps in shared memory. x is then
-    // read as stored, so the nibble pairs are a byte's two.
-    const int64_t xbar_at = (smem + 7) / 8 * 8;
-    const bool xarrive = xall && !wg && knob_is("KILN_INT4_XARRIVE", "1") && xbar_at + 8 * per <= smem_limit();
-    const int64_t xbar_off = xarrive ? xbar_at : 0;
-    if (xarrive) smem = xbar_off + 8 * per;
+    // XROWS in the kernel (mma.sync path, M > 8 off a multiple of 8): the last buffer's last
+    // tile reads up to mp - m rows past the buffers. Below M = 8 the one tile's row test is
+    // cheaper than the rows it would read. H200, 8192², cold L2
+    // (bench/results/2026-12-02-gpu-run11.md): M = 12 0.0221 -> 0.0211 ms, M = 13 0.0224 ->
+    // 0.0212, M = 33 0.0337 -> 0.0331; M = 3 0.0163 -> 0.0168, M = 5 0.0163 -> 0.0170.
+    const int64_t xrows_slack = (mp - m) * (kc + 16) * 2;
+    const bool xrows = !wg && m > 8 && m % 8 != 0 && smem + xrows_slack <= smem_limit();
+    if (xrows) smem += xrows_slack;
     // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
     // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
     const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mt * ((m + 7) / 8) * 512;
@@ -935,18 +903,13 @@ Status Lowerer::matmul_int4(const Node& n) {
     // nibble pairs j, j + 4; above, x is read as stored and each A fragment pairs a byte's two
     // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
     // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
-    const bool perm = m <= 16 && !xarrive;
-    // KILN_INT4_L2PF=1..8 (for measurement): L2 prefetches that many super-chunks past the
-    // registers' (L2PF in the kernel).
-    const int64_t l2pf = knob_digit("KILN_INT4_L2PF", 1, 8);
+    const bool perm = m <= 16;
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
-    add_mbarrier();  // XARRIVE's (the kernel text names them either way)
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"}, {"$XARRIVE", xarrive ? "true" : "false"},
-                               {"$XBAROFF", std::to_string(xbar_off)}, {"$L2PF", std::to_string(l2pf)},
+                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"},
                                {"$XROWS", xrows ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
