@@ -11,9 +11,15 @@ plan's steps, CUDA graphs on, median). Writes a Markdown table of device times, 
 weight bytes (packed + scales, + zeros) per second to --out; --group 32,64,128 writes one table per
 group size, --asymmetric uses zero points.
 
+--roofline BUILD/bin/kiln-read-roofline also measures, in the same run, the fastest this GPU reads
+each table's weight bytes and cuBLAS's bf16 weights once from cold L2 (bench/roofline): the floor
+under any kernel that streams them. cuBLAS / (INT4 read floor) bounds the speedup any INT4 kernel
+can show where cuBLAS takes that long.
+
     /opt/torch/.venv/bin/python3 bench/peer/int4.py --kiln BUILD/bin/kiln --out bench/results/int4.md
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +53,15 @@ def kiln_ms(kiln, m, n, k, g, symmetric, work):
     return kiln_device_ms(kiln, base + ".kiln", base + ".json")[0]
 
 
+def read_floor_ms(tool, sizes, iters, work):
+    """{bytes: fastest cold-L2 read, ms} from kiln-read-roofline's sweep."""
+    out = os.path.join(work, "roofline.json")
+    subprocess.run([tool, "--bytes", ",".join(str(b) for b in sizes), "--iters", str(iters), "--json", out],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return {e["bytes"]: min(r["ms"] for r in e["results"]) for e in json.load(f)["sizes"]}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kiln", required=True, help="path to the kiln binary")
@@ -57,6 +72,7 @@ def main():
     p.add_argument("--group", default="128", help="group size, or a comma list (one table each), e.g. 32,64,128")
     p.add_argument("--asymmetric", action="store_true")
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--roofline", help="path to kiln-read-roofline: add the cold-L2 read floors of both weight sets")
     p.add_argument("--cold-l2", action="store_true",
                    help="flush L2 before each timing, on both sides (the packed weights, 34 MB at 8192², "
                         "would otherwise partly stay in H200's 50 MB L2 after `kiln bench`'s input copies)")
@@ -67,9 +83,14 @@ def main():
     ms = [int(v) for v in a.m.split(",")]
     kind = "asymmetric" if a.asymmetric else "symmetric"
     lines = []
+    groups = [int(v) for v in a.group.split(",")]
+    wbytes_of = {g: a.n * a.k // 2 + a.n * (a.k // g) * 2 * (2 if a.asymmetric else 1) for g in groups}
+    bf16_bytes = a.n * a.k * 2
     with tempfile.TemporaryDirectory() as work:
         torch_times = {m: torch_ms(m, a.n, a.k, a.iters) for m in ms}
-        for g in [int(v) for v in a.group.split(",")]:
+        floors = read_floor_ms(a.roofline, sorted(set(wbytes_of.values()) | {bf16_bytes}), a.iters, work) \
+            if a.roofline else {}
+        for g in groups:
             rows = []
             for m in ms:
                 t = torch_times[m]
@@ -84,14 +105,27 @@ def main():
                       f"{', L2 flushed before each timing' if a.cold_l2 else ''}", "",
                       "Device time, median (ms). Speedup = cuBLAS / Kiln; the issue asks M=1 >= 3.0x, M=16 >= 2.5x, "
                       "and >= 1.0x for all M <= 64.", "",
-                      "| M | cuBLAS bf16 (torch.matmul) | Kiln matmul_int4 | speedup | Kiln weight GB/s |",
-                      "|---|---|---|---|---|"]
-            wbytes = a.n * a.k // 2 + a.n * (a.k // g) * 2 * (2 if a.asymmetric else 1)
+                      "| M | cuBLAS bf16 (torch.matmul) | Kiln matmul_int4 | speedup | Kiln weight GB/s |"
+                      + (" Kiln / INT4 read floor | cuBLAS / INT4 read floor |" if floors else ""),
+                      "|---|---|---|---|---|" + ("---|---|" if floors else "")]
+            wbytes = wbytes_of[g]
             for m, t, k, s in rows:
                 bw = "-" if k is None else f"{wbytes / (k * 1e-3) / 1e9:.0f}"
+                extra = ""
+                if floors:
+                    f4 = floors[wbytes]
+                    extra = f" {'-' if k is None else f'{k / f4:.2f}'} | {t / f4:.2f}x |"
                 lines.append(f"| {m} | {t:.4f} | {'failed' if k is None else f'{k:.4f}'} | "
-                             f"{'-' if s is None else f'{s:.2f}x'} | {bw} |")
+                             f"{'-' if s is None else f'{s:.2f}x'} | {bw} |" + extra)
             lines.append("")
+            if floors:
+                f4, f16 = floors[wbytes], floors[bf16_bytes]
+                lines += [f"Read floors (kiln-read-roofline, fastest of its sweep, L2 flushed before each launch): "
+                          f"the INT4 weights ({wbytes} bytes) {f4:.4f} ms ({wbytes / (f4 * 1e-3) / 1e12:.2f} TB/s), "
+                          f"cuBLAS's bf16 weights ({bf16_bytes} bytes) {f16:.4f} ms "
+                          f"({bf16_bytes / (f16 * 1e-3) / 1e12:.2f} TB/s). No INT4 kernel that reads its weights "
+                          f"once can beat the INT4 floor, so cuBLAS / floor is the largest speedup this GPU allows.",
+                          ""]
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
