@@ -104,7 +104,6 @@ template <class T> __device__ __forceinline__ T kiln_i4_ld_pinned(const T* p) {
     return *reinterpret_cast<const T*>(&u);
   }
 }
-// Asks L2 for the 128-byte line holding p (no register waits on it).
 __device__ __forceinline__ void kiln_i4_cp16(void* s, const void* g, bool ok) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(s);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(g), "r"(ok ? 16 : 0));
