@@ -75,7 +75,7 @@ def main():
     p.add_argument("--roofline", help="path to kiln-read-roofline: add the cold-L2 read floors of both weight sets")
     p.add_argument("--cold-l2", action="store_true",
                    help="flush L2 before each timing, on both sides (the packed weights, 34 MB at 8192², "
-                        "would otherwise partly stay in H200's 50 MB L2 after `kiln bench`'s input copies)")
+                        "would otherwise partly stay in H200's L2, 60 MiB as the device reports it, after `kiln bench`'s input copies)")
     a = p.parse_args()
     if a.cold_l2:
         os.environ["KILN_PEER_FLUSH_L2"] = "1"
