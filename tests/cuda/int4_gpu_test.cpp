@@ -4,8 +4,8 @@
 // symmetric (post-scaled at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize
 // + gemm) and M = 65, 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at
 // M = 5..64, one row tile per warp above M = 16 under KILN_INT4_MT=1, the warpgroup MMA path
-// KILN_INT4_WGMMA=1 asks for at M = 1..64, and the untested reads of x's last n8 tile above
-// M = 8 off a multiple of 8. KILN_TEST_SHARD=I/N runs a share of the cases.
+// KILN_INT4_WGMMA=1 asks for at M = 1..64, the untested reads of x's last n8 tile above M = 8
+// off a multiple of 8, and the paired scale loads of group 128. KILN_TEST_SHARD=I/N runs a share of the cases.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
@@ -122,6 +122,15 @@ int main() {
   unsetenv("KILN_INT4_MT");
   // x's last n8 tile read without a row test (M > 8 off a multiple of 8), and with it (M = 3).
   tails({3, 12, 13, 33});
+  // A row's two scales of a super-chunk as one 4-byte load (group 128, K whole super-chunks; N
+  // off the row blocks): by default at 12 (the cluster pair), forced on the 64-row plan at 1 and 4
+  // and on the pair with two super-chunks in flight at 8.
+  run(12, 1000, 2048, 128, false, "bf16", true);
+  setenv("KILN_INT4_SPAIR", "1", 1);
+  run(1, 1000, 2048, 128, false, "bf16", true);
+  run(4, 1000, 2048, 128, false, "f16", false);
+  run(8, 1000, 2048, 128, false, "bf16", false);
+  unsetenv("KILN_INT4_SPAIR");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

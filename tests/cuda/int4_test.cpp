@@ -225,6 +225,33 @@ TEST_CASE("matmul_int4: above M = 8 off a multiple of 8, the last n8 tile of x i
   for (const LoweredGraph* l : {&m12, &asym33}) compiles_everywhere(*l);
 }
 
+TEST_CASE("matmul_int4: post-scaled group 128 with one super-chunk in flight reads a row's two scales of it as one 4-byte load") {
+  const LoweringOptions hopper = hopper_lowering();
+  auto spair = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const char* st) {
+    const LoweredGraph l = lower_text(int4_graph(m, n, k, g, asym, "bf16", st, false), hopper);
+    const bool on = l.source.find("constexpr bool SPAIR = true;") != std::string::npos;
+    CHECK((on || l.source.find("constexpr bool SPAIR = false;") != std::string::npos));
+    if (on) compiles_everywhere(l);
+    return on;
+  };
+  // By default where one super-chunk of weights is in flight (M = 9..16).
+  CHECK(spair(16, 8192, 8192, 128, false, "bf16"));  // the cluster-pair plan
+  CHECK(spair(12, 1000, 2048, 128, false, "f16"));
+  CHECK_FALSE(spair(1, 8192, 8192, 128, false, "f16"));  // two in flight
+  CHECK_FALSE(spair(12, 8192, 8064, 128, false, "f16"));  // K ends inside a super-chunk
+  CHECK_FALSE(spair(12, 8192, 8192, 64, false, "f16"));   // not post-scaled
+  CHECK_FALSE(spair(12, 8192, 8192, 128, true, "f16"));   // zero points
+  CHECK_FALSE(spair(64, 8192, 8192, 128, false, "f16"));  // two row tiles: pairs scaled before the mma
+  setenv("KILN_INT4_SPAIR", "1", 1);
+  const bool forced = spair(1, 8192, 8192, 128, false, "f16"), tail = spair(4, 8192, 8064, 128, false, "f16");
+  setenv("KILN_INT4_SPAIR", "0", 1);
+  const bool off = spair(16, 8192, 8192, 128, false, "bf16");
+  unsetenv("KILN_INT4_SPAIR");
+  CHECK(forced);
+  CHECK_FALSE(tail);  // the knob cannot force it where a load would cross a row's end
+  CHECK_FALSE(off);
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

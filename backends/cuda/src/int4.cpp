@@ -286,6 +286,9 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // Rows past M hold whatever follows in shared memory (the lowering adds slack past the end);
   // they only reach output columns past M, which are never stored.
   constexpr bool XROWS = $XROWS;
+  // SPAIR (the lowering's choice: post-scaled, two k-blocks per K-warp, K whole super-chunks):
+  // a lane's two scales of a super-chunk are adjacent entries, read as one 4-byte load.
+  constexpr bool SPAIR = $SPAIR;
   typedef $XT E;
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
@@ -319,6 +322,12 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       return pinned ? kiln_i4_ld16_pinned(p) : __ldg(reinterpret_cast<const uint4*>(p));
     };
     auto entry = [&](const $ST* p) { return pinned ? kiln_i4_ld_pinned(p) : *p; };
+    auto entry2 = [&](const $ST* p, $ST& e0, $ST& e1) {
+      const unsigned* q2 = reinterpret_cast<const unsigned*>(p);
+      const unsigned v = pinned ? kiln_i4_ld_pinned(q2) : *q2;
+      e0 = *reinterpret_cast<const $ST*>(&v);
+      e1 = reinterpret_cast<const $ST*>(&v)[1];
+    };
     #pragma unroll
     for (int u = 0; u < MT; ++u)
       #pragma unroll
@@ -329,6 +338,14 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         const int wo = sc * (SCK / 2) + d * 64 + u * 16 * (K / 2), so = sc * (SCK / G) + d * 128 / G + u * 16 * (K / G);
         q.a[u][d] = oka ? w16(wpa + wo) : make_uint4(0, 0, 0, 0);
         q.b[u][d] = okb ? w16(wpb + wo) : make_uint4(0, 0, 0, 0);
+        if (SPAIR) {
+          if (d == 1) continue;  // read with d = 0
+          if (oka) entry2(spa + so, q.sa[u][0], q.sa[u][1]);
+          else q.sa[u][0] = q.sa[u][1] = $ST{};
+          if (okb) entry2(spb + so, q.sb[u][0], q.sb[u][1]);
+          else q.sb[u][0] = q.sb[u][1] = $ST{};
+          continue;
+        }
         q.sa[u][d] = oka ? entry(spa + so) : $ST{};
         q.sb[u][d] = okb ? entry(spb + so) : $ST{};
         q.za[u][d] = ASYM && oka ? entry(zpa + so) : $ST{};
@@ -875,6 +892,16 @@ Status Lowerer::matmul_int4(const Node& n) {
     // Post-scaling keeps each k-block's unscaled sums beside the accumulators: with two row
     // tiles those spill (M = 64: 600 bytes), so the pairs are scaled before the mma instead.
     const bool post = g == 128 && !asym && mt == 1;
+    // SPAIR in the kernel: post-scaled with KC 256 (two k-blocks, so two adjacent scales per row
+    // and super-chunk), K a whole number of super-chunks (no entry past a row's end), the scales
+    // 2-byte entries, 16-byte aligned, one super-chunk of weights in flight. H200, 8192², cold L2
+    // (bench/results/2026-12-02-gpu-run11.md, call F): M = 12 0.0211 -> 0.0200 ms, M = 16
+    // 0.0211 -> 0.0208; with two in flight (M <= 8) ptxas schedules the loads worse, M = 1
+    // 0.0157 -> 0.0168, M = 4 0.0165 -> 0.0185. sm_90 plans only (sm_80 plans unmeasured).
+    // KILN_INT4_SPAIR=0 / 1 overrides, for comparisons.
+    const bool spair_fits = post && dtype_bits(st) == 16 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && aligned(s);
+    const bool spair = spair_fits && (knob_is("KILN_INT4_SPAIR", "1") ||
+                                      (pf == 1 && hopper_plan() && !knob_is("KILN_INT4_SPAIR", "0")));
     // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
@@ -909,7 +936,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
                                {"$MINB", std::to_string(minb)},
                                {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"},
-                               {"$XROWS", xrows ? "true" : "false"}});
+                               {"$XROWS", xrows ? "true" : "false"}, {"$SPAIR", spair ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
