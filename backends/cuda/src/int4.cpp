@@ -286,9 +286,11 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // Rows past M hold whatever follows in shared memory (the lowering adds slack past the end);
   // they only reach output columns past M, which are never stored.
   constexpr bool XROWS = $XROWS;
-  // SPAIR (the lowering's choice: post-scaled, two k-blocks per K-warp, K whole super-chunks):
-  // a lane's two scales of a super-chunk are adjacent entries, read as one 4-byte load.
+  // SPAIR (post-scaled with two k-blocks per K-warp and K whole super-chunks; the lowering's
+  // choice where one super-chunk of weights is in flight): a lane's two scales of a super-chunk
+  // are adjacent entries, read as one 4-byte load.
   constexpr bool SPAIR = $SPAIR;
+  static_assert(!SPAIR || (POST && D == 2), "paired scales are the two k-blocks' of a post-scaled super-chunk");
   typedef $XT E;
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
