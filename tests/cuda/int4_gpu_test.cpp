@@ -5,7 +5,8 @@
 // + gemm) and M = 65, 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at
 // M = 5..64, one row tile per warp above M = 16 under KILN_INT4_MT=1, the warpgroup MMA path
 // KILN_INT4_WGMMA=1 asks for at M = 1..64, the untested reads of x's last n8 tile above M = 8
-// off a multiple of 8, and the paired scale loads of group 128. KILN_TEST_SHARD=I/N runs a share of the cases.
+// off a multiple of 8, the paired scale loads of group 128, and two super-chunks in flight at
+// M = 9..16 through KILN_INT4_STREAM. KILN_TEST_SHARD=I/N runs a share of the cases.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
@@ -131,6 +132,15 @@ int main() {
   run(4, 1000, 2048, 128, false, "f16", false);
   run(8, 1000, 2048, 128, false, "bf16", false);
   unsetenv("KILN_INT4_SPAIR");
+  // Two super-chunks of weights in flight at M = 9..16 (KILN_INT4_STREAM): with the paired scale
+  // loads that keep that shape within 128 registers (K whole super-chunks), and on the N / K tails
+  // without them.
+  setenv("KILN_INT4_STREAM", "256:128:1:2:2:8", 1);
+  setenv("KILN_INT4_SPAIR", "1", 1);
+  for (int64_t m : {9, 12, 16}) run(m, 1000, 2048, 128, false, m == 12 ? "f16" : "bf16", m != 16);
+  tails({12});
+  unsetenv("KILN_INT4_SPAIR");
+  unsetenv("KILN_INT4_STREAM");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);
