@@ -415,6 +415,22 @@ struct KilnWsBarriers {
   __device__ unsigned k_empty(int st) const { return base + 40 + 8 * st; }
   __device__ unsigned v_empty(int st) const { return base + 56 + 8 * st; }
 };
+// mbarrier helpers (shared::cta addresses).
+__device__ __forceinline__ void kiln_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void kiln_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void kiln_mbar_arrive_cp_async(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void kiln_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred p;\nKILN_MBAR_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra KILN_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
 // Flash attention on Hopper's warpgroup MMA, warp-specialized (FlashAttention-3's schedule,
 // with cp.async in place of the tensor-memory copies). 384 threads, 128 query rows per block:
 // - warpgroup 0, the producer, streams K and V tiles of BN keys into two-stage buffers; each
@@ -779,7 +795,6 @@ Status Lowerer::attention(const Node& n) {
   if (wgmma) {
     add_wgmma(WgmmaForm::kSharedShared, bn, st);
     add_wgmma(WgmmaForm::kRegsMnMajorB, d, st);
-    add_mbarrier();
     if (source_.find("#define KILN_ATTN_WGMMA") == std::string::npos) source_ += kWgmma;
     // Threads that exit do not hold up the mma.sync kernel's barriers.
     body = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n  kiln_flash_attn_ws<" + st + ", " + std::to_string(d) + ", " +

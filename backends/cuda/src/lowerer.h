@@ -218,9 +218,6 @@ class Lowerer {
   /// The Hopper warpgroup-MMA helpers in the source (once) and the wrapper of `form` for tile
   /// width n and operand type st (__half or __nv_bfloat16); wgmma.cpp.
   void add_wgmma(WgmmaForm form, int64_t n, const std::string& st);
-  /// The mbarrier helpers (kiln_mbar_init / arrive / arrive_cp_async / wait) in the source,
-  /// once; wgmma.cpp.
-  void add_mbarrier();
   /// Elements per 16-byte vector of the widest of `types`, 0 when that is not at least 2.
   static int64_t vector_width(const std::vector<DType>& types);
   /// strided_copy as 16-byte row copies (innermost dim contiguous on both sides) or a 32x32

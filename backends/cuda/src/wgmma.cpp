@@ -1,8 +1,7 @@
 // Hopper warpgroup-MMA (wgmma) device helpers, shared by the kernels that issue it (attention's
 // warp-specialized kernel, the INT4 streaming kernel). Everything here is sm_90a-only source:
 // it compiles to nothing in the other images of a plan, whose kernels take their mma.sync
-// paths there. Also the mbarrier helpers of the kernels that track cp.async copies with them
-// (those build for every image, sm_80 on).
+// paths there.
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -82,44 +81,7 @@ std::string wgmma_wrapper(WgmmaForm form, int64_t n, const std::string& st) {
   return text;
 }
 
-const char* kMbarrier = R"(
-#define KILN_MBARRIER
-// mbarriers at shared::cta addresses (sm_80 on).
-__device__ __forceinline__ void kiln_mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void kiln_mbar_arrive(unsigned bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#else
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-#endif
-}
-// Arrives once every cp.async this thread issued so far has landed (.noinc: the count given to
-// init includes these arrivals).
-__device__ __forceinline__ void kiln_mbar_arrive_cp_async(unsigned bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the phase of the given parity has completed (try_wait may suspend the thread for a
-// while on sm_90; test_wait only polls).
-__device__ __forceinline__ void kiln_mbar_wait(unsigned bar, unsigned parity) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("{\n.reg .pred p;\nKILN_MBAR_WAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-               "@!p bra KILN_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-#else
-  asm volatile("{\n.reg .pred p;\nKILN_MBAR_WAIT:\n"
-               "mbarrier.test_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-               "@!p bra KILN_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-#endif
-}
-)";
-
 }  // namespace
-
-void Lowerer::add_mbarrier() {
-  if (source_.find("#define KILN_MBARRIER") == std::string::npos) source_ += kMbarrier;
-}
 
 void Lowerer::add_wgmma(WgmmaForm form, int64_t n, const std::string& st) {
   if (source_.find("#define KILN_WGMMA_CORE") == std::string::npos) source_ += kWgmmaCore;
