@@ -692,7 +692,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   } else if (XALL) {  // WG
     wg_stage();
     __syncthreads();
-  } else if (!XALL) {
+  } else {
     stage(sc0, 0);
     kiln_i4_commit();
   }
