@@ -8,10 +8,11 @@
 // For each size, sweeps a family of read-only kernels (grid-stride or one contiguous chunk per
 // block; 1-8 independent 16-byte loads in flight per thread; plain, non-coherent, and
 // non-coherent with the L2 256-byte prefetch hint; several grid and block sizes) and reports the
-// fastest median and its shape. Each timed launch is preceded, as in `kiln bench` with
-// KILN_TIMING_FLUSH_L2=1, by a sweep that reads twice the L2 size of other memory and a 50 us
-// device-side wait, and is bracketed by CUDA events: device time from cold L2, no host dispatch.
-// Kernels are built with NVRTC for the device's own architecture.
+// fastest median and its shape. Each timed launch is preceded by the runtime's own timing kernels
+// (runtime/src/timing_kernels.h), as in `kiln bench` with KILN_TIMING_FLUSH_L2=1: a sweep that
+// reads twice the L2 size of other memory, then the 50 us device-side wait; CUDA events bracket
+// the launch: device time from cold L2, no host dispatch. The read kernels are built with NVRTC
+// for the device's own architecture.
 #include <cuda_runtime.h>
 #include <nvrtc.h>
 
@@ -22,6 +23,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "timing_kernels.h"
 
 namespace {
 
@@ -71,26 +74,6 @@ __device__ __forceinline__ uint4 FN(const uint4* q) {                           
   asm volatile(INSTR ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z),        \
                "=r"(v.w) : "l"(q));                                                              \
   return v;                                                                                      \
-}
-// Evicts L2: reads `n` uint4 of a zeroed buffer across the grid (the same xor guard, no writes).
-extern "C" __global__ void kiln_roofline_sweep(const uint4* p, unsigned long long n, unsigned never,
-                                               unsigned* out) {
-  unsigned acc = 0;
-  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z),
-                 "=r"(v.w) : "l"(p + i));
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == never) *out = acc;
-}
-// Spins on the global timer for `ns` nanoseconds (one thread): the timed launch then queues
-// behind running device work, so its events hold device time alone.
-extern "C" __global__ void kiln_roofline_wait(unsigned long long ns) {
-  unsigned long long t0, t1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1)); while (t1 - t0 < ns);
 }
 )";
 
@@ -200,11 +183,15 @@ int main(int argc, char** argv) {
     check(cudaLibraryGetKernel(&k, lib, name.c_str()), "cudaLibraryGetKernel");
     return reinterpret_cast<const void*>(k);
   };
-  const void* sweep = kernel("kiln_roofline_sweep");
-  const void* wait = kernel("kiln_roofline_wait");
+  cudaLibrary_t timing_lib;
+  check(cudaLibraryLoadData(&timing_lib, kiln::rt::kTimingPtx, nullptr, nullptr, 0, nullptr, nullptr, 0),
+        "cudaLibraryLoadData (the runtime's timing kernels)");
+  cudaKernel_t sweep, wait;
+  check(cudaLibraryGetKernel(&sweep, timing_lib, "kiln_l2_sweep"), "cudaLibraryGetKernel");
+  check(cudaLibraryGetKernel(&wait, timing_lib, "kiln_timing_lead"), "cudaLibraryGetKernel");
 
   const unsigned long long max_bytes = *std::max_element(sizes.begin(), sizes.end());
-  const unsigned long long flush_bytes = 2ull * unsigned(prop.l2CacheSize > 0 ? prop.l2CacheSize : 64 << 20);
+  unsigned long long flush_bytes = kiln::rt::l2_sweep_bytes(prop.l2CacheSize);
   void *buf = nullptr, *flush = nullptr, *sink = nullptr;
   check(cudaMalloc(&buf, max_bytes), "cudaMalloc (buffer)");
   check(cudaMalloc(&flush, flush_bytes), "cudaMalloc (L2 flush)");
@@ -217,18 +204,19 @@ int main(int argc, char** argv) {
   check(cudaEventCreate(&e0), "cudaEventCreate");
   check(cudaEventCreate(&e1), "cudaEventCreate");
   unsigned never = 1;
-  unsigned long long wait_ns = 50000;
+  unsigned long long wait_ns = kiln::rt::kTimingLeadNs;
 
   // Median device ms of `iters` cold launches of `k` over `bytes` of the buffer.
   auto time_cold = [&](const void* k, unsigned long long bytes, int blocks, int threads) {
-    unsigned long long n = bytes / 16, nf = flush_bytes / 16;
+    unsigned long long n = bytes / 16;
     void* args[] = {&buf, &n, &never, &sink};
-    void* flush_args[] = {&flush, &nf, &never, &sink};
+    void* flush_args[] = {&flush, &flush_bytes, &never};
     void* wait_args[] = {&wait_ns};
     std::vector<float> t;
     for (int it = 0; it < iters + 3; ++it) {
-      check(cudaLaunchKernel(sweep, dim3(1024), dim3(256), flush_args, 0, stream), "launch (L2 flush)");
-      check(cudaLaunchKernel(wait, dim3(1), dim3(1), wait_args, 0, stream), "launch (wait)");
+      check(cudaLaunchKernel(reinterpret_cast<const void*>(sweep), dim3(kiln::rt::kL2SweepBlocks),
+                             dim3(kiln::rt::kL2SweepThreads), flush_args, 0, stream), "launch (L2 sweep)");
+      check(cudaLaunchKernel(reinterpret_cast<const void*>(wait), dim3(1), dim3(1), wait_args, 0, stream), "launch (wait)");
       check(cudaEventRecord(e0, stream), "cudaEventRecord");
       check(cudaLaunchKernel(k, dim3(blocks), dim3(threads), args, 0, stream), "launch (read)");
       check(cudaEventRecord(e1, stream), "cudaEventRecord");
@@ -283,5 +271,6 @@ int main(int argc, char** argv) {
     if (!f) die("cannot write " + json_path);
   }
   cudaLibraryUnload(lib);
+  cudaLibraryUnload(timing_lib);
   return 0;
 }

@@ -1,5 +1,6 @@
 // Loading a model onto the device (image, weights, arena, prepared steps, graph) and running it.
 #include "model.h"
+#include "timing_kernels.h"
 
 #include <charconv>
 #include <cstdlib>
@@ -18,68 +19,11 @@ using artifact::PlanStep;
 constexpr uint64_t kDefaultGemmWorkspace = 32ull << 20;
 constexpr uint64_t kStagingAlign = 256;
 
-/// The timing runtime's two kernels, PTX so the driver builds them for whatever GPU the runtime
-/// runs on:
-/// - kiln_timing_lead spins on the device's global timer for `ns` nanoseconds (one thread);
-/// - kiln_l2_sweep reads `bytes` (a multiple of 16) at `p` once across the grid and stores
-///   nothing unless the xor of everything read equals `never` (it does not for a zeroed buffer
-///   and never = 1): evicts L2 without leaving dirty lines whose write-back would load the steps.
-constexpr const char* kTimingPtx = R"(.version 7.0
-.target sm_50
-.address_size 64
-.visible .entry kiln_timing_lead(.param .u64 ns) {
-  .reg .u64 %t0, %t1, %d, %lim;
-  .reg .pred %p;
-  ld.param.u64 %lim, [ns];
-  mov.u64 %t0, %globaltimer;
-WAIT:
-  mov.u64 %t1, %globaltimer;
-  sub.u64 %d, %t1, %t0;
-  setp.lt.u64 %p, %d, %lim;
-  @%p bra WAIT;
-  ret;
-}
-.visible .entry kiln_l2_sweep(.param .u64 p, .param .u64 bytes, .param .u32 never) {
-  .reg .u64 %a, %end, %off, %stride, %t64;
-  .reg .u32 %gi, %bs, %cta, %ncta, %x, %y, %z, %w, %acc, %nv;
-  .reg .pred %more, %hit;
-  ld.param.u64 %a, [p];
-  ld.param.u64 %end, [bytes];
-  ld.param.u32 %nv, [never];
-  mov.u32 %gi, %tid.x;
-  mov.u32 %bs, %ntid.x;
-  mov.u32 %cta, %ctaid.x;
-  mov.u32 %ncta, %nctaid.x;
-  mad.lo.u32 %gi, %cta, %bs, %gi;
-  mul.wide.u32 %off, %gi, 16;
-  mul.wide.u32 %stride, %bs, 16;
-  cvt.u64.u32 %t64, %ncta;
-  mul.lo.u64 %stride, %stride, %t64;
-  mov.u32 %acc, 0;
-  setp.lt.u64 %more, %off, %end;
-  @!%more bra DONE;
-LOOP:
-  add.u64 %t64, %a, %off;
-  ld.global.cg.v4.u32 {%x, %y, %z, %w}, [%t64];
-  xor.b32 %acc, %acc, %x;
-  xor.b32 %acc, %acc, %y;
-  xor.b32 %acc, %acc, %z;
-  xor.b32 %acc, %acc, %w;
-  add.u64 %off, %off, %stride;
-  setp.lt.u64 %more, %off, %end;
-  @%more bra LOOP;
-DONE:
-  setp.eq.u32 %hit, %acc, %nv;
-  @%hit st.global.u32 [%a], %acc;
-  ret;
-}
-)";
-
 /// Device lead-in of a timed run: KILN_TIMING_LEAD_US (whole microseconds, at most 10 s; 0 turns
 /// it off), default 50. False for a value that is not one.
 bool timing_lead_ns(unsigned long long* ns) {
   const char* e = std::getenv("KILN_TIMING_LEAD_US");
-  *ns = 50'000;
+  *ns = kTimingLeadNs;
   if (!e || !*e) return true;
   unsigned long long us = 0;
   const char* end = e + std::strlen(e);
@@ -337,8 +281,8 @@ kiln_status* launch(kiln_model* m) {
   if (m->l2_sweep) {
     unsigned never = 1;
     void* args[] = {&m->l2_flush, &m->l2_flush_bytes, &never};
-    KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(m->l2_sweep), dim3(1024),
-                                   dim3(256), args, 0, m->stream));
+    KILN_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<const void*>(m->l2_sweep), dim3(kL2SweepBlocks),
+                                   dim3(kL2SweepThreads), args, 0, m->stream));
   }
   // The device waits a little before the first event, so the steps are queued behind running
   // device work: the events then hold device time alone, not the host's launch of the graph
@@ -480,7 +424,7 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
     if (flush_l2) {
       int l2 = 0;
       KILN_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, runtime->device.ordinal));
-      m->l2_flush_bytes = 2 * static_cast<size_t>(l2 > 0 ? l2 : 64 << 20);
+      m->l2_flush_bytes = l2_sweep_bytes(l2);
       KILN_RT_TRY(context(cuda_status(cudaMalloc(&m->l2_flush, m->l2_flush_bytes), "cudaMalloc"),
                           "allocating the L2 flush buffer (KILN_TIMING_FLUSH_L2)"));
       KILN_CUDA_TRY(cudaMemset(m->l2_flush, 0, m->l2_flush_bytes));
