@@ -168,7 +168,7 @@ TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split i
   REQUIRE(s.size() == 1);
   CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(x_and_corr + 4 * 2 * 8 * 512) + " ") != std::string::npos);
   CHECK(post64.source.find("constexpr int MT = 2, NW = 4, KW = 2,") != std::string::npos);
-  CHECK(post64.source.find("constexpr bool POST = false, ASYM = false;") != std::string::npos);
+  CHECK(post64.source.find("constexpr bool POST = false, ASYM = false, AZFMA = true;") != std::string::npos);
   CHECK(post64.source.find("constexpr bool PAIR = true;") != std::string::npos);
   // M = 17, asymmetric f16 group 32: the same shape, three n8 tiles (rows padded to 24, 7 rows of
   // slack for the last tile).
@@ -182,7 +182,7 @@ TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split i
   const LoweredGraph one = lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
   unsetenv("KILN_INT4_MT");
   CHECK(one.source.find("constexpr int MT = 1, NW = 4, KW = 2,") != std::string::npos);
-  CHECK(one.source.find("constexpr bool POST = true, ASYM = false;") != std::string::npos);
+  CHECK(one.source.find("constexpr bool POST = true, ASYM = false, AZFMA = true;") != std::string::npos);
   CHECK(lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false)).source.find("constexpr int MT = 1,") !=
         std::string::npos);
   for (const LoweredGraph* l : {&post64, &asym17}) compiles_everywhere(*l);

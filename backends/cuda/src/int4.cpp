@@ -263,7 +263,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // which then needs no block-wide barrier: each warp streams its weights at its own pace.
   constexpr bool XALL = $XALL;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
-  constexpr bool POST = $POST, ASYM = $ASYM;
+  constexpr bool POST = $POST, ASYM = $ASYM, AZFMA = $AZFMA;
   // PAIR (SPLIT = 2): the two halves of K run as one cluster of two blocks; the second hands its
   // sums to the first through distributed shared memory, and the first adds them and stores y
   // (no f32 scratch, no second kernel).
@@ -440,8 +440,12 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // pair 2h+1, row g+8 pair 2h+1), dequantized as FOLD / POST / ASYM ask. One lop3 per pair (NAT:
   // after a byte permute): the nibbles, the sign flip of signed weights and the exponent bits.
   auto dequant = [&](const Group& use, int u, int d, int v, int h, unsigned (&af)[4]) {
-    const E2 sa2 = $CVT2(kiln_i4_f(use.sa[u][d])), sb2 = $CVT2(kiln_i4_f(use.sb[u][d])),
-             za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
+    const float sa = kiln_i4_f(use.sa[u][d]), sb = kiln_i4_f(use.sb[u][d]);
+    const E2 sa2 = $CVT2(sa), sb2 = $CVT2(sb);
+    // ASYM: (q - zero)·scale as one fma, q·scale + (-zero·scale), the product rounded in f32 once
+    // per group (one half op per pair fewer than subtracting the zero first).
+    const E2 nza2 = $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
+    const E2 za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
     const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -453,6 +457,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       E2 q;
       if (FOLD) q = p;
       else if (POST) q = __hsub2(p, off2);
+      else if (ASYM && AZFMA) q = __hfma2(__hsub2(p, base2), (r & 1) ? sb2 : sa2, (r & 1) ? nzb2 : nza2);
       else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
       else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
       af[r] = kiln_i4_u32(q);
@@ -941,6 +946,7 @@ Status Lowerer::matmul_int4(const Node& n) {
                                {"$XROWS", xrows ? "true" : "false"}, {"$SPAIR", spair ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
+                             {"$AZFMA", knob_is("KILN_INT4_AZFMA", "0") ? "false" : "true"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
                              {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
