@@ -263,7 +263,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // which then needs no block-wide barrier: each warp streams its weights at its own pace.
   constexpr bool XALL = $XALL;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
-  constexpr bool POST = $POST, ASYM = $ASYM, AZFMA = $AZFMA;
+  constexpr bool POST = $POST, ASYM = $ASYM, AZFMA = $AZFMA, AZH = $AZH;
   // PAIR (SPLIT = 2): the two halves of K run as one cluster of two blocks; the second hands its
   // sums to the first through distributed shared memory, and the first adds them and stores y
   // (no f32 scratch, no second kernel).
@@ -444,8 +444,8 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     const E2 sa2 = $CVT2(sa), sb2 = $CVT2(sb);
     // ASYM: (q - zero)·scale as one fma, q·scale + (-zero·scale), the product rounded in f32 once
     // per group (one half op per pair fewer than subtracting the zero first).
-    const E2 nza2 = $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
     const E2 za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
+    const E2 nza2 = AZH ? __hmul2(__hneg2(za2), sa2) : $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = AZH ? __hmul2(__hneg2(zb2), sb2) : $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
     const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -946,7 +946,7 @@ Status Lowerer::matmul_int4(const Node& n) {
                                {"$XROWS", xrows ? "true" : "false"}, {"$SPAIR", spair ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
-                             {"$AZFMA", knob_is("KILN_INT4_AZFMA", "0") ? "false" : "true"},
+                             {"$AZFMA", knob_is("KILN_INT4_AZFMA", "0") ? "false" : "true"}, {"$AZH", knob_is("KILN_INT4_AZFMA", "2") ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
                              {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
