@@ -168,7 +168,7 @@ TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split i
   REQUIRE(s.size() == 1);
   CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(x_and_corr + 4 * 2 * 8 * 512) + " ") != std::string::npos);
   CHECK(post64.source.find("constexpr int MT = 2, NW = 4, KW = 2,") != std::string::npos);
-  CHECK(post64.source.find("constexpr bool POST = false, ASYM = false, AZFMA = true;") != std::string::npos);
+  CHECK(post64.source.find("constexpr bool POST = false, ASYM = false, AZFMA = false;") != std::string::npos);
   CHECK(post64.source.find("constexpr bool PAIR = true;") != std::string::npos);
   // M = 17, asymmetric f16 group 32: the same shape, three n8 tiles (rows padded to 24, 7 rows of
   // slack for the last tile).
@@ -182,7 +182,7 @@ TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split i
   const LoweredGraph one = lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
   unsetenv("KILN_INT4_MT");
   CHECK(one.source.find("constexpr int MT = 1, NW = 4, KW = 2,") != std::string::npos);
-  CHECK(one.source.find("constexpr bool POST = true, ASYM = false, AZFMA = true;") != std::string::npos);
+  CHECK(one.source.find("constexpr bool POST = true, ASYM = false, AZFMA = false;") != std::string::npos);
   CHECK(lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false)).source.find("constexpr int MT = 1,") !=
         std::string::npos);
   for (const LoweredGraph* l : {&post64, &asym17}) compiles_everywhere(*l);
@@ -250,6 +250,30 @@ TEST_CASE("matmul_int4: post-scaled group 128 with one super-chunk in flight rea
   CHECK(forced);
   CHECK_FALSE(tail);  // the knob cannot force it where a load would cross a row's end
   CHECK_FALSE(off);
+}
+
+TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans at M = 9..16") {
+  auto azfma = [&](int64_t m, int64_t g, bool asym, const LoweringOptions& o) {
+    const LoweredGraph l = lower_int4(m, g, asym, "bf16", o);
+    const bool on = l.source.find("ASYM = true, AZFMA = true;") != std::string::npos;
+    CHECK((on || l.source.find(asym ? "ASYM = true, AZFMA = false;" : "ASYM = false, AZFMA = false;") != std::string::npos));
+    return on;
+  };
+  const LoweringOptions hopper = hopper_lowering(), ampere{};
+  for (int64_t m : {1, 8, 17, 64}) CHECK(azfma(m, 32, true, hopper));
+  for (int64_t m : {9, 16}) CHECK_FALSE(azfma(m, 64, true, hopper));
+  CHECK(azfma(16, 64, true, ampere));  // the sm_80 plan at M = 16 differs
+  CHECK_FALSE(azfma(1, 32, false, hopper));  // no zero points
+  setenv("KILN_INT4_AZFMA", "1", 1);
+  const bool forced = azfma(16, 32, true, hopper);
+  setenv("KILN_INT4_AZFMA", "0", 1);
+  const bool off = azfma(1, 32, true, hopper);
+  const LoweredGraph old64 = lower_int4(64, 32, true, "f16", hopper);
+  unsetenv("KILN_INT4_AZFMA");
+  CHECK(forced);
+  CHECK_FALSE(off);
+  compiles_everywhere(lower_int4(1, 32, true, "f16", hopper));
+  compiles_everywhere(old64);
 }
 
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {

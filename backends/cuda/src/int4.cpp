@@ -263,7 +263,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // which then needs no block-wide barrier: each warp streams its weights at its own pace.
   constexpr bool XALL = $XALL;
   constexpr int PF = $PF, NB = XALL ? PER : PF + 1;
-  constexpr bool POST = $POST, ASYM = $ASYM, AZFMA = $AZFMA, AZH = $AZH;
+  constexpr bool POST = $POST, ASYM = $ASYM, AZFMA = $AZFMA;
   // PAIR (SPLIT = 2): the two halves of K run as one cluster of two blocks; the second hands its
   // sums to the first through distributed shared memory, and the first adds them and stores y
   // (no f32 scratch, no second kernel).
@@ -442,10 +442,10 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   auto dequant = [&](const Group& use, int u, int d, int v, int h, unsigned (&af)[4]) {
     const float sa = kiln_i4_f(use.sa[u][d]), sb = kiln_i4_f(use.sb[u][d]);
     const E2 sa2 = $CVT2(sa), sb2 = $CVT2(sb);
-    // ASYM: (q - zero)·scale as one fma, q·scale + (-zero·scale), the product rounded in f32 once
-    // per group (one half op per pair fewer than subtracting the zero first).
     const E2 za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
-    const E2 nza2 = AZH ? __hmul2(__hneg2(za2), sa2) : $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = AZH ? __hmul2(__hneg2(zb2), sb2) : $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
+    // AZFMA (asymmetric; the lowering's choice by M): the pair is q·scale + (-zero·scale), one
+    // fma with -zero·scale rounded once per group from f32, instead of (q - zero)·scale.
+    const E2 nza2 = $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
     const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -937,6 +937,14 @@ Status Lowerer::matmul_int4(const Node& n) {
     // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
     // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
     const bool perm = m <= 16;
+    // Asymmetric pairs as (q)·scale + (-zero·scale), one fma, in place of (q - zero)·scale: one
+    // half op per pair fewer. H200, 8192², cold L2, groups 32 / 64
+    // (bench/results/2026-12-02-gpu-run12.md, call B, two runs each): g32 M = 1 0.0198 -> 0.0189
+    // ms, M = 4 0.0208 -> 0.0200, M = 32 0.0306 -> 0.0290, M = 64 0.0429 -> 0.0419; but the
+    // sm_90 plans at M = 9..16 lose (g32 M = 16 0.0224 -> 0.0232) and keep the subtraction.
+    // KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
+    const bool azfma = asym && (knob_is("KILN_INT4_AZFMA", "1") ||
+                                (!(hopper_plan() && m > 8 && m <= 16) && !knob_is("KILN_INT4_AZFMA", "0")));
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
@@ -946,7 +954,7 @@ Status Lowerer::matmul_int4(const Node& n) {
                                {"$XROWS", xrows ? "true" : "false"}, {"$SPAIR", spair ? "true" : "false"}});
     subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
                              {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
-                             {"$AZFMA", knob_is("KILN_INT4_AZFMA", "0") ? "false" : "true"}, {"$AZH", knob_is("KILN_INT4_AZFMA", "2") ? "true" : "false"},
+                             {"$AZFMA", azfma ? "true" : "false"},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
                              {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
