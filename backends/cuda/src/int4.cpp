@@ -898,7 +898,7 @@ Status Lowerer::matmul_int4(const Node& n) {
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     // Post-scaling keeps each k-block's unscaled sums beside the accumulators: with two row
     // tiles those spill (M = 64: 600 bytes), so the pairs are scaled before the mma instead.
-    const bool post = g == 128 && !asym && mt == 1;
+    const bool post = g == 128 && !asym && mt == 1 && !knob_is("KILN_INT4_POST", "0");
     // SPAIR in the kernel: post-scaled with KC 256 (two k-blocks, so two adjacent scales per row
     // and super-chunk), K a whole number of super-chunks (no entry past a row's end), the scales
     // 2-byte entries, 16-byte aligned, one super-chunk of weights in flight. H200, 8192², cold L2
