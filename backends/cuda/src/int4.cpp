@@ -290,7 +290,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // choice where one super-chunk of weights is in flight): a lane's two scales of a super-chunk
   // are adjacent entries, read as one 4-byte load.
   constexpr bool SPAIR = $SPAIR;
-  static_assert(!SPAIR || (POST && D == 2), "paired scales are the two k-blocks' of a post-scaled super-chunk");
+  static_assert(!SPAIR || (G == 128 && D == 2 && !ASYM), "paired scales are a lane's two k-blocks' of a super-chunk");
   typedef $XT E;
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
@@ -906,9 +906,9 @@ Status Lowerer::matmul_int4(const Node& n) {
     // 0.0211 -> 0.0208; with two in flight (M <= 8) ptxas schedules the loads worse, M = 1
     // 0.0157 -> 0.0168, M = 4 0.0165 -> 0.0185. sm_90 plans only (sm_80 plans unmeasured).
     // KILN_INT4_SPAIR=0 / 1 overrides, for comparisons.
-    const bool spair_fits = post && dtype_bits(st) == 16 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && aligned(s);
+    const bool spair_fits = g == 128 && !asym && dtype_bits(st) == 16 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && aligned(s);
     const bool spair = spair_fits && (knob_is("KILN_INT4_SPAIR", "1") ||
-                                      (pf == 1 && hopper_plan() && !knob_is("KILN_INT4_SPAIR", "0")));
+                                      (post && pf == 1 && hopper_plan() && !knob_is("KILN_INT4_SPAIR", "0")));
     // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
