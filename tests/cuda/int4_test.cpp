@@ -177,12 +177,13 @@ TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split i
   REQUIRE(s.size() == 1);
   CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 17 * 272 * 2 + 2 * 4 * 24 * 4 + 7 * 272 * 2 + 4 * 2 * 3 * 512) + " ") !=
         std::string::npos);
-  // KILN_INT4_MT=1 goes back to one tile (post-scaled again); sm_80 plans keep one tile.
+  // KILN_INT4_MT=1 goes back to one tile (which could post-scale, but the sm_90 plans scale the
+  // pairs above M = 8); sm_80 plans keep one tile.
   setenv("KILN_INT4_MT", "1", 1);
   const LoweredGraph one = lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
   unsetenv("KILN_INT4_MT");
   CHECK(one.source.find("constexpr int MT = 1, NW = 4, KW = 2,") != std::string::npos);
-  CHECK(one.source.find("constexpr bool POST = true, ASYM = false, AZFMA = false;") != std::string::npos);
+  CHECK(one.source.find("constexpr bool POST = false, ASYM = false, AZFMA = false;") != std::string::npos);
   CHECK(lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false)).source.find("constexpr int MT = 1,") !=
         std::string::npos);
   for (const LoweredGraph* l : {&post64, &asym17}) compiles_everywhere(*l);
@@ -225,27 +226,56 @@ TEST_CASE("matmul_int4: above M = 8 off a multiple of 8, the last n8 tile of x i
   for (const LoweredGraph* l : {&m12, &asym33}) compiles_everywhere(*l);
 }
 
-TEST_CASE("matmul_int4: post-scaled group 128 with one super-chunk in flight reads a row's two scales of it as one 4-byte load") {
+TEST_CASE("matmul_int4: group 128 symmetric is post-scaled up to M = 8 on sm_90 (up to 16 on sm_80), else scaled per pair") {
+  auto post = [&](int64_t m, int64_t g, const LoweringOptions& o) {
+    const LoweredGraph l = lower_int4(m, g, false, "bf16", o);
+    const bool on = l.source.find("constexpr bool POST = true,") != std::string::npos;
+    CHECK((on || l.source.find("constexpr bool POST = false,") != std::string::npos));
+    return on;
+  };
+  const LoweringOptions hopper = hopper_lowering(), ampere{};
+  for (int64_t m : {1, 4, 8}) CHECK(post(m, 128, hopper));
+  for (int64_t m : {9, 12, 16, 17, 64}) CHECK_FALSE(post(m, 128, hopper));
+  CHECK(post(16, 128, ampere));
+  CHECK_FALSE(post(1, 64, hopper));  // a k-block spans two groups
+  CHECK(post(64, 128, ampere));  // one row tile per warp there
+  setenv("KILN_INT4_POST", "1", 1);
+  const bool forced = post(16, 128, hopper), forced64 = post(1, 64, hopper);
+  const LoweredGraph forced16 = lower_int4(16, 128, false, "bf16", hopper);
+  setenv("KILN_INT4_POST", "0", 1);
+  const bool off = post(1, 128, hopper);
+  const LoweredGraph off1 = lower_int4(1, 128, false, "f16", hopper);
+  unsetenv("KILN_INT4_POST");
+  CHECK(forced);
+  CHECK_FALSE(forced64);  // the knob cannot post-scale where a k-block spans groups
+  CHECK_FALSE(off);
+  compiles_everywhere(forced16);
+  compiles_everywhere(off1);
+}
+
+TEST_CASE("matmul_int4: symmetric group 128 reads a lane's two scales of a super-chunk as one 4-byte load on sm_90 at M = 17..48") {
   const LoweringOptions hopper = hopper_lowering();
-  auto spair = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const char* st) {
-    const LoweredGraph l = lower_text(int4_graph(m, n, k, g, asym, "bf16", st, false), hopper);
+  auto spair = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const char* st, const LoweringOptions& o) {
+    const LoweredGraph l = lower_text(int4_graph(m, n, k, g, asym, "bf16", st, false), o);
     const bool on = l.source.find("constexpr bool SPAIR = true;") != std::string::npos;
     CHECK((on || l.source.find("constexpr bool SPAIR = false;") != std::string::npos));
     if (on) compiles_everywhere(l);
     return on;
   };
-  // By default where one super-chunk of weights is in flight (M = 9..16).
-  CHECK(spair(16, 8192, 8192, 128, false, "bf16"));  // the cluster-pair plan
-  CHECK(spair(12, 1000, 2048, 128, false, "f16"));
-  CHECK_FALSE(spair(1, 8192, 8192, 128, false, "f16"));  // two in flight
-  CHECK_FALSE(spair(12, 8192, 8064, 128, false, "f16"));  // K ends inside a super-chunk
-  CHECK_FALSE(spair(12, 8192, 8192, 64, false, "f16"));   // not post-scaled
-  CHECK_FALSE(spair(12, 8192, 8192, 128, true, "f16"));   // zero points
-  CHECK_FALSE(spair(64, 8192, 8192, 128, false, "f16"));  // two row tiles: pairs scaled before the mma
+  CHECK(spair(24, 8192, 8192, 128, false, "bf16", hopper));
+  CHECK(spair(48, 8192, 8192, 128, false, "f16", hopper));
+  CHECK(spair(24, 1000, 2048, 128, false, "f16", hopper));
+  CHECK_FALSE(spair(1, 8192, 8192, 128, false, "f16", hopper));    // measured slower at M <= 16
+  CHECK_FALSE(spair(16, 8192, 8192, 128, false, "bf16", hopper));
+  CHECK_FALSE(spair(64, 8192, 8192, 128, false, "bf16", hopper));  // and at M = 64
+  CHECK_FALSE(spair(32, 8192, 7936, 128, false, "f16", hopper));   // K ends inside a super-chunk
+  CHECK_FALSE(spair(32, 8192, 8192, 64, false, "f16", hopper));    // two groups per super-chunk part
+  CHECK_FALSE(spair(32, 8192, 8192, 128, true, "f16", hopper));    // zero points
+  CHECK_FALSE(spair(32, 8192, 8192, 128, false, "f16", LoweringOptions{}));  // sm_80 plans: unmeasured
   setenv("KILN_INT4_SPAIR", "1", 1);
-  const bool forced = spair(1, 8192, 8192, 128, false, "f16"), tail = spair(4, 8192, 8064, 128, false, "f16");
+  const bool forced = spair(1, 8192, 8192, 128, false, "f16", hopper), tail = spair(4, 8192, 8064, 128, false, "f16", hopper);
   setenv("KILN_INT4_SPAIR", "0", 1);
-  const bool off = spair(16, 8192, 8192, 128, false, "bf16");
+  const bool off = spair(32, 8192, 8192, 128, false, "bf16", hopper);
   unsetenv("KILN_INT4_SPAIR");
   CHECK(forced);
   CHECK_FALSE(tail);  // the knob cannot force it where a load would cross a row's end

@@ -286,9 +286,9 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // Rows past M hold whatever follows in shared memory (the lowering adds slack past the end);
   // they only reach output columns past M, which are never stored.
   constexpr bool XROWS = $XROWS;
-  // SPAIR (post-scaled with two k-blocks per K-warp and K whole super-chunks; the lowering's
-  // choice where one super-chunk of weights is in flight): a lane's two scales of a super-chunk
-  // are adjacent entries, read as one 4-byte load.
+  // SPAIR (symmetric group 128 with two k-blocks per K-warp and K whole super-chunks; the
+  // lowering's choice by M): a lane's two scales of a super-chunk are adjacent entries, read as
+  // one 4-byte load.
   constexpr bool SPAIR = $SPAIR;
   static_assert(!SPAIR || (G == 128 && D == 2 && !ASYM), "paired scales are a lane's two k-blocks' of a super-chunk");
   typedef $XT E;
@@ -897,18 +897,28 @@ Status Lowerer::matmul_int4(const Node& n) {
     const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
     const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
     // Post-scaling keeps each k-block's unscaled sums beside the accumulators: with two row
-    // tiles those spill (M = 64: 600 bytes), so the pairs are scaled before the mma instead.
-    const bool post = g == 128 && !asym && mt == 1 && !knob_is("KILN_INT4_POST", "0");
-    // SPAIR in the kernel: post-scaled with KC 256 (two k-blocks, so two adjacent scales per row
-    // and super-chunk), K a whole number of super-chunks (no entry past a row's end), the scales
-    // 2-byte entries, 16-byte aligned, one super-chunk of weights in flight. H200, 8192², cold L2
-    // (bench/results/2026-12-02-gpu-run11.md, call F): M = 12 0.0211 -> 0.0200 ms, M = 16
-    // 0.0211 -> 0.0208; with two in flight (M <= 8) ptxas schedules the loads worse, M = 1
-    // 0.0157 -> 0.0168, M = 4 0.0165 -> 0.0185. sm_90 plans only (sm_80 plans unmeasured).
-    // KILN_INT4_SPAIR=0 / 1 overrides, for comparisons.
+    // tiles those spill (M = 64: 600 bytes), so the pairs are scaled before the mma instead. The
+    // sm_90 plans at M = 9..16 (two n8 tiles of x, staged once) scale before the mma as well: the
+    // k-block sums, Σx and the corrections cost more than the per-pair multiply. H200, 8192²,
+    // cold L2 (bench/results/2026-12-02-gpu-run12.md, call D, two runs each): M = 9 0.0195 ->
+    // 0.0184 ms, M = 12 0.0199 -> 0.0186, M = 16 0.0208 -> 0.0191; up to M = 8 post-scaling stays
+    // faster (M = 8 0.0167 vs 0.0173). KILN_INT4_POST=0 / 1 overrides (where it fits), for
+    // comparisons.
+    const bool post_fits = g == 128 && !asym && mt == 1;
+    const bool post = post_fits && (knob_is("KILN_INT4_POST", "1") ||
+                                    (!(hopper_plan() && m > 8) && !knob_is("KILN_INT4_POST", "0")));
+    // SPAIR in the kernel: symmetric group 128 with KC 256 reads a lane's two scales of a
+    // super-chunk (one per k-block, adjacent entries) as one 4-byte load, where K is a whole
+    // number of super-chunks (no entry past a row's end) and the scales are 2-byte entries,
+    // 16-byte aligned. The sm_90 plans above M = 16 up to 48 take it. H200, 8192², cold L2
+    // (2026-12-02-gpu-run12.md, call E, two runs each): M = 24 0.0253 -> 0.0250 ms, M = 32
+    // 0.0272 -> 0.0266, M = 48 0.0319 -> 0.0308; M = 64 0.0360 -> 0.0363, M = 9..16 (scaled before
+    // the mma) 0.0187 -> 0.0191 at M = 12, up to M = 8 (two super-chunks in flight) M = 1 0.0157
+    // -> 0.0168 (2026-12-02-gpu-run11.md). sm_80 plans unmeasured. KILN_INT4_SPAIR=0 / 1
+    // overrides, for comparisons.
     const bool spair_fits = g == 128 && !asym && dtype_bits(st) == 16 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && aligned(s);
     const bool spair = spair_fits && (knob_is("KILN_INT4_SPAIR", "1") ||
-                                      (post && pf == 1 && hopper_plan() && !knob_is("KILN_INT4_SPAIR", "0")));
+                                      (hopper_plan() && m > 16 && m <= 48 && !knob_is("KILN_INT4_SPAIR", "0")));
     // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
     // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
     const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
