@@ -282,7 +282,7 @@ TEST_CASE("matmul_int4: symmetric group 128 reads a lane's two scales of a super
   CHECK_FALSE(off);
 }
 
-TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans at M = 9..16") {
+TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans at M = 9..16 and group 64 above M = 32") {
   auto azfma = [&](int64_t m, int64_t g, bool asym, const LoweringOptions& o) {
     const LoweredGraph l = lower_int4(m, g, asym, "bf16", o);
     const bool on = l.source.find("ASYM = true, AZFMA = true;") != std::string::npos;
@@ -292,6 +292,9 @@ TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans a
   const LoweringOptions hopper = hopper_lowering(), ampere{};
   for (int64_t m : {1, 8, 17, 64}) CHECK(azfma(m, 32, true, hopper));
   for (int64_t m : {9, 16}) CHECK_FALSE(azfma(m, 64, true, hopper));
+  CHECK(azfma(32, 64, true, hopper));
+  CHECK_FALSE(azfma(48, 64, true, hopper));  // group 64 above M = 32
+  CHECK(azfma(48, 32, true, hopper));
   CHECK(azfma(16, 64, true, ampere));  // the sm_80 plan at M = 16 differs
   CHECK_FALSE(azfma(1, 32, false, hopper));  // no zero points
   setenv("KILN_INT4_AZFMA", "1", 1);

@@ -951,10 +951,11 @@ Status Lowerer::matmul_int4(const Node& n) {
     // half op per pair fewer. H200, 8192², cold L2, groups 32 / 64
     // (bench/results/2026-12-02-gpu-run12.md, call B, two runs each): g32 M = 1 0.0198 -> 0.0189
     // ms, M = 4 0.0208 -> 0.0200, M = 32 0.0306 -> 0.0290, M = 64 0.0429 -> 0.0419; but the
-    // sm_90 plans at M = 9..16 lose (g32 M = 16 0.0224 -> 0.0232) and keep the subtraction.
-    // KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
-    const bool azfma = asym && (knob_is("KILN_INT4_AZFMA", "1") ||
-                                (!(hopper_plan() && m > 8 && m <= 16) && !knob_is("KILN_INT4_AZFMA", "0")));
+    // sm_90 plans at M = 9..16 lose (g32 M = 16 0.0224 -> 0.0232), and so does group 64 above
+    // M = 32 (M = 64 0.0417 -> 0.0428: the kernel spills 16 bytes with the fma, none without):
+    // those keep the subtraction. KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
+    const bool azfma_loses = hopper_plan() && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
+    const bool azfma = asym && (knob_is("KILN_INT4_AZFMA", "1") || (!azfma_loses && !knob_is("KILN_INT4_AZFMA", "0")));
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
     if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
