@@ -243,12 +243,13 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // at c ^ ((c >> 3) & 1) and rows are 32 mod 128 bytes apart, which makes each quarter-warp's
 // 16-byte reads (rows g, g+1, chunks 4t + v) hit 8 distinct bank groups.
 //
-// Scales: with group 128, symmetric weights and one row tile per warp a k-block is one group
-// (POST): the mma runs on exact integers and each k-block's sum is scaled in f32. Up to M = 8
-// (FOLD) the integers are the raw exponent-trick values p = BASE + 8 + q, and the k-block's sum
-// loses (BASE + 8)·Σx (Σx per column, summed once in shared memory when x is reordered), so the
-// dequantize is the lop3 alone. Otherwise (groups 32/64, zeros, two row tiles) the dequantize
-// applies (q - zero) * scale per pair, a lane's 32 values being one group.
+// Scales: with group 128, symmetric weights and one row tile per warp a k-block is one group, so
+// (POST, the lowering's choice by M) the mma can run on exact integers and each k-block's sum be
+// scaled in f32. Then (FOLD) the integers are the raw exponent-trick values p = BASE + 8 + q,
+// and the k-block's sum loses (BASE + 8)·Σx (Σx per column, summed once in shared memory when x
+// is reordered), so the dequantize is the lop3 alone. Otherwise (groups 32/64, zeros, two row
+// tiles, or not chosen) the dequantize applies (q - zero) * scale per pair, a lane's 32 values
+// being one group.
 const char* kStream = R"(
 extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
