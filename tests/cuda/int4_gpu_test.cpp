@@ -100,8 +100,8 @@ int main() {
   // halves meet as a cluster pair (the last block holds 64 rows, the last super-chunk is partial).
   run(13, 8000, 8064, 128, false, "bf16", true);
   run(16, 8000, 8064, 32, true, "f16", false);
-  // Two shapes per M under a knob: N and K tails, group 128 (post-scaled) bf16 and a smaller
-  // asymmetric f16 group, bias on odd / even M.
+  // Two shapes per M under a knob: N and K tails, group 128 bf16 and a smaller asymmetric f16
+  // group, bias on odd / even M.
   auto tails = [&](std::initializer_list<int64_t> ms) {
     for (int64_t m : ms) {
       run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
@@ -123,11 +123,14 @@ int main() {
   unsetenv("KILN_INT4_MT");
   // x's last n8 tile read without a row test (M > 8 off a multiple of 8), and with it (M = 3).
   tails({3, 12, 13, 33});
-  // A row's two scales of a super-chunk as one 4-byte load (group 128, K whole super-chunks; N
-  // off the row blocks): by default at 12 (the cluster pair), forced on the 64-row plan at 1 and 4
-  // and on the pair with two super-chunks in flight at 8.
-  run(12, 1000, 2048, 128, false, "bf16", true);
+  // A lane's two scales of a super-chunk as one 4-byte load (group 128, K whole super-chunks; N
+  // off the row blocks): by default at 24 and 48 (two row tiles, the cluster pair), forced on the
+  // 64-row plan at 1 and 4, on the pair with two super-chunks in flight at 8 and on the pair at
+  // 12 (scaled per pair).
+  run(24, 1000, 2048, 128, false, "bf16", true);
+  run(48, 1000, 2048, 128, false, "f16", false);
   setenv("KILN_INT4_SPAIR", "1", 1);
+  run(12, 1000, 2048, 128, false, "bf16", true);
   run(1, 1000, 2048, 128, false, "bf16", true);
   run(4, 1000, 2048, 128, false, "f16", false);
   run(8, 1000, 2048, 128, false, "bf16", false);
@@ -141,6 +144,23 @@ int main() {
   tails({12});
   unsetenv("KILN_INT4_SPAIR");
   unsetenv("KILN_INT4_STREAM");
+  // KILN_INT4_POST=1: group 128 post-scaled where the sm_90 plans scale per pair (M = 9..16),
+  // with the paired scale loads as well at 16; KILN_INT4_POST=0: scaled per pair at M = 1 and 8.
+  setenv("KILN_INT4_POST", "1", 1);
+  tails({9, 16});
+  setenv("KILN_INT4_SPAIR", "1", 1);
+  run(16, 1000, 2048, 128, false, "bf16", true);
+  unsetenv("KILN_INT4_SPAIR");
+  setenv("KILN_INT4_POST", "0", 1);
+  for (int64_t m : {1, 8}) run(m, 8000, 8064, 128, false, m == 1 ? "f16" : "bf16", m == 1);
+  unsetenv("KILN_INT4_POST");
+  // KILN_INT4_AZFMA: asymmetric pairs as one fma where the default subtracts (M = 9..16, group 64
+  // above M = 32), and subtracting where the default is the fma (M = 1, 33).
+  setenv("KILN_INT4_AZFMA", "1", 1);
+  for (int64_t m : {12, 48}) run(m, 257, 1280, 64, true, m == 12 ? "bf16" : "f16", m == 12);
+  setenv("KILN_INT4_AZFMA", "0", 1);
+  for (int64_t m : {1, 33}) run(m, 257, 1280, 32, true, m == 1 ? "f16" : "bf16", m == 33);
+  unsetenv("KILN_INT4_AZFMA");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

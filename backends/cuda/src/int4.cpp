@@ -444,7 +444,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     const float sa = kiln_i4_f(use.sa[u][d]), sb = kiln_i4_f(use.sb[u][d]);
     const E2 sa2 = $CVT2(sa), sb2 = $CVT2(sb);
     const E2 za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
-    // AZFMA (asymmetric; the lowering's choice by M): the pair is q·scale + (-zero·scale), one
+    // AZFMA (asymmetric; the lowering's choice by M and group): the pair is q·scale + (-zero·scale), one
     // fma with -zero·scale rounded once per group from f32, instead of (q - zero)·scale.
     const E2 nza2 = $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
     const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
@@ -954,7 +954,8 @@ Status Lowerer::matmul_int4(const Node& n) {
     // ms, M = 4 0.0208 -> 0.0200, M = 32 0.0306 -> 0.0290, M = 64 0.0429 -> 0.0419; but the
     // sm_90 plans at M = 9..16 lose (g32 M = 16 0.0224 -> 0.0232), and so does group 64 above
     // M = 32 (M = 64 0.0417 -> 0.0428: the kernel spills 16 bytes with the fma, none without):
-    // those keep the subtraction. KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
+    // those keep the subtraction, and so does group 128 there (unmeasured; ptxas shows the same
+    // spill at M = 64). KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
     const bool azfma_loses = hopper_plan() && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
     const bool azfma = asym && (knob_is("KILN_INT4_AZFMA", "1") || (!azfma_loses && !knob_is("KILN_INT4_AZFMA", "0")));
     const std::string name = kernel_name("matmul_int4_stream");
