@@ -795,6 +795,141 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const unsigned char* __r
 }
 )";
 
+/// What the lowering knows of one matmul_int4 when it plans the streaming kernel.
+struct StreamInputs {
+  int64_t m, n, k, g;  // rows of x, output features, input features, group size
+  bool asym;
+  int64_t scale_bytes;  // 2 (f16 / bf16) or 4 (f32)
+  bool scales_aligned;  // the scales start on a 16-byte boundary
+  bool hopper;          // a cuda-sm90 plan (clusters, the sm_90 shapes)
+  int64_t smem_limit;   // shared memory one block may use
+};
+
+/// The streaming kernel's launch shape and code paths (each a $KEY of kStream; see there).
+struct StreamPlan {
+  // Launch shape: k per K-warp and super-chunk, K-warps, N-warps, 16-row tiles per warp,
+  // super-chunks of weights in flight, the blocks per SM the registers are bounded for.
+  int64_t kc, kw, nw, mt, pf, minb;
+  // Row blocks (grid.x), super-chunks per block, and blocks per row block along K (grid.y).
+  int64_t tiles, per, split;
+  bool post, spair, xall, wg, xrows, pair, perm, azfma;
+  int64_t mp;        // M padded to whole n8 tiles
+  int64_t smem;      // shared memory per block
+  int64_t pair_off;  // where the cluster pair's hand-over starts in it
+};
+
+/// Chooses the plan by M, group, architecture and the measurement knobs (environment).
+StreamPlan plan_stream(const StreamInputs& in) {
+  const int64_t m = in.m, nn = in.n, k = in.k, g = in.g;
+  const bool asym = in.asym;
+  // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
+  // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
+  // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
+  // sm_90 plans differ at M = 5..16 and above M = 16 (below).
+  // Above M = 16 on sm_90 (mma.sync path) each warp takes two m16 row tiles, so every x
+  // fragment it reads from shared memory feeds both: half the shared-memory reads per weight.
+  // H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md), one tile at KC 512 / 256 ->
+  // two at 256: M = 32 0.0292 -> 0.0278 ms, M = 48 0.0364 -> 0.0326, M = 64 0.0413 -> 0.0369
+  // (cuBLAS bf16 0.0382). sm_80 plans keep one tile: with twice the rows per block N = 8192
+  // needs the K split, which there goes through the scratch and a second kernel (no cluster
+  // pair), unmeasured. KILN_INT4_MT=1 or 2 overrides, for comparisons.
+  int64_t mt = m > 16 && in.hopper && !knob_is("KILN_INT4_WGMMA", "1") ? 2 : 1;
+  if (const int v = knob_digit("KILN_INT4_MT", 1, 2)) mt = v;
+  int64_t kc = m > 32 || m <= 16 || mt == 2 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
+  // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
+  // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
+  // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
+  // M = 16 0.0286 -> 0.0248 ms, M = 8 0.0217 -> 0.0195 ms (2026-12-01-int4-weight-paths.md).
+  if (in.hopper && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
+  // nb x buffers (super-chunks) of KC by w K-warps (with `wgl`, also the wgmma regions: rows
+  // padded to whole n8 tiles, 1 KB alignment slack; in place of the buffers when x is staged
+  // `once`, else one super-chunk's after them) and their per-k-block corrections; the final
+  // hand-over of w - 1 K-warps' sums (v N-warps of mt row tiles each) reuses them.
+  const int64_t mp = (m + 7) / 8 * 8;
+  auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v, bool wgl = false, bool once = false) {
+    const int64_t raw = nb * w * m * (c + 16) * 2, swz = 1024 + (once ? nb : 1) * w * c * mp * 2;
+    const int64_t xb = !wgl ? raw : once ? std::max(raw, swz) : raw + swz;
+    return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * mt * 512 * ((m + 7) / 8));
+  };
+  // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
+  // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
+  // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 to 4, N-warps per block
+  // 4 or 8, at most 16 warps). A shape whose shared memory does not fit is ignored.
+  if (const char* e = std::getenv("KILN_INT4_STREAM")) {
+    long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1, v = 4;
+    const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f, &v);
+    if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && f >= 1 && f <= 4 &&
+        (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1, v) <= in.smem_limit)
+      kc = a, blocks = b2, minb = c, kw = w4, pf = f, nw = v;
+  }
+  const int64_t rows = 16 * mt * nw;
+  const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
+  const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
+  const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
+  // Post-scaling keeps each k-block's unscaled sums beside the accumulators: with two row
+  // tiles those spill (M = 64: 600 bytes), so the pairs are scaled before the mma instead. The
+  // sm_90 plans at M = 9..16 (two n8 tiles of x, staged once) scale before the mma as well: the
+  // k-block sums, Σx and the corrections cost more than the per-pair multiply. H200, 8192²,
+  // cold L2 (bench/results/2026-12-02-gpu-run12.md, call D, two runs each): M = 9 0.0195 ->
+  // 0.0184 ms, M = 12 0.0199 -> 0.0186, M = 16 0.0208 -> 0.0191; up to M = 8 post-scaling stays
+  // faster (M = 8 0.0167 vs 0.0173). KILN_INT4_POST=0 / 1 overrides (where it fits), for
+  // comparisons.
+  const bool post_fits = g == 128 && !asym && mt == 1;
+  const bool post = post_fits && (knob_is("KILN_INT4_POST", "1") ||
+                                  (!(in.hopper && m > 8) && !knob_is("KILN_INT4_POST", "0")));
+  // SPAIR in the kernel: symmetric group 128 with KC 256 reads a lane's two scales of a
+  // super-chunk (one per k-block, adjacent entries) as one 4-byte load, where K is a whole
+  // number of super-chunks (no entry past a row's end) and the scales are 2-byte entries,
+  // 16-byte aligned. The sm_90 plans above M = 16 up to 48 take it. H200, 8192², cold L2
+  // (2026-12-02-gpu-run12.md, call E, two runs each): M = 24 0.0253 -> 0.0250 ms, M = 32
+  // 0.0272 -> 0.0266, M = 48 0.0319 -> 0.0308; M = 64 0.0360 -> 0.0363, M = 9..16 (scaled before
+  // the mma) 0.0187 -> 0.0191 at M = 12, up to M = 8 (two super-chunks in flight) M = 1 0.0157
+  // -> 0.0168 (2026-12-02-gpu-run11.md). sm_80 plans unmeasured. KILN_INT4_SPAIR=0 / 1
+  // overrides, for comparisons.
+  const bool spair_fits = g == 128 && !asym && in.scale_bytes == 2 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && in.scales_aligned;
+  const bool spair = spair_fits && (knob_is("KILN_INT4_SPAIR", "1") ||
+                                    (in.hopper && m > 16 && m <= 48 && !knob_is("KILN_INT4_SPAIR", "0")));
+  // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
+  // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
+  const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= in.smem_limit && !knob_is("KILN_INT4_XALL", "0");
+  // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
+  // for measurement. Off by default: no faster at M = 9..16 (H200, commit 5d4c262,
+  // bench/results/2026-12-02-gpu-run8.md), slower at M = 32 and 64 (2026-12-02-gpu-run9.md).
+  const int64_t nbuf = xall ? per : pf + 1;  // x buffers
+  const bool wg = knob_is("KILN_INT4_WGMMA", "1") && in.hopper && nw % 4 == 0 && mt == 1 &&
+                  smem_for(kc, kw, nbuf, nw, true, xall) <= in.smem_limit;
+  int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
+  // XROWS in the kernel (mma.sync path, M > 8 off a multiple of 8): the last buffer's last
+  // tile reads up to mp - m rows past the buffers. Below M = 8 the one tile's row test is
+  // cheaper than the rows it would read. H200, 8192², cold L2
+  // (bench/results/2026-12-02-gpu-run11.md): M = 12 0.0221 -> 0.0211 ms, M = 13 0.0224 ->
+  // 0.0212, M = 33 0.0337 -> 0.0331; M = 3 0.0163 -> 0.0168, M = 5 0.0163 -> 0.0170.
+  const int64_t xrows_slack = (mp - m) * (kc + 16) * 2;
+  const bool xrows = !wg && m > 8 && m % 8 != 0 && smem + xrows_slack <= in.smem_limit;
+  if (xrows) smem += xrows_slack;
+  // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
+  // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
+  const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mt * ((m + 7) / 8) * 512;
+  const bool pair = split == 2 && in.hopper && pair_end <= in.smem_limit && !knob_is("KILN_INT4_PAIR", "0");
+  if (pair) smem = pair_end;
+  // Up to M = 16 x is reordered in shared memory once per super-chunk (PERM) for the cheaper
+  // nibble pairs j, j + 4; above, x is read as stored and each A fragment pairs a byte's two
+  // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
+  // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
+  const bool perm = m <= 16;
+  // Asymmetric pairs as (q)·scale + (-zero·scale), one fma, in place of (q - zero)·scale: one
+  // half op per pair fewer. H200, 8192², cold L2, groups 32 / 64
+  // (bench/results/2026-12-02-gpu-run12.md, call B, two runs each): g32 M = 1 0.0198 -> 0.0189
+  // ms, M = 4 0.0208 -> 0.0200, M = 32 0.0306 -> 0.0290, M = 64 0.0429 -> 0.0419; but the
+  // sm_90 plans at M = 9..16 lose (g32 M = 16 0.0224 -> 0.0232), and so does group 64 above
+  // M = 32 (M = 64 0.0417 -> 0.0428: the kernel spills 16 bytes with the fma, none without):
+  // those keep the subtraction, and so does group 128 there (unmeasured; ptxas shows the same
+  // spill at M = 64). KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
+  const bool azfma_loses = in.hopper && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
+  const bool azfma = asym && (knob_is("KILN_INT4_AZFMA", "1") || (!azfma_loses && !knob_is("KILN_INT4_AZFMA", "0")));
+  return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, wg, xrows, pair, perm, azfma, mp, smem, pair_off};
+}
+
 }  // namespace
 
 Status Lowerer::matmul_int4(const Node& n) {
@@ -844,7 +979,7 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - f16/bf16 x, M <= 64: the streaming mma kernel for every M. At M = 1 its tensor-core and
   //    dequantize work (~2 and ~4 us over the SMs) hides under the ~10 us weight stream, so a
   //    separate CUDA-core path would not be faster; above, mma keeps the math off the bound.
-  //    The launch shape (KC, K-warps, prefetch depth) depends on M, below; every shape's
+  //    The launch shape (KC, K-warps, prefetch depth) depends on M (plan_stream); every shape's
   //    shared memory stays within 163 KB (sm_80). grid.y splits K only when N / 64 blocks leave
   //    SMs idle.
   //  - f32 x, M <= 8: the GEMV kernel (exact f32 products); it and the streaming kernel read w
@@ -853,132 +988,44 @@ Status Lowerer::matmul_int4(const Node& n) {
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   // (x offsets are 32-bit in the kernel.)
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w) && m * k < (int64_t{1} << 31)) {
-    // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
-    // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
-    // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
-    // sm_90 plans differ at M = 5..16 and above M = 16 (below).
-    // Above M = 16 on sm_90 (mma.sync path) each warp takes two m16 row tiles, so every x
-    // fragment it reads from shared memory feeds both: half the shared-memory reads per weight.
-    // H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md), one tile at KC 512 / 256 ->
-    // two at 256: M = 32 0.0292 -> 0.0278 ms, M = 48 0.0364 -> 0.0326, M = 64 0.0413 -> 0.0369
-    // (cuBLAS bf16 0.0382). sm_80 plans keep one tile: with twice the rows per block N = 8192
-    // needs the K split, which there goes through the scratch and a second kernel (no cluster
-    // pair), unmeasured. KILN_INT4_MT=1 or 2 overrides, for comparisons.
-    int64_t mt = m > 16 && hopper_plan() && !knob_is("KILN_INT4_WGMMA", "1") ? 2 : 1;
-    if (const int v = knob_digit("KILN_INT4_MT", 1, 2)) mt = v;
-    int64_t kc = m > 32 || m <= 16 || mt == 2 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
-    // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
-    // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
-    // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
-    // M = 16 0.0286 -> 0.0248 ms, M = 8 0.0217 -> 0.0195 ms (2026-12-01-int4-weight-paths.md).
-    if (hopper_plan() && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
-    // nb x buffers (super-chunks) of KC by w K-warps (with `wgl`, also the wgmma regions: rows
-    // padded to whole n8 tiles, 1 KB alignment slack; in place of the buffers when x is staged
-    // `once`, else one super-chunk's after them) and their per-k-block corrections; the final
-    // hand-over of w - 1 K-warps' sums (v N-warps of mt row tiles each) reuses them.
-    const int64_t mp = (m + 7) / 8 * 8;
-    auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v, bool wgl = false, bool once = false) {
-      const int64_t raw = nb * w * m * (c + 16) * 2, swz = 1024 + (once ? nb : 1) * w * c * mp * 2;
-      const int64_t xb = !wgl ? raw : once ? std::max(raw, swz) : raw + swz;
-      return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * mt * 512 * ((m + 7) / 8));
-    };
-    // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
-    // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
-    // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 to 4, N-warps per block
-    // 4 or 8, at most 16 warps). A shape whose shared memory does not fit is ignored.
-    if (const char* e = std::getenv("KILN_INT4_STREAM")) {
-      long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1, v = 4;
-      const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f, &v);
-      if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && f >= 1 && f <= 4 &&
-          (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1, v) <= smem_limit())
-        kc = a, blocks = b2, minb = c, kw = w4, pf = f, nw = v;
-    }
-    const int64_t rows = 16 * mt * nw;
-    const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
-    const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
-    const int64_t per = (nsc + want - 1) / want, split = (nsc + per - 1) / per;
-    // Post-scaling keeps each k-block's unscaled sums beside the accumulators: with two row
-    // tiles those spill (M = 64: 600 bytes), so the pairs are scaled before the mma instead. The
-    // sm_90 plans at M = 9..16 (two n8 tiles of x, staged once) scale before the mma as well: the
-    // k-block sums, Σx and the corrections cost more than the per-pair multiply. H200, 8192²,
-    // cold L2 (bench/results/2026-12-02-gpu-run12.md, call D, two runs each): M = 9 0.0195 ->
-    // 0.0184 ms, M = 12 0.0199 -> 0.0186, M = 16 0.0208 -> 0.0191; up to M = 8 post-scaling stays
-    // faster (M = 8 0.0167 vs 0.0173). KILN_INT4_POST=0 / 1 overrides (where it fits), for
-    // comparisons.
-    const bool post_fits = g == 128 && !asym && mt == 1;
-    const bool post = post_fits && (knob_is("KILN_INT4_POST", "1") ||
-                                    (!(hopper_plan() && m > 8) && !knob_is("KILN_INT4_POST", "0")));
-    // SPAIR in the kernel: symmetric group 128 with KC 256 reads a lane's two scales of a
-    // super-chunk (one per k-block, adjacent entries) as one 4-byte load, where K is a whole
-    // number of super-chunks (no entry past a row's end) and the scales are 2-byte entries,
-    // 16-byte aligned. The sm_90 plans above M = 16 up to 48 take it. H200, 8192², cold L2
-    // (2026-12-02-gpu-run12.md, call E, two runs each): M = 24 0.0253 -> 0.0250 ms, M = 32
-    // 0.0272 -> 0.0266, M = 48 0.0319 -> 0.0308; M = 64 0.0360 -> 0.0363, M = 9..16 (scaled before
-    // the mma) 0.0187 -> 0.0191 at M = 12, up to M = 8 (two super-chunks in flight) M = 1 0.0157
-    // -> 0.0168 (2026-12-02-gpu-run11.md). sm_80 plans unmeasured. KILN_INT4_SPAIR=0 / 1
-    // overrides, for comparisons.
-    const bool spair_fits = g == 128 && !asym && dtype_bits(st) == 16 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && aligned(s);
-    const bool spair = spair_fits && (knob_is("KILN_INT4_SPAIR", "1") ||
-                                      (hopper_plan() && m > 16 && m <= 48 && !knob_is("KILN_INT4_SPAIR", "0")));
-    // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
-    // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
-    const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= smem_limit() && !knob_is("KILN_INT4_XALL", "0");
-    // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
-    // for measurement. Off by default: no faster at M = 9..16 (H200, commit 5d4c262,
-    // bench/results/2026-12-02-gpu-run8.md), slower at M = 32 and 64 (2026-12-02-gpu-run9.md).
-    const int64_t nbuf = xall ? per : pf + 1;  // x buffers
-    const bool wg = knob_is("KILN_INT4_WGMMA", "1") && hopper_plan() && nw % 4 == 0 && mt == 1 &&
-                    smem_for(kc, kw, nbuf, nw, true, xall) <= smem_limit();
-    int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
-    // XROWS in the kernel (mma.sync path, M > 8 off a multiple of 8): the last buffer's last
-    // tile reads up to mp - m rows past the buffers. Below M = 8 the one tile's row test is
-    // cheaper than the rows it would read. H200, 8192², cold L2
-    // (bench/results/2026-12-02-gpu-run11.md): M = 12 0.0221 -> 0.0211 ms, M = 13 0.0224 ->
-    // 0.0212, M = 33 0.0337 -> 0.0331; M = 3 0.0163 -> 0.0168, M = 5 0.0163 -> 0.0170.
-    const int64_t xrows_slack = (mp - m) * (kc + 16) * 2;
-    const bool xrows = !wg && m > 8 && m % 8 != 0 && smem + xrows_slack <= smem_limit();
-    if (xrows) smem += xrows_slack;
-    // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
-    // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
-    const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mt * ((m + 7) / 8) * 512;
-    const bool pair = split == 2 && hopper_plan() && pair_end <= smem_limit() && !knob_is("KILN_INT4_PAIR", "0");
-    if (pair) smem = pair_end;
-    // Up to M = 16 x is reordered in shared memory once per super-chunk (PERM) for the cheaper
-    // nibble pairs j, j + 4; above, x is read as stored and each A fragment pairs a byte's two
-    // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
-    // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
-    const bool perm = m <= 16;
-    // Asymmetric pairs as (q)·scale + (-zero·scale), one fma, in place of (q - zero)·scale: one
-    // half op per pair fewer. H200, 8192², cold L2, groups 32 / 64
-    // (bench/results/2026-12-02-gpu-run12.md, call B, two runs each): g32 M = 1 0.0198 -> 0.0189
-    // ms, M = 4 0.0208 -> 0.0200, M = 32 0.0306 -> 0.0290, M = 64 0.0429 -> 0.0419; but the
-    // sm_90 plans at M = 9..16 lose (g32 M = 16 0.0224 -> 0.0232), and so does group 64 above
-    // M = 32 (M = 64 0.0417 -> 0.0428: the kernel spills 16 bytes with the fma, none without):
-    // those keep the subtraction, and so does group 128 there (unmeasured; ptxas shows the same
-    // spill at M = 64). KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
-    const bool azfma_loses = hopper_plan() && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
-    const bool azfma = asym && (knob_is("KILN_INT4_AZFMA", "1") || (!azfma_loses && !knob_is("KILN_INT4_AZFMA", "0")));
+    const StreamPlan p = plan_stream(StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(), smem_limit()});
     const std::string name = kernel_name("matmul_int4_stream");
     const bool bf = xt == DType::kBF16;
-    if (wg) add_wgmma(WgmmaForm::kRegsKMajorB, mp, xs);
-    subs.insert(subs.begin(), {{"$NAME", name}, {"$KC", std::to_string(kc)}, {"$KW", std::to_string(kw)}, {"$NW", std::to_string(nw)}, {"$MT", std::to_string(mt)}, {"$PF", std::to_string(pf)}, {"$XALL", xall ? "true" : "false"}, {"$PERM", perm ? "true" : "false"},
-                               {"$MINB", std::to_string(minb)},
-                               {"$CLUSTER", pair ? "KILN_I4_PAIR_DIMS " : ""}, {"$PAIROFF", std::to_string(pair_off)}, {"$PAIR", pair ? "true" : "false"}, {"$WG", wg ? "1" : "0"},
-                               {"$XROWS", xrows ? "true" : "false"}, {"$SPAIR", spair ? "true" : "false"}});
-    subs.insert(subs.end(), {{"$PER", std::to_string(per)}, {"$SPLIT", std::to_string(split)},
-                             {"$POST", post ? "true" : "false"}, {"$ASYM", asym ? "true" : "false"},
-                             {"$AZFMA", azfma ? "true" : "false"},
+    if (p.wg) add_wgmma(WgmmaForm::kRegsKMajorB, p.mp, xs);
+    auto flag = [](bool v) -> std::string { return v ? "true" : "false"; };
+    // (Keys that prefix later ones come after them: fill() replaces in order.)
+    subs.insert(subs.begin(), {{"$NAME", name},
+                               {"$KC", std::to_string(p.kc)},
+                               {"$KW", std::to_string(p.kw)},
+                               {"$NW", std::to_string(p.nw)},
+                               {"$MT", std::to_string(p.mt)},
+                               {"$PF", std::to_string(p.pf)},
+                               {"$XALL", flag(p.xall)},
+                               {"$PERM", flag(p.perm)},
+                               {"$MINB", std::to_string(p.minb)},
+                               {"$CLUSTER", p.pair ? "KILN_I4_PAIR_DIMS " : ""},
+                               {"$PAIROFF", std::to_string(p.pair_off)},
+                               {"$PAIR", flag(p.pair)},
+                               {"$WG", p.wg ? "1" : "0"},
+                               {"$XROWS", flag(p.xrows)},
+                               {"$SPAIR", flag(p.spair)}});
+    subs.insert(subs.end(), {{"$PER", std::to_string(p.per)},
+                             {"$SPLIT", std::to_string(p.split)},
+                             {"$POST", flag(p.post)},
+                             {"$ASYM", flag(asym)},
+                             {"$AZFMA", flag(p.azfma)},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
-                             {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
+                             {"$BASE", bf ? "128.f" : "1024.f"},
+                             {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
-    if (split == 1 || pair) {
-      launch_grid(name, {tiles, split}, 32 * nw * kw, smem, {x, w, s, z, b, out, out});
+    if (p.split == 1 || p.pair) {
+      launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, z, b, out, out});
       return ok_status();
     }
     const int part = add_buffer("activation", DType::kF32, {m, nn}, "");
     steps_.push_back({"step memset dst=b" + std::to_string(part) + " bytes=" + std::to_string(bufs_[part].bytes), {part}});
-    launch_grid(name, {tiles, split}, 32 * nw * kw, smem, {x, w, s, z, b, out, part});
+    launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, z, b, out, part});
     const std::string sum = kernel_name("matmul_int4_splitk_sum");
     add_kernel_text(sum, with_bias(fill(kSplitSum, {{"$NAME", sum}, {"$XT", xs}, {"$M", std::to_string(m)},
                                                      {"$N", std::to_string(nn)}})));
