@@ -22,6 +22,12 @@ bool knob_is(const char* name, const char* value) {
   return e != nullptr && std::string(e) == value;
 }
 
+/// A plan choice with a measured default that the measurement knob `name` overrides: "1" takes it
+/// wherever it fits, "0" never; unset (or anything else), the default where it fits.
+bool choose(const char* name, bool fits, bool by_default) {
+  return fits && (knob_is(name, "1") || (by_default && !knob_is(name, "0")));
+}
+
 /// The measurement knob `name` as one digit from lo to hi (both in 1..9), else 0 (unset or
 /// anything else).
 int knob_digit(const char* name, int lo, int hi) {
@@ -444,8 +450,9 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     const float sa = kiln_i4_f(use.sa[u][d]), sb = kiln_i4_f(use.sb[u][d]);
     const E2 sa2 = $CVT2(sa), sb2 = $CVT2(sb);
     const E2 za2 = $CVT2(kiln_i4_f(use.za[u][d])), zb2 = $CVT2(kiln_i4_f(use.zb[u][d]));
-    // AZFMA (asymmetric; the lowering's choice by M and group): the pair is q·scale + (-zero·scale), one
-    // fma with -zero·scale rounded once per group from f32, instead of (q - zero)·scale.
+    // AZFMA (asymmetric; the lowering's choice by M and group): the pair is q·scale +
+    // (-zero·scale), one fma with -zero·scale rounded once per group from f32, instead of
+    // (q - zero)·scale.
     const E2 nza2 = $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
     const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
     #pragma unroll
@@ -890,8 +897,7 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // faster (M = 8 0.0167 vs 0.0173). KILN_INT4_POST=0 / 1 overrides (where it fits), for
   // comparisons.
   const bool post_fits = g == 128 && !asym && mt == 1;
-  const bool post = post_fits && (knob_is("KILN_INT4_POST", "1") ||
-                                  (!(in.hopper && m > 8) && !knob_is("KILN_INT4_POST", "0")));
+  const bool post = choose("KILN_INT4_POST", post_fits, !(in.hopper && m > 8));
   // SPAIR in the kernel: symmetric group 128 with KC 256 reads a lane's two scales of a
   // super-chunk (one per k-block, adjacent entries) as one 4-byte load, where K is a whole
   // number of super-chunks (no entry past a row's end) and the scales are 2-byte entries,
@@ -902,17 +908,16 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // -> 0.0168 (2026-12-02-gpu-run11.md). sm_80 plans unmeasured. KILN_INT4_SPAIR=0 / 1
   // overrides, for comparisons.
   const bool spair_fits = g == 128 && !asym && in.scale_bytes == 2 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && in.scales_aligned;
-  const bool spair = spair_fits && (knob_is("KILN_INT4_SPAIR", "1") ||
-                                    (in.hopper && m > 16 && m <= 48 && !knob_is("KILN_INT4_SPAIR", "0")));
+  const bool spair = choose("KILN_INT4_SPAIR", spair_fits, in.hopper && m > 16 && m <= 48);
   // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
   // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
-  const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= in.smem_limit && !knob_is("KILN_INT4_XALL", "0");
+  const bool xall = choose("KILN_INT4_XALL", m <= 16 && smem_for(kc, kw, per, nw) <= in.smem_limit, true);
   // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
   // for measurement. Off by default: no faster at M = 9..16 (H200, commit 5d4c262,
   // bench/results/2026-12-02-gpu-run8.md), slower at M = 32 and 64 (2026-12-02-gpu-run9.md).
   const int64_t nbuf = xall ? per : pf + 1;  // x buffers
-  const bool wg = knob_is("KILN_INT4_WGMMA", "1") && in.hopper && nw % 4 == 0 && mt == 1 &&
-                  smem_for(kc, kw, nbuf, nw, true, xall) <= in.smem_limit;
+  const bool wg_fits = in.hopper && nw % 4 == 0 && mt == 1 && smem_for(kc, kw, nbuf, nw, true, xall) <= in.smem_limit;
+  const bool wg = choose("KILN_INT4_WGMMA", wg_fits, false);
   int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
   // XROWS in the kernel (mma.sync path, M > 8 off a multiple of 8): the last buffer's last
   // tile reads up to mp - m rows past the buffers. Below M = 8 the one tile's row test is
@@ -925,7 +930,7 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
   // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
   const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mt * ((m + 7) / 8) * 512;
-  const bool pair = split == 2 && in.hopper && pair_end <= in.smem_limit && !knob_is("KILN_INT4_PAIR", "0");
+  const bool pair = choose("KILN_INT4_PAIR", split == 2 && in.hopper && pair_end <= in.smem_limit, true);
   if (pair) smem = pair_end;
   // Up to M = 16 x is reordered in shared memory once per super-chunk (PERM) for the cheaper
   // nibble pairs j, j + 4; above, x is read as stored and each A fragment pairs a byte's two
@@ -934,7 +939,7 @@ StreamPlan plan_stream(const StreamInputs& in) {
   const bool perm = m <= 16;
   // KILN_INT4_XHALF=1 (x staged once with mma.sync): x in two halves, the loop starting after the
   // first; for measurement (unmeasured so far).
-  const bool xhalf = xall && !wg && knob_is("KILN_INT4_XHALF", "1");
+  const bool xhalf = choose("KILN_INT4_XHALF", xall && !wg, false);
   // Asymmetric pairs as (q)·scale + (-zero·scale), one fma, in place of (q - zero)·scale: one
   // half op per pair fewer. H200, 8192², cold L2, groups 32 / 64
   // (bench/results/2026-12-02-gpu-run12.md, call B, two runs each): g32 M = 1 0.0198 -> 0.0189
@@ -944,7 +949,7 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // those keep the subtraction, and so does group 128 there (unmeasured; ptxas shows the same
   // spill at M = 64). KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
   const bool azfma_loses = in.hopper && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
-  const bool azfma = asym && (knob_is("KILN_INT4_AZFMA", "1") || (!azfma_loses && !knob_is("KILN_INT4_AZFMA", "0")));
+  const bool azfma = choose("KILN_INT4_AZFMA", asym, !azfma_loses);
   return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, xhalf, wg, xrows, pair, perm, azfma, mp, smem, pair_off};
 }
 
