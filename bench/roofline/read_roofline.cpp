@@ -11,10 +11,9 @@
 // fastest median and its shape. Each timed launch is preceded by the runtime's own timing kernels
 // (runtime/src/timing_kernels.h), as in `kiln bench` with KILN_TIMING_FLUSH_L2=1: a sweep that
 // reads twice the L2 size of other memory, then the 50 us device-side wait; CUDA events bracket
-// the launch: device time from cold L2, no host dispatch. The read kernels are built with NVRTC
-// for the device's own architecture.
+// the launch: device time from cold L2, no host dispatch. The read kernels are built with Kiln's
+// NVRTC driver (backends/cuda, through the kernel cache) for the device's own architecture.
 #include <cuda_runtime.h>
-#include <nvrtc.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -24,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cuda/nvrtc.h"
 #include "timing_kernels.h"
 
 namespace {
@@ -102,31 +102,11 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-void check(nvrtcResult r, const char* what) {
-  if (r != NVRTC_SUCCESS) die(std::string(what) + ": " + nvrtcGetErrorString(r));
-}
-
 /// Builds the kernels for `arch` (e.g. "sm_90") and returns the CUBIN.
 std::string compile(const std::string& arch) {
-  const std::string src = full_source();
-  nvrtcProgram prog;
-  check(nvrtcCreateProgram(&prog, src.c_str(), "read_roofline.cu", 0, nullptr, nullptr), "nvrtcCreateProgram");
-  const std::string arch_opt = "--gpu-architecture=" + arch;
-  const char* opts[] = {arch_opt.c_str(), "-default-device", "--std=c++17"};
-  const nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
-  if (r != NVRTC_SUCCESS) {
-    size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
-    std::string log(n, '\0');
-    nvrtcGetProgramLog(prog, log.data());
-    die("compiling the read kernels for " + arch + " failed:\n" + log);
-  }
-  size_t n = 0;
-  check(nvrtcGetCUBINSize(prog, &n), "nvrtcGetCUBINSize");
-  std::string cubin(n, '\0');
-  check(nvrtcGetCUBIN(prog, cubin.data()), "nvrtcGetCUBIN");
-  nvrtcDestroyProgram(&prog);
-  return cubin;
+  kiln::StatusOr<std::string> cubin = kiln::cuda::compile_cuda(full_source(), arch, "kiln-read-roofline");
+  if (!cubin.ok()) die("compiling the read kernels for " + arch + " failed: " + cubin.status().message());
+  return std::move(cubin).value();
 }
 
 struct Result {
