@@ -1,12 +1,14 @@
 // GPU test of matmul_int4 on cuda-sm90 against the reference interpreter: the streaming kernel
 // at M = 1..64 across its boundaries (MN tiles 8/9, one or two row tiles per warp at 16/17),
 // with and without the K split across blocks, N and K off the tiles, group sizes 32/64/128,
-// symmetric (post-scaled at group 128) and asymmetric, bf16/f16, bias; f32 x (GEMV, dequantize
-// + gemm) and M = 65, 200 (dequantize + gemm); on cuda-sm90 the cluster-pair K split at
-// M = 5..64, one row tile per warp above M = 16 under KILN_INT4_MT=1, the warpgroup MMA path
-// KILN_INT4_WGMMA=1 asks for at M = 1..64, the untested reads of x's last n8 tile above M = 8
-// off a multiple of 8, the paired scale loads of group 128, and two super-chunks in flight at
-// M = 9..16 through KILN_INT4_STREAM. KILN_TEST_SHARD=I/N runs a share of the cases.
+// symmetric (group 128 post-scaled or scaled per pair) and asymmetric (one fma or a subtraction
+// per pair), bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65, 200 (dequantize +
+// gemm); on cuda-sm90 the cluster-pair K split at M = 5..64, one row tile per warp above M = 16
+// under KILN_INT4_MT=1, the warpgroup MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64, the
+// untested reads of x's last n8 tile above M = 8 off a multiple of 8, the paired scale loads of
+// group 128, two super-chunks in flight at M = 9..16 through KILN_INT4_STREAM, and each of
+// KILN_INT4_POST, KILN_INT4_AZFMA and KILN_INT4_XHALF against its default. KILN_TEST_SHARD=I/N
+// runs a share of the cases.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
