@@ -7,8 +7,9 @@
 //
 // For each size, sweeps a family of read-only kernels (grid-stride or one contiguous chunk per
 // block; 1-8 independent 16-byte loads in flight per thread; plain, non-coherent, and
-// non-coherent with the L2 256-byte prefetch hint; several grid and block sizes) and reports the
-// fastest median and its shape. Each timed launch is preceded by the runtime's own timing kernels
+// non-coherent with the L2 256-byte prefetch hint; several grid and block sizes; on sm_90 and
+// later also cp.async.bulk rings into shared memory, the "loads" column then being the ring's
+// stages) and reports the fastest median and its shape. Each timed launch is preceded by the runtime's own timing kernels
 // (runtime/src/timing_kernels.h), as in `kiln bench` with KILN_TIMING_FLUSH_L2=1: a sweep that
 // reads twice the L2 size of other memory, then the 50 us device-side wait; CUDA events bracket
 // the launch: device time from cold L2, no host dispatch. The read kernels are built with Kiln's
@@ -68,6 +69,70 @@ extern "C" __global__ void NAME(const uint4* p, unsigned long long n, unsigned n
   }                                                                                              \
   if (acc == never) *out = acc;                                                                  \
 }
+// Bulk copies (sm_90+): one thread streams the block's chunk into a ring of STAGES shared-memory
+// buffers of STAGE_BYTES with cp.async.bulk, each completing on its own mbarrier; with CONSUME every
+// thread then reads the stage and the block meets before the buffer is refilled (the shape of a
+// weight stream feeding compute warps), without it thread 0 alone waits and touches one word
+// (the copy engine's own rate).
+__device__ __forceinline__ unsigned kiln_smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+template <int STAGES, int STAGE_BYTES, bool CONSUME>
+__device__ __forceinline__ void kiln_read_bulk(const uint4* p, unsigned long long n, unsigned never, unsigned* out) {
+#if __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) uint4 stage[];
+  __shared__ __align__(8) unsigned long long full[STAGES];
+  constexpr unsigned long long kTile = STAGE_BYTES / 16;
+  const unsigned long long per = (n + gridDim.x - 1) / gridDim.x;
+  const unsigned long long begin = per * blockIdx.x < n ? per * blockIdx.x : n;
+  const unsigned long long end = begin + per < n ? begin + per : n;
+  const int tiles = int((end - begin + kTile - 1) / kTile);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(kiln_smem_addr(&full[s])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (!CONSUME && threadIdx.x != 0) return;
+  auto issue = [&](int t) {
+    const int s = t % STAGES;
+    const unsigned long long off = begin + (unsigned long long)t * kTile;
+    const unsigned bytes = unsigned((end - off < kTile ? end - off : kTile) * 16);
+    const unsigned bar = kiln_smem_addr(&full[s]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(kiln_smem_addr(stage + s * kTile)), "l"(p + off), "r"(bytes), "r"(bar) : "memory");
+  };
+  if (threadIdx.x == 0)
+    for (int t = 0; t < STAGES && t < tiles; ++t) issue(t);
+  unsigned acc = 0;
+  for (int t = 0; t < tiles; ++t) {
+    const int s = t % STAGES;
+    const unsigned bar = kiln_smem_addr(&full[s]), parity = unsigned(t / STAGES) & 1u;
+    unsigned done = 0;
+    while (!done)
+      asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                   " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    if (CONSUME) {
+      const unsigned long long off = begin + (unsigned long long)t * kTile;
+      const unsigned cnt = unsigned(end - off < kTile ? end - off : kTile);
+      for (unsigned i = threadIdx.x; i < cnt; i += blockDim.x) {
+        const uint4 v = stage[s * kTile + i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      __syncthreads();  // every thread is done with stage s before it is refilled
+    } else {
+      acc ^= stage[s * kTile].x;
+    }
+    if (threadIdx.x == 0 && t + STAGES < tiles) issue(t + STAGES);
+  }
+  if (acc == never) *out = acc;
+#endif
+}
+#define KILN_READ_BULK(NAME, STAGES, STAGE_BYTES, CONSUME)                                       \
+extern "C" __global__ void NAME(const uint4* p, unsigned long long n, unsigned never, unsigned* out) { \
+  kiln_read_bulk<STAGES, STAGE_BYTES, CONSUME>(p, n, never, out);                                \
+}
 #define KILN_LOAD_FN(FN, INSTR)                                                                  \
 __device__ __forceinline__ uint4 FN(const uint4* q) {                                            \
   uint4 v;                                                                                       \
@@ -76,6 +141,17 @@ __device__ __forceinline__ uint4 FN(const uint4* q) {                           
   return v;                                                                                      \
 }
 )";
+
+// Bulk-copy rings (sm_90 and later): stages x bytes per stage, at most 192 KiB of shared memory.
+struct BulkShape {
+  int stages, stage_bytes;
+};
+constexpr BulkShape kBulkShapes[] = {{2, 16384}, {4, 8192}, {4, 16384}, {4, 32768}, {8, 8192}, {8, 16384}, {6, 32768}};
+constexpr int kBulkThreads[] = {128, 256, 512};
+
+std::string bulk_name(const BulkShape& b, bool consume) {
+  return "read_bulk_s" + std::to_string(b.stages) + "_b" + std::to_string(b.stage_bytes) + (consume ? "_read" : "_copy");
+}
 
 std::string kernel_name(int mode, int u, int hint) {
   return std::string("read_") + (mode ? "chunk" : "grid") + "_u" + std::to_string(u) + "_h" + std::to_string(hint);
@@ -90,6 +166,10 @@ std::string full_source() {
       for (int h = 0; h < int(std::size(kHints)); ++h)
         s += "KILN_READ(" + kernel_name(mode, u, h) + ", " + std::to_string(mode) + ", " + std::to_string(u) +
              ", load_h" + std::to_string(h) + ")\n";
+  for (const BulkShape& b : kBulkShapes)
+    for (bool consume : {true, false})
+      s += "KILN_READ_BULK(" + bulk_name(b, consume) + ", " + std::to_string(b.stages) + ", " +
+           std::to_string(b.stage_bytes) + ", " + (consume ? "true" : "false") + ")\n";
   return s;
 }
 
@@ -187,7 +267,7 @@ int main(int argc, char** argv) {
   unsigned long long wait_ns = kiln::rt::kTimingLeadNs;
 
   // Median device ms of `iters` cold launches of `k` over `bytes` of the buffer.
-  auto time_cold = [&](const void* k, unsigned long long bytes, int blocks, int threads) {
+  auto time_cold = [&](const void* k, unsigned long long bytes, int blocks, int threads, int smem = 0) {
     unsigned long long n = bytes / 16;
     void* args[] = {&buf, &n, &never, &sink};
     void* flush_args[] = {&flush, &flush_bytes, &never};
@@ -198,7 +278,7 @@ int main(int argc, char** argv) {
                              dim3(kiln::rt::kL2SweepThreads), flush_args, 0, stream), "launch (L2 sweep)");
       check(cudaLaunchKernel(reinterpret_cast<const void*>(wait), dim3(1), dim3(1), wait_args, 0, stream), "launch (wait)");
       check(cudaEventRecord(e0, stream), "cudaEventRecord");
-      check(cudaLaunchKernel(k, dim3(blocks), dim3(threads), args, 0, stream), "launch (read)");
+      check(cudaLaunchKernel(k, dim3(blocks), dim3(threads), args, smem, stream), "launch (read)");
       check(cudaEventRecord(e1, stream), "cudaEventRecord");
       check(cudaEventSynchronize(e1), "cudaEventSynchronize");
       float ms = 0;
@@ -229,10 +309,39 @@ int main(int argc, char** argv) {
               results.push_back({time_cold(k, bytes, blocks, threads), kModes[mode], kHints[h].name, u, threads, blocks});
             }
         }
+    if (prop.major >= 9)
+      for (const BulkShape& b : kBulkShapes)
+        for (bool consume : {true, false}) {
+          const void* k = kernel(bulk_name(b, consume));
+          const int smem = b.stages * b.stage_bytes;
+          if (smem > int(prop.sharedMemPerBlockOptin)) continue;
+          check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                "cudaFuncSetAttribute (bulk ring)");
+          const std::string mode = "bulk " + std::to_string(b.stages) + " x " + std::to_string(b.stage_bytes / 1024) + " KiB";
+          for (int threads : consume ? std::vector<int>(std::begin(kBulkThreads), std::end(kBulkThreads)) : std::vector<int>{32})
+            for (int per_sm : kBlocksPerSm) {
+              // +1 KiB: the runtime's per-block reservation and the mbarriers.
+              if (per_sm * threads > prop.maxThreadsPerMultiProcessor ||
+                  per_sm * (smem + 1024) > int(prop.sharedMemPerMultiprocessor))
+                continue;
+              const int blocks = per_sm * prop.multiProcessorCount;
+              results.push_back({time_cold(k, bytes, blocks, threads, smem), mode,
+                                 consume ? "smem-read" : "copy-only", b.stages, threads, blocks});
+            }
+        }
     std::sort(results.begin(), results.end(), [](const Result& a, const Result& b) { return a.ms < b.ms; });
     const Result& best = results.front();
     std::printf("| %llu | %.4f | %.2f | %s, %d, %s, %d x %d |\n", bytes, best.ms, bytes / (best.ms * 1e-3) / 1e12,
                 best.mode.c_str(), best.loads, best.hint.c_str(), best.threads, best.blocks);
+    // The fastest of each family, so loads and bulk rings can be compared as well as ranked.
+    for (const char* family : {"grid-stride", "chunk", "bulk"}) {
+      auto it = std::find_if(results.begin(), results.end(),
+                             [&](const Result& r) { return r.mode.rfind(family, 0) == 0; });
+      if (it != results.end() && &*it != &best)
+        std::printf("| %llu | %.4f | %.2f | fastest %s: %s, %d, %s, %d x %d |\n", bytes, it->ms,
+                    bytes / (it->ms * 1e-3) / 1e12, family, it->mode.c_str(), it->loads, it->hint.c_str(),
+                    it->threads, it->blocks);
+    }
     json += std::string(si ? ", " : "") + "{\"bytes\": " + std::to_string(bytes) + ", \"results\": [";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
