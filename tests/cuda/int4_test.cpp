@@ -309,25 +309,6 @@ TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans a
   compiles_everywhere(old64);
 }
 
-TEST_CASE("matmul_int4: KILN_INT4_XHALF=1 brings x in as two halves where it is staged once (mma.sync)") {
-  const std::string on = "constexpr bool XHALF = XFIRST && true;", off = "constexpr bool XHALF = XFIRST && false;";
-  CHECK(lower_int4(16, 128, false, "bf16").source.find(off) != std::string::npos);  // off by default
-  setenv("KILN_INT4_XHALF", "1", 1);
-  const LoweredGraph pair16 = lower_int4(16, 128, false, "bf16"), fold1 = lower_int4(1, 128, false, "f16"),
-                     asym8 = lower_int4(8, 64, true, "bf16", LoweringOptions{});
-  const LoweredGraph above = lower_int4(17, 128, false, "bf16");  // x per super-chunk: not staged once
-  setenv("KILN_INT4_WGMMA", "1", 1);
-  const LoweredGraph wg = lower_int4(16, 128, false, "bf16");
-  unsetenv("KILN_INT4_WGMMA");
-  unsetenv("KILN_INT4_XHALF");
-  for (const LoweredGraph* l : {&pair16, &fold1, &asym8}) {
-    CHECK(l->source.find(on) != std::string::npos);
-    compiles_everywhere(*l);
-  }
-  CHECK(above.source.find(off) != std::string::npos);
-  CHECK(wg.source.find(off) != std::string::npos);
-}
-
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

@@ -621,23 +621,12 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   auto wg_permute = [](int) {};
   auto wg_kblock = [](int, const Group&, int, int) {};
 #endif
-  constexpr bool XFIRST = XALL && !WG;  // (see the prologue below)
-  // XHALF (XFIRST; measurement knob): x comes in as two cp.async groups, the first xh
-  // super-chunks and the rest; the loop starts once the first group has landed, and the block
-  // meets once more, at super-chunk xh, for the second (one barrier in the loop).
-  constexpr bool XHALF = XFIRST && $XHALF;
-  const int xh = XHALF ? (sc1 - sc0 + 1) / 2 : sc1 - sc0;
   // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
     load(sc + PF, fill);  // in flight while this super-chunk (and PF - 1 more) is computed
     if (XALL) {
       buf = sc - sc0;
-      if (XHALF && buf == xh) {  // the second group of x: this thread's copies, then everyone's
-        kiln_i4_wait<0>();
-        for (int c = xh; c < sc1 - sc0; ++c) prep(c);
-        __syncthreads();
-      }
     } else {
       if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
       kiln_i4_commit();
@@ -700,22 +689,18 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // the top stall at M = 1, ncu: 17% of warp samples). Pinned plain loads and the barrier after
   // them keep ptxas from sinking the weight loads below the wait for x. H200, 8192², cold L2:
   // M = 1 0.0165 -> 0.0156 ms, M = 8 0.0177 -> 0.0164 (bench/results/2026-12-02-gpu-run10.md).
+  constexpr bool XFIRST = XALL && !WG;
   if (XFIRST) {
-    for (int sc = sc0; sc < sc0 + xh; ++sc) stage(sc, sc - sc0);
+    for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
-    if (XHALF) {
-      for (int sc = sc0 + xh; sc < sc1; ++sc) stage(sc, sc - sc0);
-      kiln_i4_commit();
-    }
   }
   Group gq[PF + 1];
   #pragma unroll
   for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p], XFIRST);
   if (XFIRST) {
     __syncthreads();
-    if (XHALF) kiln_i4_wait<1>();
-    else kiln_i4_wait<0>();
-    for (int sc = sc0; sc < sc0 + xh; ++sc) prep(sc - sc0);
+    kiln_i4_wait<0>();
+    for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
     __syncthreads();
   } else if (XALL) {  // WG
     wg_stage();
@@ -834,7 +819,7 @@ struct StreamPlan {
   int64_t kc, kw, nw, mt, pf, minb;
   // Row blocks (grid.x), super-chunks per block, and blocks per row block along K (grid.y).
   int64_t tiles, per, split;
-  bool post, spair, xall, xhalf, wg, xrows, pair, perm, azfma;
+  bool post, spair, xall, wg, xrows, pair, perm, azfma;
   int64_t mp;        // M padded to whole n8 tiles
   int64_t smem;      // shared memory per block
   int64_t pair_off;  // where the cluster pair's hand-over starts in it
@@ -937,9 +922,6 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // nibbles. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md): adjacent pairs
   // M = 32 0.0320 -> 0.0293 ms, M = 64 0.0490 -> 0.0413; at M = 1..8 they were 5-10% slower.
   const bool perm = m <= 16;
-  // KILN_INT4_XHALF=1 (x staged once with mma.sync): x in two halves, the loop starting after the
-  // first; for measurement (unmeasured so far).
-  const bool xhalf = choose("KILN_INT4_XHALF", xall && !wg, false);
   // Asymmetric pairs as (q)·scale + (-zero·scale), one fma, in place of (q - zero)·scale: one
   // half op per pair fewer. H200, 8192², cold L2, groups 32 / 64
   // (bench/results/2026-12-02-gpu-run12.md, call B, two runs each): g32 M = 1 0.0198 -> 0.0189
@@ -950,7 +932,7 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // spill at M = 64). KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
   const bool azfma_loses = in.hopper && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
   const bool azfma = choose("KILN_INT4_AZFMA", asym, !azfma_loses);
-  return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, xhalf, wg, xrows, pair, perm, azfma, mp, smem, pair_off};
+  return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, wg, xrows, pair, perm, azfma, mp, smem, pair_off};
 }
 
 }  // namespace
@@ -1024,7 +1006,6 @@ Status Lowerer::matmul_int4(const Node& n) {
                                {"$MT", std::to_string(p.mt)},
                                {"$PF", std::to_string(p.pf)},
                                {"$XALL", flag(p.xall)},
-                               {"$XHALF", flag(p.xhalf)},
                                {"$PERM", flag(p.perm)},
                                {"$MINB", std::to_string(p.minb)},
                                {"$CLUSTER", p.pair ? "KILN_I4_PAIR_DIMS " : ""},
