@@ -7,8 +7,8 @@
 // under KILN_INT4_MT=1, the warpgroup MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64, the
 // untested reads of x's last n8 tile above M = 8 off a multiple of 8, the paired scale loads of
 // group 128, two super-chunks in flight at M = 9..16 through KILN_INT4_STREAM, and each of
-// KILN_INT4_POST and KILN_INT4_AZFMA against its default. KILN_TEST_SHARD=I/N runs a share of
-// the cases.
+// KILN_INT4_POST and KILN_INT4_AZFMA against its default, and the bulk-copy kernel
+// (KILN_INT4_BULK=1). KILN_TEST_SHARD=I/N runs a share of the cases.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
@@ -163,6 +163,20 @@ int main() {
   setenv("KILN_INT4_AZFMA", "0", 1);
   for (int64_t m : {1, 33}) run(m, 257, 1280, 32, true, m == 1 ? "f16" : "bf16", m == 33);
   unsetenv("KILN_INT4_AZFMA");
+  // KILN_INT4_BULK=1: the bulk-copy kernel (symmetric group 128, M <= 8): full and tail runs of
+  // row tiles, fewer tiles than SMs (N = 272), bias or not, and 16 / 4 consumer warps.
+  setenv("KILN_INT4_BULK", "1", 1);
+  run(1, 8000, 7936, 128, false, "bf16", true);
+  run(2, 1008, 2048, 128, false, "f16", false);
+  run(3, 272, 1280, 128, false, "bf16", true);
+  run(4, 8000, 7936, 128, false, "f16", true);
+  run(8, 1008, 2048, 128, false, "bf16", false);
+  setenv("KILN_INT4_BULK_W", "4", 1);
+  run(1, 1008, 2048, 128, false, "bf16", true);
+  setenv("KILN_INT4_BULK_W", "1", 1);
+  run(5, 1008, 2048, 128, false, "f16", true);
+  unsetenv("KILN_INT4_BULK_W");
+  unsetenv("KILN_INT4_BULK");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

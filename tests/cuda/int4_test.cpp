@@ -309,6 +309,33 @@ TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans a
   compiles_everywhere(old64);
 }
 
+TEST_CASE("matmul_int4: KILN_INT4_BULK=1 streams symmetric group-128 weights with bulk copies on sm_90 plans up to M = 8") {
+  const LoweringOptions hopper = hopper_lowering();
+  auto bulk = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const char* st, const LoweringOptions& o) {
+    const LoweredGraph l = lower_text(int4_graph(m, n, k, g, asym, "bf16", st, true), o);
+    const bool on = l.source.find("matmul_int4_bulk") != std::string::npos;
+    if (on) {
+      CHECK(l.source.find("matmul_int4_stream") == std::string::npos);
+      compiles_everywhere(l);
+    }
+    return on;
+  };
+  CHECK_FALSE(bulk(1, 8192, 8192, 128, false, "f16", hopper));  // off unless asked for
+  setenv("KILN_INT4_BULK", "1", 1);
+  CHECK(bulk(1, 8192, 8192, 128, false, "f16", hopper));
+  CHECK(bulk(8, 272, 1280, 128, false, "bf16", hopper));
+  const LoweredGraph l = lower_text(int4_graph(1, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
+  CHECK(l.source.find("S = 3, W = 8, TPB = 4;") != std::string::npos);  // 3 stages of 16 rows fit 227 KB
+  CHECK_FALSE(bulk(9, 8192, 8192, 128, false, "f16", hopper));       // M > 8
+  CHECK_FALSE(bulk(1, 8192, 8192, 64, false, "f16", hopper));        // group 64
+  CHECK_FALSE(bulk(1, 8192, 8192, 128, true, "f16", hopper));        // zero points
+  CHECK_FALSE(bulk(1, 8200, 8192, 128, false, "f16", hopper));       // N off whole 16-row tiles
+  CHECK_FALSE(bulk(1, 8192, 8064, 128, false, "f16", hopper));       // an odd number of k-blocks
+  CHECK_FALSE(bulk(1, 8192, 8192, 128, false, "f16", LoweringOptions{}));  // sm_80 plans
+  CHECK_FALSE(bulk(8, 8192, 65536, 128, false, "f16", hopper));      // two stages do not fit
+  unsetenv("KILN_INT4_BULK");
+}
+
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

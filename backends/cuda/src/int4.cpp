@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "int4_bulk.h"
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -992,6 +993,25 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   // (x offsets are 32-bit in the kernel.)
+  // KILN_INT4_BULK=1 (sm_90 plans, symmetric group 128, M <= 8; measurement knob until measured):
+  // the weights streamed by the copy engine into a shared-memory ring (int4_bulk.cpp).
+  if (hopper_plan() && xt != DType::kF32 && aligned(x) && aligned(w)) {
+    Int4BulkPlan bp = plan_int4_bulk(m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), smem_limit());
+    if (const int v = knob_digit("KILN_INT4_BULK_W", 1, 4)) bp.warps = 4 * v;
+    if (choose("KILN_INT4_BULK", bp.fits, false)) {
+      const std::string name = kernel_name("matmul_int4_bulk");
+      const bool bf = xt == DType::kBF16;
+      subs.insert(subs.begin(), {"$NAME", name});
+      subs.insert(subs.end(), {{"$S", std::to_string(bp.stages)},
+                               {"$W", std::to_string(bp.warps)},
+                               {"$TPB", std::to_string(bp.per_block)},
+                               {"$BASE", bf ? "128.f" : "1024.f"},
+                               {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
+      add_kernel_text(name, with_bias(fill(kInt4Bulk, subs)));
+      launch_grid(name, {bp.blocks}, 32 * (bp.warps + 1), bp.smem, {x, w, s, z, b, out, out});
+      return ok_status();
+    }
+  }
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w) && m * k < (int64_t{1} << 31)) {
     const StreamPlan p = plan_stream(StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(), smem_limit()});
     const std::string name = kernel_name("matmul_int4_stream");
