@@ -8,7 +8,8 @@
 // untested reads of x's last n8 tile above M = 8 off a multiple of 8, the paired scale loads of
 // group 128, two super-chunks in flight at M = 9..16 through KILN_INT4_STREAM, and each of
 // KILN_INT4_POST and KILN_INT4_AZFMA against its default, and the bulk-copy kernel
-// (KILN_INT4_BULK=1). KILN_TEST_SHARD=I/N runs a share of the cases.
+// (KILN_INT4_BULK=1). KILN_TEST_SHARD=I/N runs a share of the cases, KILN_TEST_WITH=VAR those
+// run with the knob VAR set.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
@@ -66,9 +67,12 @@ int main() {
       return 1;
     }
   }
+  // KILN_TEST_WITH=VAR runs only the cases the test runs with the knob VAR set (e.g.
+  // KILN_INT4_BULK), to recheck one path without the rest.
+  const char* with = std::getenv("KILN_TEST_WITH");
   int failures = 0, cases = 0, ran = 0;
   auto run = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const std::string& dt, bool bias) {
-    if (cases++ % shards != shard) return;
+    if (cases++ % shards != shard || (with != nullptr && std::getenv(with) == nullptr)) return;
     ++ran;
     const std::string name = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                              " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt + (bias ? " bias" : "");
