@@ -9,10 +9,10 @@
 // block; 1-8 independent 16-byte loads in flight per thread; plain, non-coherent, and
 // non-coherent with the L2 256-byte prefetch hint; several grid and block sizes; on sm_90 and
 // later also cp.async.bulk rings into shared memory, the "loads" column then being the ring's
-// stages) and reports the fastest median and its shape. Each timed launch is preceded by the runtime's own timing kernels
-// (runtime/src/timing_kernels.h), as in `kiln bench` with KILN_TIMING_FLUSH_L2=1: a sweep that
-// reads twice the L2 size of other memory, then the 50 us device-side wait; CUDA events bracket
-// the launch: device time from cold L2, no host dispatch. The read kernels are built with Kiln's
+// stages) and reports the fastest median and its shape. Each timed launch is preceded by the
+// runtime's own timing kernels (runtime/src/timing_kernels.h), as in `kiln bench` with
+// KILN_TIMING_FLUSH_L2=1: a sweep that reads twice the L2 size of other memory, then the 50 us
+// device-side wait; CUDA events bracket the launch: device time from cold L2, no host dispatch. The read kernels are built with Kiln's
 // NVRTC driver (backends/cuda, through the kernel cache) for the device's own architecture.
 #include <cuda_runtime.h>
 

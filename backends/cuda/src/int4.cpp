@@ -968,9 +968,12 @@ Status Lowerer::matmul_int4(const Node& n) {
   const int b = has_bias ? buf(n.operand(bias_at)) : x;
   const std::string flip = asym ? "0u" : "0x88888888u";
   const std::string zero = asym ? "kiln_i4_f(zeros[gi])" : "8.f";
+  const bool bf = xt == DType::kBF16;
   std::vector<std::pair<std::string, std::string>> subs = {
       {"$XT", xs}, {"$ST", ss}, {"$M", std::to_string(m)}, {"$N", std::to_string(nn)}, {"$K", std::to_string(k)},
-      {"$G", std::to_string(g)}, {"$FLIP", flip}, {"$ZERO", zero}};
+      {"$G", std::to_string(g)}, {"$FLIP", flip}, {"$ZERO", zero},
+      // The exponent trick of the fused kernels in x's half type: bits and the value they add.
+      {"$BASE", bf ? "128.f" : "1024.f"}, {"$EXP", bf ? "0x43004300u" : "0x64006400u"}};
   auto with_bias = [&](std::string text) {
     // $BIAS(expr) -> kiln_i4_f(bias[expr]) or (0.f)
     for (size_t at = text.find("$BIAS("); at != std::string::npos; at = text.find("$BIAS(", at)) {
@@ -1000,13 +1003,10 @@ Status Lowerer::matmul_int4(const Node& n) {
     if (const int v = knob_digit("KILN_INT4_BULK_W", 1, 4)) bp.warps = 4 * v;
     if (choose("KILN_INT4_BULK", bp.fits, false)) {
       const std::string name = kernel_name("matmul_int4_bulk");
-      const bool bf = xt == DType::kBF16;
       subs.insert(subs.begin(), {"$NAME", name});
       subs.insert(subs.end(), {{"$S", std::to_string(bp.stages)},
                                {"$W", std::to_string(bp.warps)},
-                               {"$TPB", std::to_string(bp.per_block)},
-                               {"$BASE", bf ? "128.f" : "1024.f"},
-                               {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
+                               {"$TPB", std::to_string(bp.per_block)}});
       add_kernel_text(name, with_bias(fill(kInt4Bulk, subs)));
       launch_grid(name, {bp.blocks}, 32 * (bp.warps + 1), bp.smem, {x, w, s, z, b, out, out});
       return ok_status();
@@ -1015,7 +1015,6 @@ Status Lowerer::matmul_int4(const Node& n) {
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w) && m * k < (int64_t{1} << 31)) {
     const StreamPlan p = plan_stream(StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(), smem_limit()});
     const std::string name = kernel_name("matmul_int4_stream");
-    const bool bf = xt == DType::kBF16;
     if (p.wg) add_wgmma(WgmmaForm::kRegsKMajorB, p.mp, xs);
     auto flag = [](bool v) -> std::string { return v ? "true" : "false"; };
     // (Keys that prefix later ones come after them: fill() replaces in order.)
@@ -1040,9 +1039,7 @@ Status Lowerer::matmul_int4(const Node& n) {
                              {"$ASYM", flag(asym)},
                              {"$AZFMA", flag(p.azfma)},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
-                             {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"},
-                             {"$BASE", bf ? "128.f" : "1024.f"},
-                             {"$EXP", bf ? "0x43004300u" : "0x64006400u"}});
+                             {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
     if (p.split == 1 || p.pair) {
       launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, z, b, out, out});
