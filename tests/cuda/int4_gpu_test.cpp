@@ -7,8 +7,7 @@
 // under KILN_INT4_MT=1, the warpgroup MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64, the
 // untested reads of x's last n8 tile above M = 8 off a multiple of 8, the paired scale loads of
 // group 128, two super-chunks in flight at M = 9..16 through KILN_INT4_STREAM, and each of
-// KILN_INT4_POST and KILN_INT4_AZFMA against its default, and the bulk-copy kernel
-// (KILN_INT4_BULK=1, one block or a cluster pair along K). KILN_TEST_SHARD=I/N runs a share of
+// KILN_INT4_POST and KILN_INT4_AZFMA against its default. KILN_TEST_SHARD=I/N runs a share of
 // the cases, KILN_TEST_WITH=VAR those run with the knob VAR set.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
@@ -68,7 +67,7 @@ int main() {
     }
   }
   // KILN_TEST_WITH=VAR runs only the cases the test runs with the knob VAR set (e.g.
-  // KILN_INT4_BULK), to recheck one path without the rest.
+  // KILN_INT4_WGMMA), to recheck one path without the rest.
   const char* with = std::getenv("KILN_TEST_WITH");
   int failures = 0, cases = 0, ran = 0;
   auto run = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const std::string& dt, bool bias) {
@@ -167,25 +166,6 @@ int main() {
   setenv("KILN_INT4_AZFMA", "0", 1);
   for (int64_t m : {1, 33}) run(m, 257, 1280, 32, true, m == 1 ? "f16" : "bf16", m == 33);
   unsetenv("KILN_INT4_AZFMA");
-  // KILN_INT4_BULK=1: the bulk-copy kernel (symmetric group 128, M <= 16): full and tail runs of
-  // row tiles, fewer tiles than SMs (N = 272), slices of two to eight warps (K = 8192, 2048,
-  // 1024, an odd 7 k-blocks per warp at 7168), one block along K up to M = 16 (K = 4096) and a
-  // cluster pair at M = 9..16 (K = 8192, 6144) or asked for (KILN_INT4_BULK_C=2), bias or not.
-  setenv("KILN_INT4_BULK", "1", 1);
-  run(1, 8000, 8192, 128, false, "bf16", true);
-  run(2, 1008, 2048, 128, false, "f16", false);
-  run(3, 272, 1024, 128, false, "bf16", true);
-  run(4, 8000, 7168, 128, false, "f16", true);
-  run(8, 1008, 2048, 128, false, "bf16", false);
-  run(16, 1008, 4096, 128, false, "f16", true);
-  run(12, 8000, 8192, 128, false, "bf16", true);
-  run(9, 272, 6144, 128, false, "f16", false);
-  run(16, 8192, 8192, 128, false, "bf16", false);
-  setenv("KILN_INT4_BULK_C", "2", 1);
-  run(1, 1008, 4096, 128, false, "f16", true);
-  run(5, 8000, 8192, 128, false, "bf16", false);
-  unsetenv("KILN_INT4_BULK_C");
-  unsetenv("KILN_INT4_BULK");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

@@ -309,51 +309,6 @@ TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans a
   compiles_everywhere(old64);
 }
 
-TEST_CASE("matmul_int4: KILN_INT4_BULK=1 streams symmetric group-128 weights with bulk copies on sm_90 plans up to M = 16") {
-  const LoweringOptions hopper = hopper_lowering();
-  auto lower = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const char* st, const LoweringOptions& o) {
-    return lower_text(int4_graph(m, n, k, g, asym, "bf16", st, true), o);
-  };
-  auto bulk = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const char* st, const LoweringOptions& o) {
-    const LoweredGraph l = lower(m, n, k, g, asym, st, o);
-    const bool on = l.source.find("matmul_int4_bulk") != std::string::npos;
-    if (on) {
-      CHECK(l.source.find("matmul_int4_stream") == std::string::npos);
-      compiles_everywhere(l);
-    }
-    return on;
-  };
-  CHECK_FALSE(bulk(1, 8192, 8192, 128, false, "f16", hopper));  // off unless asked for
-  setenv("KILN_INT4_BULK", "1", 1);
-  CHECK(bulk(1, 8192, 8192, 128, false, "f16", hopper));
-  CHECK(bulk(8, 272, 1024, 128, false, "f16", hopper));
-  // The launch shape: 8192² at M = 1 is one block per SM, each warp 8 k-blocks of x (128
-  // registers), two warps per 16-k-block slice, 11 stages of 19 KB; at M = 16 a cluster pair
-  // along K (4 k-blocks of two n8 tiles per warp, four warps per slice, 64 pairs).
-  const std::string one = lower(1, 8192, 8192, 128, false, "f16", hopper).source;
-  CHECK(one.find("S = 11, W = 8, TPB = 4, C = 1, NKB = 8, SQ = 2, NT8 = 1;") != std::string::npos);
-  const LoweredGraph pair = lower(16, 8192, 8192, 128, false, "f16", hopper);
-  CHECK(pair.source.find("W = 8, TPB = 8, C = 2, NKB = 4, SQ = 4, NT8 = 2;") != std::string::npos);
-  CHECK(pair.source.find("KILN_I4_PAIR_DIMS __launch_bounds__(8 * 32, 1)") != std::string::npos);
-  compiles_everywhere(pair);
-  setenv("KILN_INT4_BULK_C", "2", 1);  // the pair asked for at M = 1
-  CHECK(lower(1, 8192, 8192, 128, false, "f16", hopper).source.find("C = 2, NKB = 4, SQ = 4, NT8 = 1;") != std::string::npos);
-  unsetenv("KILN_INT4_BULK_C");
-  setenv("KILN_INT4_BULK_SLICE", "4", 1);  // whole-tile slices of 64 k-blocks: all 8 warps per stage
-  CHECK(lower(1, 8192, 8192, 128, false, "f16", hopper).source.find("S = 3, W = 8, TPB = 4, C = 1, NKB = 8, SQ = 8,") !=
-        std::string::npos);
-  unsetenv("KILN_INT4_BULK_SLICE");
-  CHECK_FALSE(bulk(17, 8192, 8192, 128, false, "f16", hopper));      // M > 16
-  CHECK_FALSE(bulk(1, 8192, 8192, 64, false, "f16", hopper));        // group 64
-  CHECK_FALSE(bulk(1, 8192, 8192, 128, true, "f16", hopper));        // zero points
-  CHECK_FALSE(bulk(1, 8200, 8192, 128, false, "f16", hopper));       // N off whole 16-row tiles
-  CHECK_FALSE(bulk(1, 8192, 7936, 128, false, "f16", hopper));       // K off whole 1024-wide slices
-  CHECK_FALSE(bulk(12, 8192, 9216, 128, false, "f16", hopper));      // a pair's halves off whole slices
-  CHECK_FALSE(bulk(16, 8192, 32768, 128, false, "f16", hopper));     // x's fragments past 128 registers
-  CHECK_FALSE(bulk(1, 8192, 8192, 128, false, "f16", LoweringOptions{}));  // sm_80 plans
-  unsetenv("KILN_INT4_BULK");
-}
-
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {
   for (int64_t m : {1, 8}) {
     CAPTURE(m);

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "int4_bulk.h"
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -996,30 +995,6 @@ Status Lowerer::matmul_int4(const Node& n) {
   //  - otherwise: dequantize + cuBLASLt.
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   // (x offsets are 32-bit in the kernel.)
-  // KILN_INT4_BULK=1 (sm_90 plans, symmetric group 128, M <= 16; measurement knob until
-  // measured): the weights streamed by the copy engine into a shared-memory ring, x's fragments
-  // in registers (int4_bulk.cpp). KILN_INT4_BULK_C=1 / 2 asks for one block or a cluster pair
-  // along K, KILN_INT4_BULK_SLICE=1..4 for slices of at least 8, 16, 32 or 64 k-blocks.
-  if (hopper_plan() && xt != DType::kF32 && aligned(x) && aligned(w)) {
-    const int slice = knob_digit("KILN_INT4_BULK_SLICE", 1, 4);
-    const Int4BulkPlan bp = plan_int4_bulk(m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), smem_limit(),
-                                           knob_digit("KILN_INT4_BULK_C", 1, 2), slice == 0 ? 0 : 4 << slice);
-    if (choose("KILN_INT4_BULK", bp.fits, false)) {
-      const std::string name = kernel_name("matmul_int4_bulk");
-      subs.insert(subs.begin(), {{"$NAME", name},
-                                 {"$NKB", std::to_string(bp.nkb)},
-                                 {"$NT8", std::to_string(bp.nt8)},
-                                 {"$CLUSTER", bp.split == 2 ? "KILN_I4_PAIR_DIMS " : ""}});
-      subs.insert(subs.end(), {{"$SQ", std::to_string(bp.sq)},
-                               {"$S", std::to_string(bp.stages)},
-                               {"$C", std::to_string(bp.split)},
-                               {"$W", std::to_string(bp.warps)},
-                               {"$TPB", std::to_string(bp.per_block)}});
-      add_kernel_text(name, with_bias(fill(kInt4Bulk, subs)));
-      launch_grid(name, {bp.blocks, bp.split}, 32 * bp.warps, bp.smem, {x, w, s, z, b, out, out});
-      return ok_status();
-    }
-  }
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w) && m * k < (int64_t{1} << 31)) {
     const StreamPlan p = plan_stream(StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(), smem_limit()});
     const std::string name = kernel_name("matmul_int4_stream");
