@@ -5,7 +5,8 @@ For weights N x K = 8192 x 8192 and M = 1, 2, 4, 8, 16, 32, 64 (--m to change), 
 torch.matmul(x, W^T) in bf16 with CUDA events (peer_common.median_ms: device time, the host's
 dispatch not counted), and Kiln's one-node graph
     %y = matmul_int4(%x, %w, %s) {group_size = G}
-(x bf16[M, K], w u8[N, K/2], s f16[N, K/G], all graph inputs so the .kir stays small) through
+(x bf16[M, K], w u8[N, K/2], s f16[N, K/G], graph inputs, or with --constants the weights,
+scales and zeros as constants read from a .bin beside the .kir, as a quantized model holds them) through
 `kiln compile X.kir --target sm_90a` and `kiln bench X.kiln --report-json F` (device time of the
 plan's steps, CUDA graphs on, median). Writes a Markdown table of device times, speedups and the
 weight bytes (packed + scales, + zeros) per second to --out; --group 32,64,128 writes one table per
@@ -35,18 +36,49 @@ def torch_ms(m, n, k, iters):
     return median_ms(torch, lambda: torch.matmul(x, w.t()), iters, 10)
 
 
-def kiln_ms(kiln, m, n, k, g, symmetric, work):
+WRITTEN = {}  # .bin name -> write_constants' layout, one file per weight set
+
+
+def write_constants(path, n, k, g, symmetric):
+    """Random packed weights, f16 scales in [0.002, 0.02) and zeros 0..15 into `path`; returns
+    each tensor's (offset, .kir type)."""
+    import torch
+    gen = torch.Generator().manual_seed(7)
+    parts = [("w", f"u8[{n}, {k // 2}]", torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)),
+             ("s", f"f16[{n}, {k // g}]", (torch.rand(n, k // g, generator=gen) * 0.018 + 0.002).half())]
+    if not symmetric:
+        parts.append(("z", f"f16[{n}, {k // g}]", torch.randint(0, 16, (n, k // g), generator=gen).half()))
+    out, at = {}, 0
+    with open(path, "wb") as f:
+        for name, ty, t in parts:
+            data = t.numpy().tobytes()
+            f.write(data)
+            out[name] = (at, ty)
+            at += len(data)
+    return out
+
+
+def kiln_ms(kiln, m, n, k, g, symmetric, work, constants=False):
     sg = f"f16[{n}, {k // g}]"
-    args = f"%x: bf16[{m}, {k}], %w: u8[{n}, {k // 2}], %s: {sg}"
-    ops = "%x, %w, %s"
+    base = os.path.join(work, f"int4-m{m}-g{g}-{'sym' if symmetric else 'asym'}")
+    names = ["w", "s"] + ([] if symmetric else ["z"])
+    types = {"w": f"u8[{n}, {k // 2}]", "s": sg, "z": sg}  # as graph inputs
     attrs = f"group_size = {g}"
     if not symmetric:
-        args += f", %z: {sg}"
-        ops += ", %z"
         attrs += ", asymmetric = 1"
-    text = (f"graph @int4({args}) -> (bf16[{m}, {n}]) {{\n  %y = matmul_int4({ops}) {{{attrs}}} : bf16[{m}, {n}]\n"
+    body = ""
+    if constants:
+        bin_name = f"int4-n{n}-k{k}-g{g}-{'sym' if symmetric else 'asym'}.bin"
+        if bin_name not in WRITTEN:
+            WRITTEN[bin_name] = write_constants(os.path.join(work, bin_name), n, k, g, symmetric)
+        for v, (at, ty) in WRITTEN[bin_name].items():
+            body += f'  %{v} = constant() {{value = dense<{ty}>(file "{bin_name}", offset {at})}} : {ty}\n'
+        args = f"%x: bf16[{m}, {k}]"
+    else:
+        args = f"%x: bf16[{m}, {k}], " + ", ".join(f"%{v}: {types[v]}" for v in names)
+    ops = "%x, " + ", ".join(f"%{v}" for v in names)
+    text = (f"graph @int4({args}) -> (bf16[{m}, {n}]) {{\n{body}  %y = matmul_int4({ops}) {{{attrs}}} : bf16[{m}, {n}]\n"
             f"  return %y\n}}\n")
-    base = os.path.join(work, f"int4-m{m}-g{g}-{'sym' if symmetric else 'asym'}")
     with open(base + ".kir", "w") as f:
         f.write(text)
     subprocess.run([kiln, "compile", base + ".kir", "--target", "sm_90a", "-o", base + ".kiln"], check=True)
@@ -72,6 +104,8 @@ def main():
     p.add_argument("--group", default="128", help="group size, or a comma list (one table each), e.g. 32,64,128")
     p.add_argument("--asymmetric", action="store_true")
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--constants", action="store_true",
+                   help="weights, scales and zeros as constants (the compiler may pack or reorder them), not inputs")
     p.add_argument("--roofline", help="path to kiln-read-roofline: add the cold-L2 read floors of both weight sets")
     p.add_argument("--cold-l2", action="store_true",
                    help="flush L2 before each timing, on both sides (the packed weights, 34 MB at 8192², "
@@ -95,14 +129,15 @@ def main():
             for m in ms:
                 t = torch_times[m]
                 try:
-                    kms = kiln_ms(a.kiln, m, a.n, a.k, g, not a.asymmetric, work)
+                    kms = kiln_ms(a.kiln, m, a.n, a.k, g, not a.asymmetric, work, a.constants)
                     rows.append((m, t, kms, t / kms))
                 except (subprocess.CalledProcessError, RuntimeError, KeyError, TypeError) as e:
                     rows.append((m, t, None, None))
                     print(f"M={m} group={g}: kiln failed: {e}", file=sys.stderr)
                 print(g, rows[-1], flush=True)
             lines += [f"# INT4 weight-only GEMM vs cuBLAS bf16, weights {a.n}x{a.k}, group {g}, {kind}"
-                      f"{', L2 flushed before each timing' if a.cold_l2 else ''}", "",
+                      f"{', L2 flushed before each timing' if a.cold_l2 else ''}"
+                      f"{', constant weights' if a.constants else ''}", "",
                       "Device time, median (ms). Speedup = cuBLAS / Kiln; the issue asks M=1 >= 3.0x, M=16 >= 2.5x, "
                       "and >= 1.0x for all M <= 64.", "",
                       "| M | cuBLAS bf16 (torch.matmul) | Kiln matmul_int4 | speedup | Kiln weight GB/s |"

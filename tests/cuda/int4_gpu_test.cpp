@@ -7,7 +7,9 @@
 // under KILN_INT4_MT=1, the warpgroup MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64, the
 // untested reads of x's last n8 tile above M = 8 off a multiple of 8, the paired scale loads of
 // group 128, two super-chunks in flight at M = 9..16 through KILN_INT4_STREAM, and each of
-// KILN_INT4_POST and KILN_INT4_AZFMA against its default. KILN_TEST_SHARD=I/N runs a share of
+// KILN_INT4_POST and KILN_INT4_AZFMA against its default; with constant weights, scales and zeros,
+// the scale-zero pairs packed at compile time and the weights reordered in place (and not, where
+// two nodes read them). KILN_TEST_SHARD=I/N runs a share of
 // the cases, KILN_TEST_WITH=VAR those run with the knob VAR set.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
@@ -23,6 +25,7 @@
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
 #include "gpu_test_util.h"
+#include "int4_const_graph.h"
 
 namespace {
 
@@ -70,18 +73,22 @@ int main() {
   // KILN_INT4_WGMMA), to recheck one path without the rest.
   const char* with = std::getenv("KILN_TEST_WITH");
   int failures = 0, cases = 0, ran = 0;
-  auto run = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const std::string& dt, bool bias) {
+  // consts: the weights, scales and zeros as constants (1; 2: two nodes read them).
+  auto run = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const std::string& dt, bool bias,
+                 int consts = 0) {
     if (cases++ % shards != shard || (with != nullptr && std::getenv(with) == nullptr)) return;
     ++ran;
     const std::string name = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                             " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt + (bias ? " bias" : "");
+                             " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt + (bias ? " bias" : "") +
+                             (consts == 0 ? "" : consts == 1 ? " const" : " const shared");
     const double limit = dt == "bf16" ? 1e-2 : 2e-3;
     auto within = [&](const Tensor& want, const Tensor& got) -> std::string {
       const double err = rel_error(want, got);
       return err <= limit ? "" : "relative error " + std::to_string(err) + " > " + std::to_string(limit);
     };
-    failures += report_case(name, gpu_matches_reference(graph(m, n, k, g, asym, dt, bias), "int4",
-                                                        static_cast<uint64_t>(10 + cases), within));
+    const std::string text = consts == 0 ? graph(m, n, k, g, asym, dt, bias)
+                                         : int4_const_graph(m, n, k, g, asym, dt, bias, 10 + cases, consts == 2);
+    failures += report_case(name, gpu_matches_reference(text, "int4", static_cast<uint64_t>(10 + cases), within));
   };
   const int64_t ms[] = {1, 3, 4, 8, 9, 16, 17, 32, 33, 64, 65, 200};
   const int64_t gs[] = {32, 64, 128};
@@ -166,6 +173,27 @@ int main() {
   setenv("KILN_INT4_AZFMA", "0", 1);
   for (int64_t m : {1, 33}) run(m, 257, 1280, 32, true, m == 1 ? "f16" : "bf16", m == 33);
   unsetenv("KILN_INT4_AZFMA");
+  // Constant weights: asymmetric scale-zero pairs packed at every plan (M = 1, the pairs at 12 / 16,
+  // two row tiles above 16), the weights reordered above M = 16 (symmetric too, with the paired
+  // scales at 48), and kept as stored where a second node reads them; the warpgroup path too.
+  run(1, 257, 1280, 32, true, "f16", true, 1);
+  run(12, 257, 1280, 64, true, "bf16", false, 1);
+  run(16, 1000, 2048, 32, true, "f16", false, 1);
+  run(17, 257, 1280, 128, true, "bf16", true, 1);
+  run(33, 200, 896, 32, true, "f16", false, 1);
+  run(64, 257, 1280, 64, true, "bf16", true, 1);
+  run(64, 200, 896, 32, true, "f16", false, 1);
+  run(17, 257, 1280, 128, false, "bf16", false, 1);
+  run(48, 1000, 2048, 128, false, "f16", true, 1);
+  run(64, 257, 1280, 32, false, "bf16", false, 1);
+  run(33, 257, 1280, 32, true, "f16", true, 2);
+  run(40, 257, 1280, 128, false, "bf16", false, 2);
+  setenv("KILN_INT4_WGMMA", "1", 1);
+  setenv("KILN_INT4_MT", "1", 1);
+  run(33, 257, 1280, 32, true, "f16", false, 1);
+  run(64, 257, 1280, 128, false, "bf16", true, 1);
+  unsetenv("KILN_INT4_MT");
+  unsetenv("KILN_INT4_WGMMA");
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

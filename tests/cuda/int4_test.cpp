@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/ir/text.h"
+#include "int4_const_graph.h"
+#include "kiln/ir/dtype.h"
 #include "lowering_test_util.h"
 
 namespace kiln::cuda {
@@ -307,6 +310,75 @@ TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans a
   CHECK_FALSE(off);
   compiles_everywhere(lower_int4(1, 32, true, "f16", hopper));
   compiles_everywhere(old64);
+}
+
+/// The weights-section offsets of the plan's weight buffers, in buffer order.
+std::vector<int64_t> weight_offsets(const LoweredGraph& l) {
+  std::vector<int64_t> out;
+  std::istringstream in(l.plan);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("buffer ", 0) != 0 || line.find(" kind=weight ") == std::string::npos) continue;
+    out.push_back(std::stoll(line.substr(line.find(" offset=") + 8)));
+  }
+  return out;
+}
+
+TEST_CASE("matmul_int4: constant asymmetric scales and zeros are packed; a constant weight one node reads is reordered above M = 16") {
+  const LoweringOptions hopper = hopper_lowering();
+  const int64_t n = 257, k = 1280, g = 32;
+  auto lower = [&](int64_t m, bool asym, bool shared = false) {
+    return lower_text(int4_const_graph(m, n, k, g, asym, "bf16", false, 5, shared), hopper);
+  };
+  auto has = [](const LoweredGraph& l, const char* what) { return l.source.find(what) != std::string::npos; };
+  const LoweredGraph l64 = lower(64, true);
+  CHECK(has(l64, "SZP = true;"));
+  CHECK(has(l64, "WPRE = true;"));
+  CHECK(has(lower(16, true), "SZP = true;"));
+  CHECK(has(lower(16, true), "WPRE = false;"));  // x reordered instead up to M = 16
+  CHECK(has(lower(33, true, true), "WPRE = false;"));  // a second node reads the weights
+  CHECK(has(lower(33, true, true), "SZP = true;"));
+  CHECK(has(lower(64, false), "SZP = false;"));
+  CHECK(has(lower_int4(64, 32, true, "bf16"), "SZP = false;"));  // scales and zeros as inputs
+  CHECK(has(lower_int4(64, 32, true, "bf16"), "WPRE = false;"));
+  setenv("KILN_INT4_SZP", "0", 1);
+  setenv("KILN_INT4_WPRE", "0", 1);
+  const LoweredGraph plain = lower(64, true);
+  unsetenv("KILN_INT4_WPRE");
+  unsetenv("KILN_INT4_SZP");
+  CHECK(has(plain, "SZP = false;"));
+  CHECK(has(plain, "WPRE = false;"));
+
+  // Weight buffers: w, s, z as stored (w reordered) and, packed, (s, -z·s) per group.
+  const std::vector<int64_t> at = weight_offsets(l64), at_plain = weight_offsets(plain);
+  REQUIRE(at.size() == 4);
+  REQUIRE(at_plain.size() == 3);
+  auto bytes = [](const LoweredGraph& l, int64_t off) { return reinterpret_cast<const unsigned char*>(l.weights.data()) + off; };
+  const unsigned char* w = bytes(l64, at[0]);
+  const unsigned char* w0 = bytes(plain, at_plain[0]);
+  int wrong = 0;
+  for (int64_t i = 0; i < n * k / 2; i += 4) {
+    uint32_t a = 0, b = 0;
+    std::memcpy(&a, w0 + i, 4);
+    std::memcpy(&b, w + i, 4);
+    for (int v = 0; v < 8; ++v) {  // value v: nibble v as stored; nibble v / 2 (+ 4 when odd) reordered
+      const int to = v / 2 + (v % 2 ? 4 : 0);
+      wrong += ((a >> (4 * v)) & 15u) != ((b >> (4 * to)) & 15u);
+    }
+  }
+  CHECK(wrong == 0);
+  int bad_pairs = 0;
+  for (int64_t i = 0; i < n * (k / g); ++i) {
+    uint16_t sb = 0, zb = 0, ps = 0, pz = 0;
+    std::memcpy(&sb, bytes(l64, at[1] + 2 * i), 2);
+    std::memcpy(&zb, bytes(l64, at[2] + 2 * i), 2);
+    std::memcpy(&ps, bytes(l64, at[3] + 4 * i), 2);
+    std::memcpy(&pz, bytes(l64, at[3] + 4 * i + 2), 2);
+    const float sv = bf16_bits_to_f32(sb), zv = bf16_bits_to_f32(zb);
+    bad_pairs += ps != sb || pz != f64_to_bf16_bits(-zv * sv);
+  }
+  CHECK(bad_pairs == 0);
+  compiles_everywhere(l64);
+  compiles_everywhere(lower(12, true));
 }
 
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {

@@ -8,7 +8,10 @@
 // subtraction dequantize two values at once. Signed nibbles become offset binary (q + 8) by an
 // XOR with 0x8 first.
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <string>
 
 #include "lowerer.h"
@@ -298,6 +301,16 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // one 4-byte load.
   constexpr bool SPAIR = $SPAIR;
   static_assert(!SPAIR || (G == 128 && D == 2 && !ASYM), "paired scales are a lane's two k-blocks' of a super-chunk");
+  // SZP (asymmetric, constant scales and zeros; the lowering's choice): `zeros` holds each
+  // group's (scale, -zero·scale) in x's half type, packed at compile time, read as one 4-byte
+  // load with nothing to convert; the pair is then one fma as with AZFMA.
+  constexpr bool SZP = $SZP;
+  static_assert(!SZP || (ASYM && !POST && !SPAIR), "packed scale pairs are asymmetric, scaled before the mma");
+  // WPRE (constant weights read by this kernel alone; the lowering's choice, NAT only): each
+  // 32-bit word's nibbles were reordered at compile time to values 0 2 4 6 1 3 5 7, so a byte's
+  // pair (values 2p, 2p + 1) is nibbles p, p + 4: one shift and the lop3, no byte permute.
+  constexpr bool WPRE = $WPRE;
+  static_assert(!WPRE || NAT, "pre-reordered weights pair with x as stored");
   typedef $XT E;
   typedef $E2 E2;
   extern __shared__ __align__(16) unsigned char kiln_i4_smem[];
@@ -317,10 +330,13 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   const $ST* spb = scales + rowb * (K / G) + gl;
   const $ST* zpa = zeros + rowa * (K / G) + gl;
   const $ST* zpb = zeros + rowb * (K / G) + gl;
+  const unsigned* ppa = reinterpret_cast<const unsigned*>(zeros) + rowa * (K / G) + gl;
+  const unsigned* ppb = reinterpret_cast<const unsigned*>(zeros) + rowb * (K / G) + gl;
   struct Group {
     uint4 a[MT][D], b[MT][D];
     // Scales and zeros as stored: converted where used, so nothing waits on a load just issued.
     $ST sa[MT][D], sb[MT][D], za[MT][D], zb[MT][D];
+    unsigned pa[MT][D], pb[MT][D];  // SZP's packed pairs
   };
   // The weights, scales and zeros of super-chunk sc for this lane (zeros past K or N).
   // Whether k-block d of super-chunk sc holds this lane's k (K may end inside a super-chunk).
@@ -353,6 +369,11 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
           else q.sa[u][0] = q.sa[u][1] = $ST{};
           if (okb) entry2(spb + so, q.sb[u][0], q.sb[u][1]);
           else q.sb[u][0] = q.sb[u][1] = $ST{};
+          continue;
+        }
+        if (SZP) {
+          q.pa[u][d] = oka ? (pinned ? kiln_i4_ld_pinned(ppa + so) : ppa[so]) : 0u;
+          q.pb[u][d] = okb ? (pinned ? kiln_i4_ld_pinned(ppb + so) : ppb[so]) : 0u;
           continue;
         }
         q.sa[u][d] = oka ? entry(spa + so) : $ST{};
@@ -454,17 +475,25 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     // (-zero·scale), one fma with -zero·scale rounded once per group from f32, instead of
     // (q - zero)·scale.
     const E2 nza2 = $CVT2(-kiln_i4_f(use.za[u][d]) * sa), nzb2 = $CVT2(-kiln_i4_f(use.zb[u][d]) * sb);
+    // SZP: the pair's halves broadcast (scale in the low half, -zero·scale in the high).
+    auto half_of = [](unsigned v, unsigned sel) {
+      const unsigned b = __byte_perm(v, v, sel);
+      return *reinterpret_cast<const E2*>(&b);
+    };
+    const E2 psa2 = half_of(use.pa[u][d], 0x1010), psb2 = half_of(use.pb[u][d], 0x1010);
+    const E2 pza2 = half_of(use.pa[u][d], 0x3232), pzb2 = half_of(use.pb[u][d], 0x3232);
     const unsigned wa = (&use.a[u][d].x)[v], wb = (&use.b[u][d].x)[v];
     #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const unsigned wr = (r & 1) ? wb : wa;
       const int pr = 2 * h + (r >> 1);  // the pair: NAT byte pr of the word, else nibbles pr, pr + 4
       const unsigned sel = pr | (pr << 4) | ((4 + pr) << 8) | ((4 + pr) << 12);  // bytes 0, 2: wr's and (wr >> 4)'s byte pr
-      const unsigned bits = kiln_i4_pair_bits(NAT ? __byte_perm(wr, wr >> 4, sel) : wr >> (4 * pr), $EXP ^ ($FLIP & 0x00080008u));
+      const unsigned bits = kiln_i4_pair_bits(NAT && !WPRE ? __byte_perm(wr, wr >> 4, sel) : wr >> (4 * pr), $EXP ^ ($FLIP & 0x00080008u));
       const E2 p = *reinterpret_cast<const E2*>(&bits);
       E2 q;
       if (FOLD) q = p;
       else if (POST) q = __hsub2(p, off2);
+      else if (SZP) q = __hfma2(__hsub2(p, base2), (r & 1) ? psb2 : psa2, (r & 1) ? pzb2 : pza2);
       else if (ASYM && AZFMA) q = __hfma2(__hsub2(p, base2), (r & 1) ? sb2 : sa2, (r & 1) ? nzb2 : nza2);
       else if (ASYM) q = __hmul2(__hsub2(__hsub2(p, base2), (r & 1) ? zb2 : za2), (r & 1) ? sb2 : sa2);
       else q = __hmul2(__hsub2(p, off2), (r & 1) ? sb2 : sa2);
@@ -810,6 +839,8 @@ struct StreamInputs {
   bool scales_aligned;  // the scales start on a 16-byte boundary
   bool hopper;          // a cuda-sm90 plan (clusters, the sm_90 shapes)
   int64_t smem_limit;   // shared memory one block may use
+  bool const_zeros;     // asymmetric with constant scales and zeros (they can be packed)
+  bool own_weights;     // the weights are a constant this node alone reads (they can be reordered)
 };
 
 /// The streaming kernel's launch shape and code paths (each a $KEY of kStream; see there).
@@ -819,7 +850,7 @@ struct StreamPlan {
   int64_t kc, kw, nw, mt, pf, minb;
   // Row blocks (grid.x), super-chunks per block, and blocks per row block along K (grid.y).
   int64_t tiles, per, split;
-  bool post, spair, xall, wg, xrows, pair, perm, azfma;
+  bool post, spair, xall, wg, xrows, pair, perm, azfma, szp, wpre;
   int64_t mp;        // M padded to whole n8 tiles
   int64_t smem;      // shared memory per block
   int64_t pair_off;  // where the cluster pair's hand-over starts in it
@@ -932,10 +963,34 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // spill at M = 64). KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
   const bool azfma_loses = in.hopper && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
   const bool azfma = choose("KILN_INT4_AZFMA", asym, !azfma_loses);
-  return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, wg, xrows, pair, perm, azfma, mp, smem, pair_off};
+  // SZP: constant asymmetric scales and zeros packed at compile time as (scale, -zero·scale)
+  // pairs in x's half type (the values AZFMA rounds in the kernel, so the same results): one
+  // 4-byte load per group and row in place of two 2-byte ones and their conversions. Takes
+  // 4 bytes per group more weight memory (the stored scales and zeros stay for other readers).
+  // KILN_INT4_SZP=0 / 1 overrides, for comparisons.
+  const bool szp = choose("KILN_INT4_SZP", asym && in.const_zeros && !post && !spair, true);
+  // WPRE (x as stored, above M = 16): a constant weight this node alone reads is reordered in
+  // place at compile time so each byte's pair needs no byte permute in the kernel.
+  // KILN_INT4_WPRE=0 / 1 overrides, for comparisons.
+  const bool wpre = choose("KILN_INT4_WPRE", !perm && in.own_weights, true);
+  return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, wg, xrows, pair, perm, azfma, szp, wpre, mp, smem, pair_off};
 }
 
 }  // namespace
+
+void Lowerer::reorder_int4_words(int id) {
+  if (!reordered_int4_.insert(id).second) return;
+  unsigned char* p = reinterpret_cast<unsigned char*>(weights_.data()) + bufs_[id].offset;
+  for (int64_t i = 0; i + 4 <= bufs_[id].bytes; i += 4) {
+    uint32_t word = 0, out = 0;
+    std::memcpy(&word, p + i, 4);  // nibble j = value j (low nibble first, little-endian)
+    for (int j = 0; j < 4; ++j) {
+      out |= ((word >> (8 * j)) & 0xFu) << (4 * j);             // value 2j -> nibble j
+      out |= ((word >> (8 * j + 4)) & 0xFu) << (4 * (j + 4));   // value 2j + 1 -> nibble j + 4
+    }
+    std::memcpy(p + i, &out, 4);
+  }
+}
 
 Status Lowerer::matmul_int4(const Node& n) {
   const DType xt = n.operand(0)->dtype(), st = n.operand(2)->dtype();
@@ -996,7 +1051,28 @@ Status Lowerer::matmul_int4(const Node& n) {
   auto aligned = [&](int id) { return root(id) == id || bufs_[id].offset % 16 == 0; };
   // (x offsets are 32-bit in the kernel.)
   if (m <= 64 && xt != DType::kF32 && aligned(x) && aligned(w) && m * k < (int64_t{1} << 31)) {
-    const StreamPlan p = plan_stream(StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(), smem_limit()});
+    // Constant scales and zeros (asymmetric) can be packed, and a constant weight no other node
+    // or view reads can be reordered in place (weights_ holds it until the artifact is written).
+    const std::optional<Tensor> st_t = asym ? weight_tensor(s) : std::nullopt, zt_t = asym ? weight_tensor(z) : std::nullopt;
+    const Value* wv = n.operand(1);
+    const bool own_w = root(w) == w && bufs_[w].kind == "weight" && wv->producer() != nullptr &&
+                       wv->producer()->op_name() == "constant" && wv->uses().size() == 1 &&
+                       wv->uses()[0].user == &n;
+    const StreamPlan p = plan_stream(StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(),
+                                                  smem_limit(), st_t.has_value() && zt_t.has_value(), own_w});
+    int zarg = z;
+    if (p.szp) {
+      // Per group: (scale, -zero·scale) in x's half type, the f32 product rounded once, as the
+      // kernel's AZFMA form computes it.
+      Tensor packed(xt, {nn, 2 * (k / g)});
+      for (int64_t i = 0; i < nn * (k / g); ++i) {
+        const float sv = static_cast<float>(st_t->get_f64(i)), zv = static_cast<float>(zt_t->get_f64(i));
+        packed.set_f64(2 * i, sv);
+        packed.set_f64(2 * i + 1, -zv * sv);
+      }
+      zarg = host_weight(packed);
+    }
+    if (p.wpre) reorder_int4_words(w);
     const std::string name = kernel_name("matmul_int4_stream");
     if (p.wg) add_wgmma(WgmmaForm::kRegsKMajorB, p.mp, xs);
     auto flag = [](bool v) -> std::string { return v ? "true" : "false"; };
@@ -1021,16 +1097,18 @@ Status Lowerer::matmul_int4(const Node& n) {
                              {"$POST", flag(p.post)},
                              {"$ASYM", flag(asym)},
                              {"$AZFMA", flag(p.azfma)},
+                             {"$SZP", flag(p.szp)},
+                             {"$WPRE", flag(p.wpre)},
                              {"$E2", bf ? "__nv_bfloat162" : "__half2"},
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
     if (p.split == 1 || p.pair) {
-      launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, z, b, out, out});
+      launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, zarg, b, out, out});
       return ok_status();
     }
     const int part = add_buffer("activation", DType::kF32, {m, nn}, "");
     steps_.push_back({"step memset dst=b" + std::to_string(part) + " bytes=" + std::to_string(bufs_[part].bytes), {part}});
-    launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, z, b, out, part});
+    launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, zarg, b, out, part});
     const std::string sum = kernel_name("matmul_int4_splitk_sum");
     add_kernel_text(sum, with_bias(fill(kSplitSum, {{"$NAME", sum}, {"$XT", xs}, {"$M", std::to_string(m)},
                                                      {"$N", std::to_string(nn)}})));

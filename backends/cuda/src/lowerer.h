@@ -336,6 +336,10 @@ class Lowerer {
   Status scaled_matmul(const Node& n);
   /// matmul_int4 (int4.cpp): GEMV for M <= 8, mma.sync for M <= 64, else dequantize + gemm.
   Status matmul_int4(const Node& n);
+  /// Reorders the nibbles of each 32-bit word of INT4 weight buffer `id` in place, to values
+  /// 0 2 4 6 1 3 5 7 (the streaming kernel's WPRE layout); once per buffer.
+  void reorder_int4_words(int id);
+  std::set<int> reordered_int4_;  // weight buffers reorder_int4_words has rewritten
   /// Adds cuda_fp8.h and the conversion helper to the source once.
   void need_fp8();
   /// A weight buffer holding `t` that no graph value names.
