@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/cuda/lowering.h"
@@ -312,13 +313,13 @@ TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans a
   compiles_everywhere(old64);
 }
 
-/// The weights-section offsets of the plan's weight buffers, in buffer order.
-std::vector<int64_t> weight_offsets(const LoweredGraph& l) {
-  std::vector<int64_t> out;
+/// The weights-section (offset, bytes) of the plan's weight buffers, in buffer order.
+std::vector<std::pair<int64_t, int64_t>> weight_places(const LoweredGraph& l) {
+  std::vector<std::pair<int64_t, int64_t>> out;
   std::istringstream in(l.plan);
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("buffer ", 0) != 0 || line.find(" kind=weight ") == std::string::npos) continue;
-    out.push_back(std::stoll(line.substr(line.find(" offset=") + 8)));
+    out.emplace_back(std::stoll(line.substr(line.find(" offset=") + 8)), std::stoll(line.substr(line.find(" bytes=") + 7)));
   }
   return out;
 }
@@ -348,13 +349,18 @@ TEST_CASE("matmul_int4: constant asymmetric scales and zeros are packed; a const
   CHECK(has(plain, "SZP = false;"));
   CHECK(has(plain, "WPRE = false;"));
 
-  // Weight buffers: w, s, z as stored (w reordered) and, packed, (s, -z·s) per group.
-  const std::vector<int64_t> at = weight_offsets(l64), at_plain = weight_offsets(plain);
+  // Weight buffers: w (reordered), s and z (left out: no step reads them) and, packed, (s, -z·s)
+  // per group; without the knobs w, s, z as stored.
+  const auto at = weight_places(l64), at_plain = weight_places(plain);
   REQUIRE(at.size() == 4);
   REQUIRE(at_plain.size() == 3);
+  CHECK(at[1].second == 0);
+  CHECK(at[2].second == 0);
+  CHECK(at[3].second == n * (k / g) * 4);
+  CHECK(static_cast<int64_t>(l64.weights.size()) == at[3].first + at[3].second);
   auto bytes = [](const LoweredGraph& l, int64_t off) { return reinterpret_cast<const unsigned char*>(l.weights.data()) + off; };
-  const unsigned char* w = bytes(l64, at[0]);
-  const unsigned char* w0 = bytes(plain, at_plain[0]);
+  const unsigned char* w = bytes(l64, at[0].first);
+  const unsigned char* w0 = bytes(plain, at_plain[0].first);
   int wrong = 0;
   for (int64_t i = 0; i < n * k / 2; i += 4) {
     uint32_t a = 0, b = 0;
@@ -369,10 +375,10 @@ TEST_CASE("matmul_int4: constant asymmetric scales and zeros are packed; a const
   int bad_pairs = 0;
   for (int64_t i = 0; i < n * (k / g); ++i) {
     uint16_t sb = 0, zb = 0, ps = 0, pz = 0;
-    std::memcpy(&sb, bytes(l64, at[1] + 2 * i), 2);
-    std::memcpy(&zb, bytes(l64, at[2] + 2 * i), 2);
-    std::memcpy(&ps, bytes(l64, at[3] + 4 * i), 2);
-    std::memcpy(&pz, bytes(l64, at[3] + 4 * i + 2), 2);
+    std::memcpy(&sb, bytes(plain, at_plain[1].first + 2 * i), 2);
+    std::memcpy(&zb, bytes(plain, at_plain[2].first + 2 * i), 2);
+    std::memcpy(&ps, bytes(l64, at[3].first + 4 * i), 2);
+    std::memcpy(&pz, bytes(l64, at[3].first + 4 * i + 2), 2);
     const float sv = bf16_bits_to_f32(sb), zv = bf16_bits_to_f32(zb);
     bad_pairs += ps != sb || pz != f64_to_bf16_bits(-zv * sv);
   }

@@ -1072,6 +1072,9 @@ Status Lowerer::matmul_int4(const Node& n) {
       }
       zarg = host_weight(packed);
     }
+    // SZP never reads the scales as stored: the packed pairs go in their place too, so a scale
+    // buffer no other step reads is left out of the artifact (drop_unread_weights).
+    const int sarg = p.szp ? zarg : s;
     if (p.wpre) reorder_int4_words(w);
     const std::string name = kernel_name("matmul_int4_stream");
     if (p.wg) add_wgmma(WgmmaForm::kRegsKMajorB, p.mp, xs);
@@ -1103,12 +1106,12 @@ Status Lowerer::matmul_int4(const Node& n) {
                              {"$CVT2", bf ? "__float2bfloat162_rn" : "__float2half2_rn"}});
     add_kernel_text(name, with_bias(fill(kStream, subs)));
     if (p.split == 1 || p.pair) {
-      launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, zarg, b, out, out});
+      launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, sarg, zarg, b, out, out});
       return ok_status();
     }
     const int part = add_buffer("activation", DType::kF32, {m, nn}, "");
     steps_.push_back({"step memset dst=b" + std::to_string(part) + " bytes=" + std::to_string(bufs_[part].bytes), {part}});
-    launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, s, zarg, b, out, part});
+    launch_grid(name, {p.tiles, p.split}, 32 * p.nw * p.kw, p.smem, {x, w, sarg, zarg, b, out, part});
     const std::string sum = kernel_name("matmul_int4_splitk_sum");
     add_kernel_text(sum, with_bias(fill(kSplitSum, {{"$NAME", sum}, {"$XT", xs}, {"$M", std::to_string(m)},
                                                      {"$N", std::to_string(nn)}})));

@@ -371,6 +371,10 @@ class Lowerer {
                       int64_t cols, int& id, int64_t& stride);
   std::string write_plan(int64_t arena);
   int64_t plan_memory();
+  /// Leaves out of the weights section every weight no step reads (e.g. scales and zeros the
+  /// INT4 kernel reads packed, FP8 weights dequantized at compile time): the buffer stays in the
+  /// plan, empty (shape 0, 0 bytes). Variables stay.
+  void drop_unread_weights();
 
   LoweringOptions opts_;
   std::vector<Buffer> bufs_;

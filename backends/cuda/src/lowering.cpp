@@ -3,6 +3,7 @@
 #include "kiln/cuda/lowering.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -1122,6 +1123,39 @@ int64_t Lowerer::plan_memory() {
   return arena;
 }
 
+void Lowerer::drop_unread_weights() {
+  std::vector<bool> read(bufs_.size(), false);
+  // A step reads what its buffer list names and, to be safe, every bN its text names.
+  for (const Step& s : steps_) {
+    for (int b : s.buffers) read[static_cast<size_t>(root(b))] = true;
+    for (size_t at = s.text.find('b'); at != std::string::npos; at = s.text.find('b', at + 1)) {
+      if (at == 0 || (s.text[at - 1] != '=' && s.text[at - 1] != ',')) continue;
+      size_t end = at + 1;
+      while (end < s.text.size() && std::isdigit(static_cast<unsigned char>(s.text[end]))) ++end;
+      if (end == at + 1) continue;
+      const size_t id = std::stoul(s.text.substr(at + 1, end - at - 1));
+      if (id < bufs_.size()) read[static_cast<size_t>(root(static_cast<int>(id)))] = true;
+    }
+  }
+  for (const auto& [name, id] : variables_) read[static_cast<size_t>(id)] = true;
+  std::string kept;
+  for (size_t i = 0; i < bufs_.size(); ++i) {
+    Buffer& b = bufs_[i];
+    if (b.kind != "weight") continue;
+    if (!read[i]) {
+      b.shape = {0};
+      b.bytes = 0;
+      b.offset = 0;
+      continue;
+    }
+    kept.resize(static_cast<size_t>(align_up(static_cast<int64_t>(kept.size()))), '\0');
+    const int64_t at = static_cast<int64_t>(kept.size());
+    kept.append(weights_, static_cast<size_t>(b.offset), static_cast<size_t>(b.bytes));
+    b.offset = at;
+  }
+  weights_ = std::move(kept);
+}
+
 std::string Lowerer::write_plan(int64_t arena) {
   std::string p = "kiln-plan 1\n";
   p += "arena bytes=" + std::to_string(arena) + "\n";
@@ -1172,6 +1206,7 @@ StatusOr<LoweredGraph> Lowerer::run(const Graph& g) {
                         {id, out}});
   }
   KILN_RETURN_IF_ERROR(finish_state());
+  drop_unread_weights();
   const int64_t arena = plan_memory();
   LoweredGraph out;
   out.plan = write_plan(arena);
