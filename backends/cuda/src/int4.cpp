@@ -965,13 +965,16 @@ StreamPlan plan_stream(const StreamInputs& in) {
   const bool azfma = choose("KILN_INT4_AZFMA", asym, !azfma_loses);
   // SZP: constant asymmetric scales and zeros packed at compile time as (scale, -zero·scale)
   // pairs in x's half type (the values AZFMA rounds in the kernel, so the same results): one
-  // 4-byte load per group and row in place of two 2-byte ones and their conversions. Takes
-  // 4 bytes per group more weight memory (the stored scales and zeros stay for other readers).
+  // 4-byte load per group and row in place of two 2-byte ones and their conversions. H200,
+  // 8192², cold L2, constant weights (bench/results/2026-12-03-gpu-run15.md, call A, with WPRE):
+  // g32 M = 64 0.0416 -> 0.0365 ms, M = 16 0.0220 -> 0.0200, M = 1 0.0189 -> 0.0176. The stored
+  // scales and zeros leave the artifact unless another step reads them (drop_unread_weights).
   // KILN_INT4_SZP=0 / 1 overrides, for comparisons.
   const bool szp = choose("KILN_INT4_SZP", asym && in.const_zeros && !post && !spair, true);
   // WPRE (x as stored, above M = 16): a constant weight this node alone reads is reordered in
-  // place at compile time so each byte's pair needs no byte permute in the kernel.
-  // KILN_INT4_WPRE=0 / 1 overrides, for comparisons.
+  // place at compile time so each byte's pair needs no byte permute in the kernel (run 15, call
+  // A: g128 M = 32 0.0271 -> 0.0258 ms, M = 64 0.0362 -> 0.0357). KILN_INT4_WPRE=0 / 1
+  // overrides, for comparisons.
   const bool wpre = choose("KILN_INT4_WPRE", !perm && in.own_weights, true);
   return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, wg, xrows, pair, perm, azfma, szp, wpre, mp, smem, pair_off};
 }

@@ -1132,7 +1132,7 @@ void Lowerer::drop_unread_weights() {
       if (at == 0 || (s.text[at - 1] != '=' && s.text[at - 1] != ',')) continue;
       size_t end = at + 1;
       while (end < s.text.size() && std::isdigit(static_cast<unsigned char>(s.text[end]))) ++end;
-      if (end == at + 1) continue;
+      if (end == at + 1 || end - at > 10) continue;  // not bN, or more digits than any buffer id
       const size_t id = std::stoul(s.text.substr(at + 1, end - at - 1));
       if (id < bufs_.size()) read[static_cast<size_t>(root(static_cast<int>(id)))] = true;
     }
