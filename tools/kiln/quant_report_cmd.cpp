@@ -106,24 +106,31 @@ int cmd_quant_report(Args& args) {
   if (ref->num_outputs() != quant->num_outputs())
     return report(failed_precondition("quant-report: the quantized graph has " + std::to_string(quant->num_outputs()) +
                                       " outputs, the fp32 one " + std::to_string(ref->num_outputs())));
-  // Layers: contraction outputs of the quantized graph that the fp32 graph also has by name.
+  // Layers: contraction outputs of the quantized graph that the fp32 graph also has by name
+  // (convert-bf16 names a graph output's bf16 producer NAME.bf16: it is matched with NAME).
   std::set<std::string> ref_names;
   for (const auto& n : ref->nodes())
     for (const Value* v : n->results()) ref_names.insert(v->name());
-  std::vector<std::string> layers;
+  std::vector<std::string> layers, ref_layers;
   std::vector<std::string> layer_ops;
+  const std::string bf16_suffix = ".bf16";
   for (const auto& n : quant->nodes()) {
     if (!n->op() || !n->op()->has(kTraitContraction) || n->num_results() != 1) continue;
     const std::string& name = n->result()->name();
-    if (name.empty() || !ref_names.count(name)) continue;
+    std::string ref_name = name;
+    if (!ref_names.count(ref_name) && name.size() > bf16_suffix.size() &&
+        name.compare(name.size() - bf16_suffix.size(), bf16_suffix.size(), bf16_suffix) == 0)
+      ref_name = name.substr(0, name.size() - bf16_suffix.size());
+    if (name.empty() || !ref_names.count(ref_name)) continue;
     layers.push_back(name);
+    ref_layers.push_back(ref_name);
     layer_ops.push_back(n->op_name());
   }
   auto sets = sample_inputs(*ref, f);
   if (!sets.ok()) return report(sets.status());
   std::vector<Acc> layer_acc(layers.size()), out_acc(static_cast<size_t>(ref->num_outputs()));
   for (const auto& in : *sets) {
-    auto r = run_with_values(*ref, layers, in);
+    auto r = run_with_values(*ref, ref_layers, in);
     if (!r.ok()) return report(r.status().with_context("fp32 run"));
     auto q = run_with_values(*quant, layers, in);
     if (!q.ok()) return report(q.status().with_context("quantized run"));
