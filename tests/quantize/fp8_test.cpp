@@ -154,6 +154,8 @@ TEST_CASE("quantize-fp8 refuses bad options and scales files, naming them") {
         std::string::npos);
   CHECK(error("quantize-fp8{mode=delayed,history=0}").find("history and interval must be at least 1") !=
         std::string::npos);
+  CHECK(error("quantize-fp8{mode=delayed,min-size=-1}").find("min-size must be at least 0, got -1") !=
+        std::string::npos);
   CHECK(error("quantize-fp8{mode=fast}").find("mode must be static or delayed, got 'fast'") != std::string::npos);
   CHECK(error("quantize-fp8{scales=/does/not/exist.json}").find("cannot open scales file '/does/not/exist.json'") !=
         std::string::npos);

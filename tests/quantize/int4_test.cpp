@@ -127,6 +127,11 @@ TEST_CASE("quantize-int4 refuses bad options, naming them") {
   p.passes = *bad_dtype;
   s = run_pipeline_passes(*g, p, reg(), {});
   CHECK(s.message().find("quantize-int4: scale-dtype must be f16 or bf16, got 'f32'") != std::string::npos);
+  auto bad_min = parse_pass_list("quantize-int4{min-size=-5}", reg());
+  REQUIRE(bad_min.ok());
+  p.passes = *bad_min;
+  s = run_pipeline_passes(*g, p, reg(), {});
+  CHECK(s.message().find("quantize-int4: min-size must be at least 0, got -5") != std::string::npos);
 }
 
 // Gaussian weights, group 128: the absmax of 128 samples is about 2.6 sigma, so the plain

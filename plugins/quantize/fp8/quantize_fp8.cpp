@@ -317,6 +317,8 @@ PassInfo quantize_fp8_pass_info() {
     c.act = format == "e4m3" ? DType::kF8E4M3FN : DType::kF8E5M2;
     if (c.fallback != "none" && c.fallback != "bf16")
       return invalid_argument("quantize-fp8: fallback must be none or bf16, got '" + c.fallback + "'");
+    if (c.min_size < 0)
+      return invalid_argument("quantize-fp8: min-size must be at least 0, got " + std::to_string(c.min_size));
     if (o.get_int("history") < 1 || o.get_int("interval") < 1)
       return invalid_argument("quantize-fp8: history and interval must be at least 1");
     if (mode != "static" && mode != "delayed")

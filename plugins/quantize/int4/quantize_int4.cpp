@@ -199,6 +199,8 @@ PassInfo quantize_int4_pass_info() {
     const std::string& sd = o.get_string("scale-dtype");
     if (c.group != 32 && c.group != 64 && c.group != 128)
       return invalid_argument("quantize-int4: group-size must be 32, 64 or 128, got " + std::to_string(c.group));
+    if (c.min_size < 0)
+      return invalid_argument("quantize-int4: min-size must be at least 0, got " + std::to_string(c.min_size));
     if (sd != "f16" && sd != "bf16")
       return invalid_argument("quantize-int4: scale-dtype must be f16 or bf16, got '" + sd + "'");
     c.scale_dtype = sd == "f16" ? DType::kF16 : DType::kBF16;
