@@ -50,6 +50,15 @@ for d in "$root"/tests/models/*/ ${KILN_MODELS_DIR:+"$KILN_MODELS_DIR"/*/}; do
   step "model-$(basename "$d")" python3 "$root/tests/models/check_model.py" "$kiln" "$d" --backend cuda-sm90
 done
 
+# The quantizing pipelines (FP8 GEMMs, fused INT4 dequantize-GEMMs) on the small models, the
+# same quantization run by the reference interpreter as the signal.
+for d in "$root"/tests/models/{llama,gpt2}-small-legacy; do
+  for p in h200-fp8 a100-int4 h200-int4; do
+    step "quantized-$(basename "$d")-$p" python3 "$root/tests/models/check_quantized.py" "$kiln" "$d" \
+      --pipeline "$root/examples/pipelines/$p.toml" --backend cuda-sm90
+  done
+done
+
 # ONNX node tests on the reference and GPU backends ($KILN_NODE_TESTS: a node-test folder such
 # as Debian's /usr/share/libonnx-testdata/data/node, carried along).
 if [ -n "${KILN_NODE_TESTS:-}" ] && [ -d "$KILN_NODE_TESTS" ]; then
