@@ -15,6 +15,11 @@ configured_root=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCac
 if [ -n "$configured_root" ] && [ ! -e "$configured_root" ]; then
   mkdir -p "$(dirname "$configured_root")" && ln -s "$root" "$configured_root"
 fi
+# Test binaries find the plugins under the build folder they were configured in.
+configured_build=$(sed -n 's/^Kiln_BINARY_DIR:STATIC=//p' "$build/CMakeCache.txt")
+if [ -n "$configured_build" ] && [ ! -e "$configured_build" ]; then
+  mkdir -p "$(dirname "$configured_build")" && ln -s "$build" "$configured_build"
+fi
 export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_CACHE_DIR="$out/cache"
 kiln="$build/bin/kiln"
