@@ -10,16 +10,17 @@ out=${2:-gpu-check-out}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
-# The build recorded absolute paths of the machine it was configured on.
-configured_root=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")
-if [ -n "$configured_root" ] && [ ! -e "$configured_root" ]; then
-  mkdir -p "$(dirname "$configured_root")" && ln -s "$root" "$configured_root"
-fi
-# Test binaries find the plugins under the build folder they were configured in.
-configured_build=$(sed -n 's/^Kiln_BINARY_DIR:STATIC=//p' "$build/CMakeCache.txt")
-if [ -n "$configured_build" ] && [ ! -e "$configured_build" ]; then
-  mkdir -p "$(dirname "$configured_build")" && ln -s "$build" "$configured_build"
-fi
+# The build recorded absolute paths of the machine it was configured on: the sources, and the
+# build folder under which the test binaries look for the plugins. Each missing one is linked here.
+link_configured() {  # link_configured CACHE_ENTRY HERE
+  local there
+  there=$(sed -n "s/^$1=//p" "$build/CMakeCache.txt")
+  if [ -n "$there" ] && [ ! -e "$there" ]; then
+    mkdir -p "$(dirname "$there")" && ln -s "$2" "$there"
+  fi
+}
+link_configured CMAKE_HOME_DIRECTORY:INTERNAL "$root"
+link_configured Kiln_BINARY_DIR:STATIC "$build"
 export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_CACHE_DIR="$out/cache"
 kiln="$build/bin/kiln"

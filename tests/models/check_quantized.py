@@ -37,22 +37,19 @@ def main():
     common, inputs = sym_args(a.model_dir), input_args(a.model_dir)
     outputs = [name for name, _ in output_files(a.model_dir)]
     with tempfile.TemporaryDirectory() as tmp:
-        no_device = []
-
         def run(cmd):
             print(" ".join(cmd), flush=True)
             p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
             sys.stderr.write(p.stderr)
-            if p.returncode != 0 and "no CUDA device" in p.stderr:
-                no_device.append(True)
-            return p.returncode == 0
+            return p
 
         if "scales=" in open(pipeline).read():
             calib = os.path.join(tmp, "calib")
             os.makedirs(calib)
             for path in glob.glob(os.path.join(a.model_dir, "input_*.npy")):
                 os.symlink(os.path.abspath(path), os.path.join(calib, os.path.basename(path)))
-            if not run([kiln, "calibrate", model, "--pipeline", pipeline, "--inputs", calib, "-o", "scales.json"] + common):
+            calibrate = [kiln, "calibrate", model, "--pipeline", pipeline, "--inputs", calib, "-o", "scales.json"]
+            if run(calibrate + common).returncode != 0:
                 print("FAIL: kiln calibrate failed")
                 return 1
         got = {}
@@ -60,8 +57,9 @@ def main():
             outs = []
             for name in outputs:
                 outs += ["--output", f"{name}=@{os.path.join(tmp, backend + '_' + name + '.npy')}"]
-            if not run([kiln, "run", model, "--pipeline", pipeline, "--backend", backend] + common + inputs + outs):
-                if no_device and a.skip_without_gpu:
+            p = run([kiln, "run", model, "--pipeline", pipeline, "--backend", backend] + common + inputs + outs)
+            if p.returncode != 0:
+                if a.skip_without_gpu and "no CUDA device" in p.stderr:
                     print(f"SKIP: backend {backend} found no CUDA device on this machine")
                     return 77
                 print(f"FAIL: kiln run on {backend} failed")
