@@ -113,16 +113,22 @@ Status matmul_kernel(KernelContext& ctx) {
   const std::vector<T> av = elements<T>(a), bv = elements<T>(b);
   BroadcastWalker w(obatch, {abatch, bbatch});
   const int64_t batches = product(obatch);
+  std::vector<T> acc(static_cast<size_t>(n));
   for (int64_t bi = 0; bi < batches; ++bi, w.next()) {
     const T* ap = av.data() + w.offset(0) * m * k;
     const T* bp = bv.data() + w.offset(1) * k * n;
     const int64_t base = bi * m * n;
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        T acc = 0;
-        for (int64_t p = 0; p < k; ++p) acc = mul_add(acc, ap[i * k + p], bp[p * n + j]);
-        store(y, base + i * n + j, acc);
+    // Row i's n sums advance together over p, so b is read along its rows (contiguous);
+    // each sum still adds its k products in order p = 0, 1, ..., as a dot product would.
+    for (int64_t i = 0; i < m; ++i) {
+      std::fill(acc.begin(), acc.end(), T(0));
+      for (int64_t p = 0; p < k; ++p) {
+        const T a_ip = ap[i * k + p];
+        const T* b_row = bp + p * n;
+        for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] = mul_add(acc[static_cast<size_t>(j)], a_ip, b_row[j]);
       }
+      for (int64_t j = 0; j < n; ++j) store(y, base + i * n + j, acc[static_cast<size_t>(j)]);
+    }
   }
   return ok_status();
 }
