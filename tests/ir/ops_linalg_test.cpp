@@ -280,3 +280,36 @@ TEST_CASE("linalg: pooling errors") {
   REQUIRE(sym.ok());
   CHECK((*sym)[0].str() == "f32[N, 3, ?, 4]");
 }
+
+TEST_CASE("linalg: large matmul and linear (rows split across threads) equal in-order f64 sums exactly") {
+  // 64 x 1024 x 512 is enough work for parallel_ranges to use several threads on a machine
+  // with more than one core; every output must still be its k products added in order.
+  const int64_t m = 64, k = 1024, n = 512;
+  std::vector<double> av(static_cast<size_t>(m * k)), bv(static_cast<size_t>(k * n));
+  uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<double>(static_cast<int32_t>(state >> 8) % 2001) / 997.0;
+  };
+  for (double& v : av) v = static_cast<float>(next());
+  for (double& v : bv) v = static_cast<float>(next());
+  const Tensor a = f32({m, k}, av), b = f32({k, n}, bv);
+  const Tensor y = run1("matmul", {a, b});
+  // linear takes w as [out, in]: the transpose of b.
+  std::vector<double> wt(static_cast<size_t>(n * k));
+  for (int64_t p = 0; p < k; ++p)
+    for (int64_t j = 0; j < n; ++j) wt[static_cast<size_t>(j * k + p)] = bv[static_cast<size_t>(p * n + j)];
+  const Tensor yl = run1("linear", {a, f32({n, k}, wt)});
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p)
+        acc += static_cast<double>(static_cast<float>(av[static_cast<size_t>(i * k + p)])) *
+               static_cast<double>(static_cast<float>(bv[static_cast<size_t>(p * n + j)]));
+      const float want = static_cast<float>(acc);
+      mismatches += y.get_f64(i * n + j) != want;
+      mismatches += yl.get_f64(i * n + j) != want;
+    }
+  CHECK(mismatches == 0);
+}

@@ -109,14 +109,17 @@ Status matmul_int4_reference(KernelContext& ctx) {
     for (int64_t i = 0; i < ctx.output().numel(); ++i) ctx.output().set_f64(i, b.empty() ? 0 : b[static_cast<size_t>(i % n)]);
     return ok_status();
   }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < n; ++o) {
-      double acc = b.empty() ? 0 : b[static_cast<size_t>(o)];
-      const double* wr = w.data() + o * k;
-      const double* xr = xv.data() + r * k;
-      for (int64_t i = 0; i < k; ++i) acc += xr[i] * wr[i];
-      ctx.output().set_f64(r * n + o, acc);
-    }
+  ctx.output().mutable_data();  // copy on write happens here, once, not in the threads below
+  parallel_ranges(rows, n * k, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t o = 0; o < n; ++o) {
+        double acc = b.empty() ? 0 : b[static_cast<size_t>(o)];
+        const double* wr = w.data() + o * k;
+        const double* xr = xv.data() + r * k;
+        for (int64_t i = 0; i < k; ++i) acc += xr[i] * wr[i];
+        ctx.output().set_f64(r * n + o, acc);
+      }
+  });
   return ok_status();
 }
 

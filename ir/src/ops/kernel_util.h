@@ -1,7 +1,9 @@
 // Index arithmetic shared by reference kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace kiln {
@@ -12,6 +14,28 @@ inline std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape
   for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
     strides[static_cast<size_t>(i)] = strides[static_cast<size_t>(i + 1)] * shape[static_cast<size_t>(i + 1)];
   return strides;
+}
+
+/// Calls body(begin, end) on disjoint ranges covering [0, n), on several threads when the
+/// work (n * cost_per_item, e.g. multiply-adds per output row) is large enough to pay for
+/// them. Each index is handled by exactly one call in the same way, so results do not depend
+/// on the thread count: the reference stays exact while whole models run in reasonable time.
+template <typename F>
+void parallel_ranges(int64_t n, int64_t cost_per_item, F&& body) {
+  constexpr int64_t kWorkPerThread = int64_t{1} << 24;
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t threads = std::min({cores, int64_t{32}, n, n * std::max<int64_t>(cost_per_item, 1) / kWorkPerThread});
+  if (threads <= 1) {
+    if (n > 0) body(int64_t{0}, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));
+  const int64_t chunk = (n + threads - 1) / threads;
+  for (int64_t begin = chunk; begin < n; begin += chunk)
+    pool.emplace_back([&body, begin, end = std::min(n, begin + chunk)] { body(begin, end); });
+  body(int64_t{0}, std::min(n, chunk));
+  for (std::thread& t : pool) t.join();
 }
 
 inline int64_t product(const std::vector<int64_t>& v) {

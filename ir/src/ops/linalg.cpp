@@ -112,23 +112,26 @@ Status matmul_kernel(KernelContext& ctx) {
   const Sizes obatch(y.shape().begin(), y.shape().end() - static_cast<std::ptrdiff_t>(kept));
   const std::vector<T> av = elements<T>(a), bv = elements<T>(b);
   BroadcastWalker w(obatch, {abatch, bbatch});
+  y.mutable_data();  // copy on write happens here, once, not in the threads below
   const int64_t batches = product(obatch);
-  std::vector<T> acc(static_cast<size_t>(n));
   for (int64_t bi = 0; bi < batches; ++bi, w.next()) {
     const T* ap = av.data() + w.offset(0) * m * k;
     const T* bp = bv.data() + w.offset(1) * k * n;
     const int64_t base = bi * m * n;
     // Row i's n sums advance together over p, so b is read along its rows (contiguous);
     // each sum still adds its k products in order p = 0, 1, ..., as a dot product would.
-    for (int64_t i = 0; i < m; ++i) {
-      std::fill(acc.begin(), acc.end(), T(0));
-      for (int64_t p = 0; p < k; ++p) {
-        const T a_ip = ap[i * k + p];
-        const T* b_row = bp + p * n;
-        for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] = mul_add(acc[static_cast<size_t>(j)], a_ip, b_row[j]);
+    parallel_ranges(m, n * k, [&](int64_t begin, int64_t end) {
+      std::vector<T> acc(static_cast<size_t>(n));
+      for (int64_t i = begin; i < end; ++i) {
+        std::fill(acc.begin(), acc.end(), T(0));
+        for (int64_t p = 0; p < k; ++p) {
+          const T a_ip = ap[i * k + p];
+          const T* b_row = bp + p * n;
+          for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] = mul_add(acc[static_cast<size_t>(j)], a_ip, b_row[j]);
+        }
+        for (int64_t j = 0; j < n; ++j) store(y, base + i * n + j, acc[static_cast<size_t>(j)]);
       }
-      for (int64_t j = 0; j < n; ++j) store(y, base + i * n + j, acc[static_cast<size_t>(j)]);
-    }
+    });
   }
   return ok_status();
 }
@@ -165,12 +168,15 @@ Status linear_kernel(KernelContext& ctx) {
   const int64_t in = ctx.input(1).shape()[1], out = ctx.input(1).shape()[0];
   const Sizes& xs = ctx.input(0).shape();
   const int64_t rows = product(Sizes(xs.begin(), xs.end() - 1));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < out; ++o) {
-      T acc = bv.empty() ? T(0) : bv[static_cast<size_t>(o)];
-      for (int64_t i = 0; i < in; ++i) acc = mul_add(acc, xv[r * in + i], wv[o * in + i]);
-      store(ctx.output(), r * out + o, acc);
-    }
+  ctx.output().mutable_data();  // copy on write happens here, once, not in the threads below
+  parallel_ranges(rows, out * in, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        T acc = bv.empty() ? T(0) : bv[static_cast<size_t>(o)];
+        for (int64_t i = 0; i < in; ++i) acc = mul_add(acc, xv[r * in + i], wv[o * in + i]);
+        store(ctx.output(), r * out + o, acc);
+      }
+  });
   return ok_status();
 }
 

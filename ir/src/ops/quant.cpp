@@ -118,12 +118,15 @@ Status scaled_matmul_kernel(KernelContext& ctx) {
   const double scale = ctx.input(2).get_f64(0) * ctx.input(3).get_f64(0);
   const int64_t n = ctx.input(1).shape()[0], k = ctx.input(1).shape()[1];
   const int64_t rows = n == 0 ? 0 : ctx.output().numel() / n;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < n; ++o) {
-      double acc = 0;
-      for (int64_t i = 0; i < k; ++i) acc += av[static_cast<size_t>(r * k + i)] * bv[static_cast<size_t>(o * k + i)];
-      ctx.output().set_f64(r * n + o, acc * scale + (bias.empty() ? 0.0 : bias[static_cast<size_t>(o)]));
-    }
+  ctx.output().mutable_data();  // copy on write happens here, once, not in the threads below
+  parallel_ranges(rows, n * k, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t o = 0; o < n; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < k; ++i) acc += av[static_cast<size_t>(r * k + i)] * bv[static_cast<size_t>(o * k + i)];
+        ctx.output().set_f64(r * n + o, acc * scale + (bias.empty() ? 0.0 : bias[static_cast<size_t>(o)]));
+      }
+  });
   return ok_status();
 }
 
