@@ -114,6 +114,50 @@ TEST_CASE("quantize-int4 leaves alone what it cannot or was told not to quantize
   CHECK(op_names(*g).back() == "matmul_int4");
 }
 
+/// `count` Gaussian values as .kir dense text.
+std::string gaussian_values(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 0.02);
+  std::string vals;
+  for (int64_t i = 0; i < count; ++i) vals += (i ? ", " : "") + std::to_string(normal(rng));
+  return vals;
+}
+
+TEST_CASE("quantize-int4 keep-output-layers leaves the layers that compute graph outputs in float") {
+  // %logits: linear -> bias add -> reshape -> cast -> output (an lm_head / classifier shape);
+  // %hidden: linear + residual -> output (a hidden state, not an output layer).
+  const std::string w = "dense<f32[64, 64]>[";
+  const std::string text = "graph @g(%x: f32[2, 64]) -> (bf16[1, 2, 64], f32[2, 64]) {\n"
+                           "  %w1 = constant() {value = " + w + gaussian_values(64 * 64, 1) + "]} : f32[64, 64]\n"
+                           "  %w2 = constant() {value = " + w + gaussian_values(64 * 64, 2) + "]} : f32[64, 64]\n"
+                           "  %w3 = constant() {value = " + w + gaussian_values(64 * 64, 3) + "]} : f32[64, 64]\n"
+                           "  %b = constant() {value = dense<f32[64]>[" + gaussian_values(64, 4) + "]} : f32[64]\n"
+                           "  %h = linear(%x, %w1) : f32[2, 64]\n"
+                           "  %a = relu(%h) : f32[2, 64]\n"
+                           "  %l = linear(%a, %w2) : f32[2, 64]\n"
+                           "  %lb = add(%l, %b) : f32[2, 64]\n"
+                           "  %lr = reshape(%lb) {shape = [1, 2, 64]} : f32[1, 2, 64]\n"
+                           "  %logits = cast(%lr) {to = bf16} : bf16[1, 2, 64]\n"
+                           "  %m = linear(%a, %w3) : f32[2, 64]\n"
+                           "  %hidden = add(%m, %x) : f32[2, 64]\n"
+                           "  return %logits, %hidden\n}\n";
+  auto count_int4 = [](const Graph& g) {
+    int n = 0;
+    for (const std::string& op : op_names(g)) n += op == "matmul_int4";
+    return n;
+  };
+  auto all = parse(text);
+  REQUIRE(run_passes(*all, "quantize-int4{group-size=32}").ok());
+  CHECK(count_int4(*all) == 3);
+  auto kept = parse(text);
+  REQUIRE(run_passes(*kept, "quantize-int4{group-size=32,keep-output-layers=true}").ok());
+  CHECK(count_int4(*kept) == 2);
+  bool lm_head_float = false;
+  for (const auto& n : kept->nodes())
+    if (n->op_name() == "linear") lm_head_float = n->result()->name() == "l";
+  CHECK(lm_head_float);
+}
+
 TEST_CASE("quantize-int4 refuses bad options, naming them") {
   auto bad_group = parse_pass_list("quantize-int4{group-size=48}", reg());
   REQUIRE(bad_group.ok());

@@ -10,6 +10,7 @@
 // the kernel will use. The packed layout is the one ir/src/ops/int4.cpp documents.
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,7 +27,39 @@ struct Config {
   DType scale_dtype = DType::kF16;
   int64_t min_size = 0;
   std::vector<std::string> exclude;
+  bool keep_output_layers = false;
 };
+
+/// The contractions that compute a graph output directly: seen from each output back through
+/// casts, views (reshape, transpose, squeeze, unsqueeze, flatten, identity), softmax and a
+/// constant bias add. These are a language model's lm_head and a classifier's last layer,
+/// which weight-only INT4 recipes leave in full precision; exporters give them no stable name
+/// (`output`, `onnx::MatMul_686`), so `exclude` cannot find them.
+std::set<const Node*> output_layers(const Graph& g) {
+  static const std::set<std::string> kPassThrough = {"cast",    "reshape", "transpose", "squeeze",     "unsqueeze",
+                                                     "flatten", "identity", "softmax",  "log_softmax"};
+  std::set<const Node*> found;
+  for (const Value* out : g.outputs()) {
+    const Value* v = out;
+    for (int hops = 0; hops < 16 && v != nullptr && v->producer() != nullptr; ++hops) {
+      const Node* p = v->producer();
+      if (p->op() != nullptr && p->op()->has(kTraitContraction)) {
+        found.insert(p);
+        break;
+      }
+      const Value* next = nullptr;
+      if (kPassThrough.count(p->op_name()) && p->num_operands() >= 1) {
+        next = p->operand(0);
+      } else if (p->op_name() == "add" && p->num_operands() == 2) {
+        // bias: the other operand is a constant
+        if (constant_tensor(p->operand(1)) != nullptr) next = p->operand(0);
+        else if (constant_tensor(p->operand(0)) != nullptr) next = p->operand(1);
+      }
+      v = next;
+    }
+  }
+  return found;
+}
 
 /// The quantized form of one [N, K] weight.
 struct Quantized {
@@ -103,6 +136,7 @@ class QuantizeInt4 : public Pass {
   explicit QuantizeInt4(Config c) : c_(std::move(c)) {}
 
   StatusOr<bool> run(Graph& g) override {
+    if (c_.keep_output_layers && g.parent_node() == nullptr) kept_ = output_layers(g);
     bool changed = false;
     for (Node* n : g.node_list()) {
       for (int r = 0; r < n->num_regions(); ++r) {
@@ -117,6 +151,7 @@ class QuantizeInt4 : public Pass {
 
  private:
   bool excluded(const Node& n) const {
+    if (kept_.count(&n)) return true;
     for (const std::string& s : c_.exclude)
       for (const Value* v : {n.operand(1), n.result()})
         if (!s.empty() && v->name().find(s) != std::string::npos) return true;
@@ -175,6 +210,7 @@ class QuantizeInt4 : public Pass {
   }
 
   Config c_;
+  std::set<const Node*> kept_;  // keep-output-layers: the top-level graph's output layers
 };
 
 PassInfo quantize_int4_pass_info() {
@@ -189,6 +225,8 @@ PassInfo quantize_int4_pass_info() {
       {"min-size", OptionType::kInt, int64_t{0}, "smallest weight (elements) worth quantizing"},
       {"exclude", OptionType::kStringList, std::vector<std::string>{},
        "skip nodes whose weight or result name contains one of these"},
+      {"keep-output-layers", OptionType::kBool, false,
+       "skip the contractions that compute a graph output (lm_head, a classifier's last layer)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     Config c;
@@ -196,6 +234,7 @@ PassInfo quantize_int4_pass_info() {
     c.symmetric = o.get_bool("symmetric");
     c.min_size = o.get_int("min-size");
     c.exclude = o.get_strings("exclude");
+    c.keep_output_layers = o.get_bool("keep-output-layers");
     const std::string& sd = o.get_string("scale-dtype");
     if (c.group != 32 && c.group != 64 && c.group != 128)
       return invalid_argument("quantize-int4: group-size must be 32, 64 or 128, got " + std::to_string(c.group));
