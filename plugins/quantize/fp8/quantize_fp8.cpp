@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../output_layers.h"
 #include "fp8.h"
 
 namespace kiln::fp8 {
@@ -35,6 +36,7 @@ struct Config {
   std::string fallback = "none";
   int64_t min_size = 0;
   std::vector<std::string> include, exclude;
+  bool keep_output_layers = false;
   bool delayed = false;
   int64_t history = 16, interval = 1, margin = 0;
 };
@@ -49,6 +51,7 @@ class QuantizeFp8 : public Pass {
   explicit QuantizeFp8(Config c) : c_(std::move(c)) {}
 
   StatusOr<bool> run(Graph& g) override {
+    if (c_.keep_output_layers && g.parent_node() == nullptr) kept_ = output_layers(g);
     quantized_.clear();
     step_ = nullptr;
     names_.clear();
@@ -75,7 +78,7 @@ class QuantizeFp8 : public Pass {
           if (!s.empty() && v->name().find(s) != std::string::npos) return true;
       return false;
     };
-    return (c_.include.empty() || matches(c_.include)) && !matches(c_.exclude);
+    return !kept_.count(&n) && (c_.include.empty() || matches(c_.include)) && !matches(c_.exclude);
   }
 
   StatusOr<bool> rewrite(Graph& g, Node& n) {
@@ -240,6 +243,7 @@ class QuantizeFp8 : public Pass {
   }
 
   Config c_;
+  std::set<const Node*> kept_;  // keep-output-layers: the top-level graph's output layers
   std::map<const Value*, std::pair<Value*, Value*>> quantized_;  // activation -> (quantized, scale)
   Value* step_ = nullptr;           // delayed mode: the step counter's value in this graph
   std::set<std::string> names_;     // variable names taken in this graph
@@ -302,6 +306,8 @@ PassInfo quantize_fp8_pass_info() {
        "only nodes whose weight or result name contains one of these (empty: all)"},
       {"exclude", OptionType::kStringList, std::vector<std::string>{},
        "skip nodes whose weight or result name contains one of these"},
+      {"keep-output-layers", OptionType::kBool, false,
+       "skip the contractions that compute a graph output (lm_head, a classifier's last layer)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     Config c;
@@ -311,6 +317,7 @@ PassInfo quantize_fp8_pass_info() {
     c.min_size = o.get_int("min-size");
     c.include = o.get_strings("include");
     c.exclude = o.get_strings("exclude");
+    c.keep_output_layers = o.get_bool("keep-output-layers");
     c.scales_file = o.get_string("scales");
     if (format != "e4m3" && format != "e5m2")
       return invalid_argument("quantize-fp8: format must be e4m3 or e5m2, got '" + format + "'");
