@@ -11,10 +11,12 @@ loss and the token windows the reports run on.
 
     python3 bench/models/train.py --out OUT [--models gpt2,llama] [--seconds 150]
 
-Writes OUT/<model>-trained/{model.onnx, model.onnx.data, calib/set<i>/input_ids.npy,
-eval/set<i>/input_ids.npy, meta.json}. Needs a CUDA GPU, torch, transformers, tokenizers, onnx,
-onnxscript and onnxruntime (the GPU machine has them). bench/models/quant_accuracy.sh runs the
-reports.
+Writes OUT/<model>-trained/: model.onnx and model.onnx.data; calib/set<i>/input_ids.npy and
+eval/set<i>/input_ids.npy (held-out windows); input_input_ids.npy and output_output.npy (the
+first eval window and onnxruntime's logits, as export.py writes them, so the folder also suits
+tests/models/check_model.py and check_quantized.py); meta.json. Needs a CUDA GPU, torch,
+transformers, tokenizers, onnx, onnxscript and onnxruntime (the GPU machine has them).
+bench/models/quant_accuracy.sh runs the reports.
 """
 import argparse
 import json
@@ -210,8 +212,14 @@ def main():
                 f.write(f"batch=1\nseq={ids.shape[1]}\n")
         with torch.no_grad():
             ref = wrapper(ids).numpy()
-        _, outs = kiln_export.run_onnxruntime(path, {"input_ids": ids})
+        feeds, outs = kiln_export.run_onnxruntime(path, {"input_ids": ids})
         ort_out = next(iter(outs.values()))
+        # The first report window and onnxruntime's logits for it, named as export.py names
+        # them, so tests/models/check_model.py and check_quantized.py take this folder too.
+        for k, v in feeds.items():
+            np.save(os.path.join(d, f"input_{k}.npy"), v)
+        for k, v in outs.items():
+            np.save(os.path.join(d, f"output_{k}.npy"), v)
         meta = {"model": name, "params": params, "vocab": vocab, "exporter": a.exporter,
                 "corpus_dirs": dirs, "corpus_bytes": nbytes, "train_tokens_available": int(len(train_ids)),
                 "held_out_tokens": int(len(held_ids)), "settings": s, **stats,
