@@ -36,10 +36,14 @@ kiln_cli_test(quant-report-llama ARGS quant-report ${llama}/model.onnx --passes 
   OUT "per layer \\(19\\):.*scaled_matmul %linear_13\n.*end to end:\n +2[0-9]\\.[0-9]+ dB  output output  top-1 agreement")
 set_tests_properties(cli.calibrate-llama PROPERTIES FIXTURES_SETUP kiln_fp8_llama_scales)
 set_tests_properties(cli.quant-report-llama PROPERTIES FIXTURES_REQUIRED kiln_fp8_llama_scales)
-# INT4 with bf16 activations (h200-int4.toml) on the small Llama-style model: the issue's end-to-end
-# floor for group 128 (16 dB; 20.6 dB measured on its saved input). The quantized output layer's
-# bf16 value (convert-bf16 names it output.bf16) is matched with the fp32 output.
+# INT4 with bf16 activations: h200-int4.toml's quantizer options with min-size 0 (this small model's
+# weights are all under the pipeline's 65536 elements) on the random-weight small Llama-style model.
+# 14.5 dB end to end on its saved input: random weights compound group 128's ~17-20 dB per layer
+# (trained models: bench/results/2026-12-03-quant-accuracy-trained.md); the floor guards that
+# number. The lm_head stays in bf16 (keep-output-layers); convert-bf16 names its value output.bf16,
+# which is matched with the fp32 output.
 set(llama_legacy ${CMAKE_SOURCE_DIR}/tests/models/llama-small-legacy)
-kiln_cli_test(quant-report-int4 ARGS quant-report ${llama_legacy}/model.onnx --pipeline ${CMAKE_SOURCE_DIR}/examples/pipelines/h200-int4.toml
-  --sym batch=1 --sym seq=16 --inputs ${llama_legacy} --floor 16 RC 0
-  OUT "per layer \\([0-9]+\\):.*matmul_int4 %output\\.bf16\n.*end to end:\n +[0-9.]+ dB  output output  top-1 agreement")
+kiln_cli_test(quant-report-int4 ARGS quant-report ${llama_legacy}/model.onnx
+  --passes "canonicalize,cse,convert-bf16,quantize-int4{keep-output-layers=true,min-size=0,scale-dtype=bf16,symmetric=false}"
+  --sym batch=1 --sym seq=16 --inputs ${llama_legacy} --floor 13.5 RC 0
+  OUT "contractions by op: matmul 7, matmul_int4 12\nper layer \\(19\\):.*matmul_int4 %/model/model/layers\\.1/mlp/up_proj/MatMul_output_0\n.* matmul %output\\.bf16\nend to end:\n +14\\.[0-9]+ dB  output output  top-1 agreement")

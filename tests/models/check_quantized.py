@@ -2,17 +2,22 @@
 """Runs a quantizing pipeline on one exported model with a backend and with the reference
 interpreter, and checks that the two agree (SQNR of every output, the reference as signal).
 
-    check_quantized.py KILN MODEL_DIR --pipeline FILE.toml [--backend NAME] [--floor DB] [--skip-without-gpu]
+    check_quantized.py KILN MODEL_DIR --pipeline FILE.toml [--backend NAME] [--floor DB] [--min-size N]
+                       [--skip-without-gpu]
 
 Both runs use the same pipeline, so the same quantization: what is measured is the backend's
 kernels (fused quantize epilogues, FP8 GEMMs, INT4 dequantize-GEMMs) against the op definitions,
 not the quantization error. A pipeline that reads static scales (scales=scales.json) gets them
 from `kiln calibrate` over the model's saved inputs first, in a scratch folder.
+A check that quantized nothing would pass trivially, so `kiln quant-report` counts the
+quantized contractions first and none is a failure; --min-size N lowers the pipeline's min-size (the
+small test models' weights are under the example pipelines' 65536 elements).
 """
 import argparse
 import glob
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,6 +34,7 @@ def main():
     ap.add_argument("--pipeline", required=True)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--floor", type=float, default=20.0, help="smallest SQNR in dB that passes")
+    ap.add_argument("--min-size", type=int, help="use this min-size in place of the pipeline's")
     ap.add_argument("--skip-without-gpu", action="store_true",
                     help="exit 77 (ctest's skip) when the backend reports no CUDA device")
     a = ap.parse_args()
@@ -43,15 +49,33 @@ def main():
             sys.stderr.write(p.stderr)
             return p
 
-        if "scales=" in open(pipeline).read():
-            calib = os.path.join(tmp, "calib")
-            os.makedirs(calib)
-            for path in glob.glob(os.path.join(a.model_dir, "input_*.npy")):
-                os.symlink(os.path.abspath(path), os.path.join(calib, os.path.basename(path)))
-            calibrate = [kiln, "calibrate", model, "--pipeline", pipeline, "--inputs", calib, "-o", "scales.json"]
+        text = open(pipeline).read()
+        if a.min_size is not None:
+            text = re.sub(r"min-size\s*=\s*\d+", f"min-size = {a.min_size}", text)
+            pipeline = os.path.join(tmp, "pipeline.toml")
+            with open(pipeline, "w") as f:
+                f.write(text)
+        # The saved inputs as one input set, for kiln calibrate and kiln quant-report.
+        sets = os.path.join(tmp, "inputs")
+        os.makedirs(sets)
+        for path in glob.glob(os.path.join(a.model_dir, "input_*.npy")):
+            os.symlink(os.path.abspath(path), os.path.join(sets, os.path.basename(path)))
+        if "scales=" in text:
+            calibrate = [kiln, "calibrate", model, "--pipeline", pipeline, "--inputs", sets, "-o", "scales.json"]
             if run(calibrate + common).returncode != 0:
                 print("FAIL: kiln calibrate failed")
                 return 1
+        report = run([kiln, "quant-report", model, "--pipeline", pipeline, "--inputs", sets] + common)
+        if report.returncode != 0:
+            print("FAIL: kiln quant-report failed")
+            return 1
+        line = re.search(r"^contractions by op: (.*)$", report.stdout, re.M)
+        counts = dict(re.findall(r"(\S+) (\d+)", line.group(1))) if line else {}
+        quantized = sum(int(counts.get(op, 0)) for op in ("scaled_matmul", "matmul_int4"))
+        print(f"quantized contractions: {quantized} of {sum(map(int, counts.values()))}")
+        if quantized == 0:
+            print("FAIL: the pipeline quantized no layer of this model, so the check would test nothing")
+            return 1
         got = {}
         for backend in (a.backend, "reference"):
             outs = []

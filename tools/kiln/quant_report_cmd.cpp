@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include "kiln/ir/op.h"
@@ -22,7 +23,8 @@ convert-* pass), both on the reference interpreter, and print:
     against the fp32 value of the same name;
   - end to end: SQNR of every graph output;
   - top-1 agreement of the argmax over the last dim, for outputs that look like logits
-    (last dim >= --vocab-min, default 1000).
+    (last dim >= --vocab-min, default 1000);
+  - first, how many contractions of each op the quantized graph has (named or not).
 SQNR = 10 log10(sum ref^2 / sum (ref - quant)^2) in dB, over all input sets.
 
   --inputs DIR          input sets as for kiln calibrate (default: --random-inputs 1)
@@ -140,6 +142,18 @@ int cmd_quant_report(Args& args) {
   }
 
   std::cout << "quant-report: " << f.model << ", " << sets->size() << " input set(s)\n";
+  // Every contraction of the quantized graph by op, named or not (the per-layer list below
+  // needs a name to match): shows how much the pipeline quantized.
+  std::map<std::string, int> by_op;
+  for (const auto& n : quant->nodes())
+    if (n->op() && n->op()->has(kTraitContraction)) ++by_op[n->op_name()];
+  std::cout << "contractions by op:";
+  const char* sep = " ";
+  for (const auto& [op, count] : by_op) {
+    std::cout << sep << op << " " << count;
+    sep = ", ";
+  }
+  std::cout << (by_op.empty() ? " none\n" : "\n");
   std::cout << "per layer (" << layers.size() << "):\n";
   for (size_t i = 0; i < layers.size(); ++i)
     std::cout << "  " << db(layer_acc[i].sqnr()) << " dB  " << layer_ops[i] << " %" << layers[i] << "\n";
