@@ -83,6 +83,24 @@ TEST_CASE("Gemm with transB, alpha and beta") {
   CHECK(run(b, {f32({1, 2}, {1, 2})}) == std::vector<double>{3, 5, 7});
 }
 
+TEST_CASE("Gemm with a bias names its product after the output, for per-layer reports") {
+  TempDir dir;
+  ModelBuilder b;
+  b.input("a", kFloat, {int64_t{1}, int64_t{2}}).output("y", kFloat);
+  b.initializer("b", {2, 3}, {1, 0, 1, 0, 1, 1});
+  b.initializer("c", {3}, {2, 2, 2});
+  b.node("Gemm", {"a", "b", "c"}, {"y"});
+  b.write(dir.file("m.onnx"));
+  auto g = import(dir.file("m.onnx"));
+  REQUIRE(g.ok());
+  const Node* product = nullptr;
+  for (const auto& n : (*g)->nodes())
+    if (n->op_name() == "matmul") product = n.get();
+  REQUIRE(product != nullptr);
+  CHECK(product->result()->name() == "y.product");
+  CHECK((*g)->output(0)->name() == "y");
+}
+
 TEST_CASE("Softmax means different things before and after opset 13") {
   // x [1, 2, 2] = [[[0, ln 3], [0, ln 3]]]
   const double l3 = std::log(3.0);

@@ -574,6 +574,10 @@ Status gemm_op(NodeCtx& c) {
     KILN_ASSIGN_OR_RETURN(y, c.op("matmul", {a, b}));
   }
   const double alpha = c.attr_float("alpha", 1.0), beta = c.attr_float("beta", 1.0);
+  // When alpha or the bias follow, the product gets a name of its own (the output's, plus
+  // ".product"), so tools that match layers by name (kiln quant-report) find this one.
+  if (c.has_output(0) && y->name().empty() && (alpha != 1.0 || (c.has_input(2) && beta != 0.0)))
+    y->set_name(c.proto.output(0) + ".product");
   if (alpha != 1.0) {
     KILN_ASSIGN_OR_RETURN(y, with_scalar(c, "mul", y, alpha));
   }
