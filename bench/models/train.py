@@ -174,7 +174,6 @@ def main():
     log("reading corpus from", dirs)
     train_texts, held_texts, nbytes = read_corpus(dirs, a.max_corpus_bytes)
     log(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out, {nbytes / 1e6:.1f} MB")
-    summary = []
     tokenizers = {}
     for name in a.models.split(","):
         t0 = time.time()
@@ -228,7 +227,6 @@ def main():
                 "device": torch.cuda.get_device_name()}
         with open(os.path.join(d, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
-        summary.append(meta)
         log(json.dumps(meta))
         del model, wrapper
         torch.cuda.empty_cache()
