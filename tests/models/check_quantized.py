@@ -10,8 +10,8 @@ kernels (fused quantize epilogues, FP8 GEMMs, INT4 dequantize-GEMMs) against the
 not the quantization error. A pipeline that reads static scales (scales=scales.json) gets them
 from `kiln calibrate` over the model's saved inputs first, in a scratch folder.
 A check that quantized nothing would pass trivially, so `kiln quant-report` counts the
-quantized contractions first and none is a failure; --min-size N lowers the pipeline's min-size (the
-small test models' weights are under the example pipelines' 65536 elements).
+quantized contractions first and none is a failure. --min-size N replaces the pipeline's
+min-size (the small test models' weights are under the example pipelines' 65536 elements).
 """
 import argparse
 import glob
@@ -51,7 +51,7 @@ def main():
 
         text = open(pipeline).read()
         if a.min_size is not None:
-            text = re.sub(r"min-size\s*=\s*\d+", f"min-size = {a.min_size}", text)
+            text = re.sub(r"(min-size\s*=\s*)\d+", rf"\g<1>{a.min_size}", text)
             pipeline = os.path.join(tmp, "pipeline.toml")
             with open(pipeline, "w") as f:
                 f.write(text)
