@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -32,8 +33,14 @@ void parallel_ranges(int64_t n, int64_t cost_per_item, F&& body) {
   std::vector<std::thread> pool;
   pool.reserve(static_cast<size_t>(threads - 1));
   const int64_t chunk = (n + threads - 1) / threads;
-  for (int64_t begin = chunk; begin < n; begin += chunk)
-    pool.emplace_back([&body, begin, end = std::min(n, begin + chunk)] { body(begin, end); });
+  for (int64_t begin = chunk; begin < n; begin += chunk) {
+    const int64_t end = std::min(n, begin + chunk);
+    try {
+      pool.emplace_back([&body, begin, end] { body(begin, end); });
+    } catch (const std::system_error&) {
+      body(begin, end);  // no thread to be had (a process limit): this range runs here
+    }
+  }
   body(int64_t{0}, std::min(n, chunk));
   for (std::thread& t : pool) t.join();
 }
