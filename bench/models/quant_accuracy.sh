@@ -24,6 +24,12 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 pipelines="portable-bf16: h200-fp8:25 a100-int4:16 h200-int4:16"
 dirs=("$@")
 [ ${#dirs[@]} -eq 0 ] && dirs=("$models"/*-trained)
+for dir in "${dirs[@]}"; do
+  if [ ! -f "$dir/model.onnx" ] || [ ! -d "$dir/eval" ] || [ ! -d "$dir/calib" ]; then
+    echo "quant_accuracy.sh: '$dir' is not a trained model folder (model.onnx, calib/, eval/; bench/models/train.py writes them)" >&2
+    exit 2
+  fi
+done
 
 for dir in "${dirs[@]}"; do
   dir=$(realpath "$dir")
