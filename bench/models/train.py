@@ -165,6 +165,9 @@ def main():
     ap.add_argument("--tokenizer-sample-bytes", type=int, default=24 << 20)
     ap.add_argument("--exporter", default="dynamo", choices=["dynamo", "legacy"])
     a = ap.parse_args()
+    unknown = [m for m in a.models.split(",") if m not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
     if not torch.cuda.is_available():
         print("train.py: no CUDA device; training needs a GPU", file=sys.stderr)
         return 2
