@@ -28,16 +28,22 @@ Status run_passes(Graph& g, const std::string& passes) {
   return test::run_passes(g, passes, reg());
 }
 
+/// `count` Gaussian values as .kir dense text.
+std::string gaussian_values(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 0.02);
+  std::string vals;
+  for (int64_t i = 0; i < count; ++i) vals += (i ? ", " : "") + std::to_string(normal(rng));
+  return vals;
+}
+
 /// A graph of `op` ("linear" or "matmul") of x f32[rows, k] by a constant Gaussian weight
 /// (linear: [n, k], matmul: [k, n]), written as .kir text.
 std::string gaussian_kir(const std::string& op, int64_t rows, int64_t n, int64_t k, uint32_t seed,
                          const std::string& weight_name = "w") {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal(0.0, 0.02);
   const std::string ws = op == "linear" ? std::to_string(n) + ", " + std::to_string(k)
                                         : std::to_string(k) + ", " + std::to_string(n);
-  std::string vals;
-  for (int64_t i = 0; i < n * k; ++i) vals += (i ? ", " : "") + std::to_string(normal(rng));
+  const std::string vals = gaussian_values(n * k, seed);
   const std::string xt = "f32[" + std::to_string(rows) + ", " + std::to_string(k) + "]";
   const std::string yt = "f32[" + std::to_string(rows) + ", " + std::to_string(n) + "]";
   return "graph @g(%x: " + xt + ") -> (" + yt + ") {\n  %" + weight_name + " = constant() {value = dense<f32[" + ws +
@@ -112,15 +118,6 @@ TEST_CASE("quantize-int4 leaves alone what it cannot or was told not to quantize
   auto g = parse(gaussian_kir("linear", 1, 64, 64, 4, "lm_head.weight"));
   REQUIRE(run_passes(*g, "quantize-int4{group-size=32,min-size=4096,exclude=[attn]}").ok());
   CHECK(op_names(*g).back() == "matmul_int4");
-}
-
-/// `count` Gaussian values as .kir dense text.
-std::string gaussian_values(int64_t count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal(0.0, 0.02);
-  std::string vals;
-  for (int64_t i = 0; i < count; ++i) vals += (i ? ", " : "") + std::to_string(normal(rng));
-  return vals;
 }
 
 TEST_CASE("quantize-int4 keep-output-layers leaves the layers that compute graph outputs in float") {

@@ -116,8 +116,13 @@ int cmd_quant_report(Args& args) {
   std::vector<std::string> layers, ref_layers;
   std::vector<std::string> layer_ops;
   const std::string bf16_suffix = ".bf16";
+  // Every contraction by op, named or not (a layer below needs a name to be matched): shows
+  // how much the pipeline quantized.
+  std::map<std::string, int> by_op;
   for (const auto& n : quant->nodes()) {
-    if (!n->op() || !n->op()->has(kTraitContraction) || n->num_results() != 1) continue;
+    if (!n->op() || !n->op()->has(kTraitContraction)) continue;
+    ++by_op[n->op_name()];
+    if (n->num_results() != 1) continue;
     const std::string& name = n->result()->name();
     std::string ref_name = name;
     if (!ref_names.count(ref_name) && name.size() > bf16_suffix.size() &&
@@ -142,11 +147,6 @@ int cmd_quant_report(Args& args) {
   }
 
   std::cout << "quant-report: " << f.model << ", " << sets->size() << " input set(s)\n";
-  // Every contraction of the quantized graph by op, named or not (the per-layer list below
-  // needs a name to match): shows how much the pipeline quantized.
-  std::map<std::string, int> by_op;
-  for (const auto& n : quant->nodes())
-    if (n->op() && n->op()->has(kTraitContraction)) ++by_op[n->op_name()];
   std::cout << "contractions by op:";
   const char* sep = " ";
   for (const auto& [op, count] : by_op) {
