@@ -128,7 +128,7 @@ std::string graph_input_name(const Graph& g, int i) {
 }
 
 std::string graph_output_name(const Graph& g, int i) {
-  const std::string& n = g.output(i)->name();
+  const std::string& n = g.output_name(i);
   return n.empty() ? "output" + std::to_string(i) : n;
 }
 

@@ -140,11 +140,16 @@ Status Graph::erase_input(int i) {
   return ok_status();
 }
 
-void Graph::set_outputs(std::vector<Value*> outs) {
+void Graph::set_outputs(std::vector<Value*> outs, std::vector<std::string> names) {
   for (int i = 0; i < num_outputs(); ++i)
     if (outputs_[static_cast<size_t>(i)]) remove_use(outputs_[static_cast<size_t>(i)], Use{nullptr, i});
   outputs_.assign(outs.size(), nullptr);
-  for (size_t i = 0; i < outs.size(); ++i) set_output(static_cast<int>(i), outs[i]);
+  names.resize(outs.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (names[i].empty() && outs[i]) names[i] = outs[i]->name();
+    set_output(static_cast<int>(i), outs[i]);
+  }
+  output_names_ = std::move(names);
 }
 
 void Graph::set_output(int i, Value* v) {
@@ -225,7 +230,7 @@ std::unique_ptr<Graph> Graph::clone() const {
   }
   std::vector<Value*> outs;
   for (Value* v : outputs_) outs.push_back(v ? map.at(v) : nullptr);
-  g->set_outputs(std::move(outs));
+  g->set_outputs(std::move(outs), output_names_);
   return g;
 }
 

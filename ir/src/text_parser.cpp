@@ -160,10 +160,21 @@ class Parser {
     KILN_RETURN_IF_ERROR(expect(Tok::kArrow, "'->'"));
     KILN_RETURN_IF_ERROR(expect(Tok::kLParen, "'(' before the output types"));
     std::vector<TensorType> out_types;
+    std::vector<std::string> out_names;  // "" where the output is named after its value
     if (tok_.kind != Tok::kRParen) {
       do {
+        std::string out_name;
+        if (tok_.kind == Tok::kValue) {
+          out_name = name_of(tok_);
+          if (out_name.empty()) return error(tok_, "expected an output name, got '%\"\"'");
+          for (const auto& n : out_names)
+            if (n == out_name) return error(tok_, "output name '%" + out_name + "' is used twice");
+          advance();
+          KILN_RETURN_IF_ERROR(expect(Tok::kColon, "':' after the output name"));
+        }
         KILN_ASSIGN_OR_RETURN(TensorType type, parse_type());
         out_types.push_back(std::move(type));
+        out_names.push_back(std::move(out_name));
       } while (consume_if(Tok::kComma));
     }
     KILN_RETURN_IF_ERROR(expect(Tok::kRParen, "',' or ')'"));
@@ -187,7 +198,7 @@ class Parser {
                             std::to_string(outs.size()));
     for (size_t i = 0; i < outs.size(); ++i)
       output_checks_.push_back(OutputCheck{out_toks[i], outs[i], std::move(out_types[i])});
-    g->set_outputs(std::move(outs));
+    g->set_outputs(std::move(outs), std::move(out_names));
     KILN_RETURN_IF_ERROR(expect(Tok::kRBrace, "'}' after the return values"));
     return g;
   }

@@ -131,6 +131,13 @@ class Printer {
     out_ += ") -> (";
     for (int i = 0; i < g.num_outputs(); ++i) {
       if (i) out_ += ", ";
+      // An output's name is spelled out only where the returned value is printed by another.
+      const std::string& name = g.output_name(i);
+      const auto it = g.output(i) ? names.find(g.output(i)) : names.end();
+      if (!name.empty() && (it == names.end() || it->second != name)) {
+        kir::append_name(out_, '%', name);
+        out_ += ": ";
+      }
       if (g.output(i)) kir::append_type(out_, g.output(i)->type());
       else out_ += "<null>";
     }

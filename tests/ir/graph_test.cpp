@@ -38,6 +38,30 @@ TEST_CASE("use lists follow operand and output changes") {
   CHECK(verify(g).ok());
 }
 
+TEST_CASE("graph outputs keep their names when other values compute them") {
+  Graph g;
+  Value* x = g.add_input("x", f32({2}));
+  Node* neg = must(g.create_node("neg", {x}, {f32({2})}, {}, nullptr, {"n"}));
+  Node* relu = must(g.create_node("relu", {neg->result()}, {f32({2})}, {}, nullptr, {"r"}));
+  g.set_outputs({relu->result(), neg->result()}, {"", "logits"});
+  CHECK(g.output_name(0) == "r");  // unnamed: taken from the value
+  CHECK(g.output_name(1) == "logits");
+
+  relu->result()->replace_all_uses_with(x);  // output 0 now returns the input itself
+  neg->result()->set_name("renamed");
+  CHECK(g.output(0) == x);
+  CHECK(g.output_name(0) == "r");
+  CHECK(g.output_name(1) == "logits");
+  g.set_output(1, x);
+  CHECK(g.output_name(1) == "logits");
+
+  auto copy = g.clone();
+  CHECK(copy->output_names() == std::vector<std::string>{"r", "logits"});
+  copy->set_output_name(0, "y");
+  CHECK(copy->output_name(0) == "y");
+  CHECK(g.output_name(0) == "r");
+}
+
 TEST_CASE("erasing a used node or input is refused") {
   Graph g;
   Value* x = g.add_input("x", f32({2}));

@@ -338,7 +338,7 @@ TEST_CASE("kir text: unnamed and clashing values get fresh numbered names") {
   g.set_outputs({(*dup)->result()});
   const std::string text = print_graph(g);
   CHECK(text ==
-        "graph @g(%x: f32[2], %0: f32[2]) -> (f32[2]) {\n"
+        "graph @g(%x: f32[2], %0: f32[2]) -> (%x: f32[2]) {\n"
         "  %2 = relu(%x) : f32[2]\n"
         "  %1 = relu(%0) : f32[2]\n"
         "  %3 = add(%2, %1) : f32[2]\n"
@@ -347,6 +347,26 @@ TEST_CASE("kir text: unnamed and clashing values get fresh numbered names") {
   auto back = parse_ok(text);
   CHECK(print_graph(*back) == text);
   CHECK(back->input(1)->name() == "0");
+  CHECK(back->output_name(0) == "x");  // the output keeps the clashing value's name
+}
+
+TEST_CASE("kir text: output names in the signature") {
+  // Named where they differ from the returned value's; unnamed outputs take the value's name.
+  const std::string text =
+      "graph @g(%x: f32[2]) -> (%logits: f32[2], f32[2], %\"out:0\": f32[2]) {\n"
+      "  %r = relu(%x) : f32[2]\n"
+      "  return %x, %r, %r\n"
+      "}\n";
+  auto g = parse_ok(text);
+  CHECK(g->output_names() == std::vector<std::string>{"logits", "r", "out:0"});
+  CHECK(print_graph(*g) == text);
+  // A name equal to the returned value's is not repeated.
+  auto same = parse_ok("graph @g(%x: f32[2]) -> (%r: f32[2]) {\n  %r = relu(%x) : f32[2]\n  return %r\n}\n");
+  CHECK(print_graph(*same) == "graph @g(%x: f32[2]) -> (f32[2]) {\n  %r = relu(%x) : f32[2]\n  return %r\n}\n");
+  CHECK(parse_error("graph @g(%x: f32[2]) -> (%y: f32[2], %y: f32[2]) {\n  return %x, %x\n}\n") ==
+        "t.kir:1:38: output name '%y' is used twice");
+  CHECK(parse_error("graph @g(%x: f32[2]) -> (%y f32[2]) {\n  return %x\n}\n") ==
+        "t.kir:1:29: expected ':' after the output name, got 'f32'");
 }
 
 TEST_CASE("kir text: print_node prints one line with regions, eliding huge tensors") {

@@ -1187,7 +1187,7 @@ StatusOr<LoweredGraph> Lowerer::run(const Graph& g) {
   std::set<int> claimed;
   for (int i = 0; i < g.num_outputs(); ++i) {
     const Value* v = g.output(i);
-    const std::string name = v->name().empty() ? "output" + std::to_string(i) : v->name();
+    const std::string name = g.output_name(i).empty() ? "output" + std::to_string(i) : g.output_name(i);
     const int id = buf(v);
     if (bufs_[id].kind == "activation" && !claimed.count(id)) {
       bufs_[id].kind = "output";

@@ -478,6 +478,7 @@ StatusOr<std::vector<Value*>> Importer::inline_graph(const onnx::GraphProto& bod
 Status Importer::set_outputs(const onnx::GraphProto& g) {
   if (g.output_size() == 0) return invalid_argument("onnx graph '" + g.name() + "' declares no outputs");
   std::vector<Value*> outs;
+  std::vector<std::string> names;
   for (const auto& vi : g.output()) {
     const std::string what = "graph output '" + vi.name() + "'";
     Value* v = lookup(vi.name());
@@ -503,8 +504,9 @@ Status Importer::set_outputs(const onnx::GraphProto& g) {
       return unimplemented(what + " is not a tensor, which kiln does not support");
     }
     outs.push_back(v);
+    names.push_back(vi.name());  // the model's name, even where the value is an input or shared
   }
-  graph_->set_outputs(outs);
+  graph_->set_outputs(outs, names);
   return ok_status();
 }
 

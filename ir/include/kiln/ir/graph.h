@@ -146,8 +146,16 @@ class Graph {
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   Value* output(int i) const { return outputs_[static_cast<size_t>(i)]; }
   const std::vector<Value*>& outputs() const { return outputs_; }
-  void set_outputs(std::vector<Value*> outs);
+  /// Replaces every output. Output i is named `names[i]` when given, else after its value.
+  void set_outputs(std::vector<Value*> outs, std::vector<std::string> names = {});
+  /// Points output i at `v`. The output keeps its name: callers bind outputs by name, so a
+  /// pass that computes an output by another value must not rename it.
   void set_output(int i, Value* v);
+  /// The name callers know output i by (may be empty for graphs built without names). It is
+  /// part of the graph's interface, independent of the name of the value it returns.
+  const std::string& output_name(int i) const { return output_names_[static_cast<size_t>(i)]; }
+  const std::vector<std::string>& output_names() const { return output_names_; }
+  void set_output_name(int i, std::string name) { output_names_[static_cast<size_t>(i)] = std::move(name); }
 
   /// Nodes in execution order. Iterators stay valid across insertions and other erasures.
   const std::list<std::unique_ptr<Node>>& nodes() const { return nodes_; }
@@ -178,6 +186,7 @@ class Graph {
   Node* parent_ = nullptr;
   std::vector<std::unique_ptr<Value>> inputs_;
   std::vector<Value*> outputs_;
+  std::vector<std::string> output_names_;  // parallel to outputs_
   std::list<std::unique_ptr<Node>> nodes_;
 };
 
