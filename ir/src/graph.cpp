@@ -113,6 +113,12 @@ Graph& Node::add_region(std::unique_ptr<Graph> g) {
 
 // ---- Graph -------------------------------------------------------------------------------
 
+const DeviceMesh& Graph::mesh() const {
+  const Graph* g = this;
+  while (g->parent_ && g->parent_->graph_) g = g->parent_->graph_;
+  return g->mesh_;
+}
+
 Graph::~Graph() {
   // Drop nodes last-to-first so no node outlives the values it uses.
   outputs_.clear();
@@ -210,8 +216,13 @@ void Graph::move_node_before(Node* n, Node* before) {
 
 std::unique_ptr<Graph> Graph::clone() const {
   auto g = std::make_unique<Graph>(name_);
+  g->mesh_ = mesh_;
+  g->per_rank_ = per_rank_;
   std::unordered_map<const Value*, Value*> map;
-  for (const auto& in : inputs_) map[in.get()] = g->add_input(in->name(), in->type());
+  for (const auto& in : inputs_) {
+    map[in.get()] = g->add_input(in->name(), in->type());
+    map[in.get()]->set_sharding(in->sharding());
+  }
   for (const auto& n : nodes_) {
     std::unique_ptr<Node> copy(new Node(g.get(), n->op_, n->op_name_));
     copy->attrs_ = n->attrs_;
@@ -219,6 +230,7 @@ std::unique_ptr<Graph> Graph::clone() const {
     for (const auto& r : n->results_) {
       copy->results_.push_back(
           std::make_unique<Value>(g.get(), copy.get(), r->index(), r->type(), r->name()));
+      copy->results_.back()->sharding_ = r->sharding_;
       map[r.get()] = copy->results_.back().get();
     }
     std::vector<Value*> ops;

@@ -100,6 +100,7 @@ void register_core_ops(OpRegistry& r) {
   register_int4_ops(r);
   register_quant_ops(r);
   register_state_ops(r);
+  register_collective_ops(r);
 }
 
 StatusOr<std::vector<TensorType>> infer_node_types(const Node& node,

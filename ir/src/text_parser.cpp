@@ -92,6 +92,10 @@ class Parser {
       if (c.value->type() != c.declared)
         return error(c.at, "expected return value of type " + type_text(c.declared) + ", got " +
                                value_ref(c.value->name()) + " of type " + type_text(c.value->type()));
+    for (const OutputCheck& c : output_checks_)
+      if (c.value->sharding() != c.declared_sharding)
+        return error(c.at, "expected return value with placement '" + sharding_str(c.declared_sharding) + "', got " +
+                               value_ref(c.value->name()) + " with '" + sharding_str(c.value->sharding()) + "'");
     return g;
   }
 
@@ -153,7 +157,9 @@ class Parser {
         KILN_ASSIGN_OR_RETURN(std::string name, define_name(scope, {}));
         KILN_RETURN_IF_ERROR(expect(Tok::kColon, "':' after the input name"));
         KILN_ASSIGN_OR_RETURN(TensorType type, parse_type());
+        KILN_ASSIGN_OR_RETURN(Sharding sharding, parse_sharding());
         scope[name] = g->add_input(name, std::move(type));
+        scope[name]->set_sharding(std::move(sharding));
       } while (consume_if(Tok::kComma));
     }
     KILN_RETURN_IF_ERROR(expect(Tok::kRParen, "',' or ')'"));
@@ -161,6 +167,7 @@ class Parser {
     KILN_RETURN_IF_ERROR(expect(Tok::kLParen, "'(' before the output types"));
     std::vector<TensorType> out_types;
     std::vector<std::string> out_names;  // "" where the output is named after its value
+    std::vector<Sharding> out_shardings;
     if (tok_.kind != Tok::kRParen) {
       do {
         std::string out_name;
@@ -173,11 +180,22 @@ class Parser {
           KILN_RETURN_IF_ERROR(expect(Tok::kColon, "':' after the output name"));
         }
         KILN_ASSIGN_OR_RETURN(TensorType type, parse_type());
+        KILN_ASSIGN_OR_RETURN(Sharding sharding, parse_sharding());
         out_types.push_back(std::move(type));
+        out_shardings.push_back(std::move(sharding));
         out_names.push_back(std::move(out_name));
       } while (consume_if(Tok::kComma));
     }
     KILN_RETURN_IF_ERROR(expect(Tok::kRParen, "',' or ')'"));
+    if (depth == 0 && tok_.is_ident("mesh")) {
+      advance();
+      KILN_ASSIGN_OR_RETURN(DeviceMesh mesh, parse_mesh());
+      g->set_mesh(std::move(mesh));
+      if (tok_.is_ident("per_rank")) {
+        g->set_per_rank(true);
+        advance();
+      }
+    }
     KILN_RETURN_IF_ERROR(expect(Tok::kLBrace, "'{'"));
     while (!tok_.is_ident("return")) KILN_RETURN_IF_ERROR(parse_node(*g, scope, depth));
 
@@ -197,7 +215,7 @@ class Parser {
                             " return values to match the signature, got " +
                             std::to_string(outs.size()));
     for (size_t i = 0; i < outs.size(); ++i)
-      output_checks_.push_back(OutputCheck{out_toks[i], outs[i], std::move(out_types[i])});
+      output_checks_.push_back(OutputCheck{out_toks[i], outs[i], std::move(out_types[i]), std::move(out_shardings[i])});
     g->set_outputs(std::move(outs), std::move(out_names));
     KILN_RETURN_IF_ERROR(expect(Tok::kRBrace, "'}' after the return values"));
     return g;
@@ -258,11 +276,14 @@ class Parser {
     if (tok_.kind == Tok::kLBrace && !regions_ahead()) KILN_RETURN_IF_ERROR(parse_attrs(*def, attrs));
 
     std::vector<TensorType> types;
+    std::vector<Sharding> shardings;
     const Token colon = tok_;
     if (consume_if(Tok::kColon)) {
       do {
         KILN_ASSIGN_OR_RETURN(TensorType type, parse_type());
+        KILN_ASSIGN_OR_RETURN(Sharding sharding, parse_sharding());
         types.push_back(std::move(type));
+        shardings.push_back(std::move(sharding));
       } while (consume_if(Tok::kComma));
     } else if (!names.empty()) {
       return unexpected("':' and the result types");
@@ -285,8 +306,65 @@ class Parser {
     if (!node.ok()) return error_at(loc(start), node.status().code(), node.status().message());
     (*node)->set_loc(loc(start));
     for (auto& region : regions) (*node)->add_region(std::move(region));
-    for (size_t i = 0; i < names.size(); ++i) scope[names[i]] = (*node)->result(static_cast<int>(i));
+    for (size_t i = 0; i < names.size(); ++i) {
+      scope[names[i]] = (*node)->result(static_cast<int>(i));
+      scope[names[i]]->set_sharding(std::move(shardings[i]));
+    }
     return ok_status();
+  }
+
+  // '<' name '=' INT {',' name '=' INT} '>' after the keyword 'mesh'
+  StatusOr<DeviceMesh> parse_mesh() {
+    const Token start = tok_;
+    KILN_RETURN_IF_ERROR(expect(Tok::kLAngle, "'<' after 'mesh'"));
+    DeviceMesh mesh;
+    do {
+      if (tok_.kind != Tok::kIdent) return unexpected("mesh axis name");
+      DeviceMesh::Axis axis{std::string(tok_.text), 0};
+      advance();
+      KILN_RETURN_IF_ERROR(expect(Tok::kEqual, "'=' after the mesh axis name"));
+      if (tok_.kind != Tok::kInt) return unexpected("mesh axis size");
+      const auto r = std::from_chars(tok_.text.data(), tok_.text.data() + tok_.text.size(), axis.size);
+      if (r.ec != std::errc()) return error(tok_, "expected mesh axis size in the int64 range, got " + std::string(tok_.text));
+      advance();
+      mesh.axes.push_back(std::move(axis));
+    } while (consume_if(Tok::kComma));
+    KILN_RETURN_IF_ERROR(expect(Tok::kRAngle, "',' or '>'"));
+    if (Status s = mesh.validate(); !s.ok()) return error(start, s.message());
+    return mesh;
+  }
+
+  // Optional '<' placement {',' placement} '>' after a type: R, S(dim) or P(sum|max).
+  StatusOr<Sharding> parse_sharding() {
+    Sharding s;
+    if (!consume_if(Tok::kLAngle)) return s;
+    do {
+      if (tok_.is_ident("R")) {
+        s.push_back(Placement::replicate());
+        advance();
+        continue;
+      }
+      const bool shard = tok_.is_ident("S");
+      if (!shard && !tok_.is_ident("P")) return unexpected("placement R, S(dim) or P(sum|max)");
+      advance();
+      KILN_RETURN_IF_ERROR(expect(Tok::kLParen, shard ? "'(' after 'S'" : "'(' after 'P'"));
+      if (shard) {
+        int64_t dim = 0;
+        const auto r = tok_.kind == Tok::kInt
+                           ? std::from_chars(tok_.text.data(), tok_.text.data() + tok_.text.size(), dim)
+                           : std::from_chars_result{nullptr, std::errc::invalid_argument};
+        if (r.ec != std::errc()) return unexpected("shard dim");
+        s.push_back(Placement::shard(dim));
+      } else {
+        const std::optional<ReduceOp> op = tok_.kind == Tok::kIdent ? parse_reduce_op(std::string(tok_.text)) : std::nullopt;
+        if (!op) return unexpected("'sum' or 'max'");
+        s.push_back(Placement::partial(*op));
+      }
+      advance();
+      KILN_RETURN_IF_ERROR(expect(Tok::kRParen, "')'"));
+    } while (consume_if(Tok::kComma));
+    KILN_RETURN_IF_ERROR(expect(Tok::kRAngle, "',' or '>'"));
+    return s;
   }
 
   /// {name = value, ...}, each value normalized to the kind `def` declares for it.
@@ -621,6 +699,7 @@ class Parser {
     Token at;
     const Value* value;
     TensorType declared;
+    Sharding declared_sharding;
   };
 
   Lexer lex_;

@@ -126,7 +126,7 @@ class Printer {
       if (i) out_ += ", ";
       value(names, g.input(i));
       out_ += ": ";
-      kir::append_type(out_, g.input(i)->type());
+      value_type(*g.input(i));
     }
     out_ += ") -> (";
     for (int i = 0; i < g.num_outputs(); ++i) {
@@ -138,10 +138,16 @@ class Printer {
         kir::append_name(out_, '%', name);
         out_ += ": ";
       }
-      if (g.output(i)) kir::append_type(out_, g.output(i)->type());
+      if (g.output(i)) value_type(*g.output(i));
       else out_ += "<null>";
     }
-    out_ += ") {";
+    out_ += ')';
+    if (!g.parent_node() && !g.mesh().empty()) {
+      out_ += " mesh";
+      out_ += g.mesh().str();
+      if (g.is_per_rank()) out_ += " per_rank";
+    }
+    out_ += " {";
     for (const auto& n : g.nodes()) {
       line_break(indent + 2);
       node(*n, names, indent + 2);
@@ -154,6 +160,12 @@ class Printer {
     }
     line_break(indent);
     out_ += '}';
+  }
+
+  /// A value's type followed by its placement, if any: "f32[8, 64]<S(0), R>".
+  void value_type(const Value& v) {
+    kir::append_type(out_, v.type());
+    out_ += sharding_str(v.sharding());
   }
 
   void node(const Node& n, const Names& names, int indent) {
@@ -183,7 +195,7 @@ class Printer {
     }
     for (int i = 0; i < n.num_results(); ++i) {
       out_ += i ? ", " : " : ";
-      kir::append_type(out_, n.result(i)->type());
+      value_type(*n.result(i));
     }
     if (n.num_regions()) {
       out_ += " {";

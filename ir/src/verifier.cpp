@@ -23,13 +23,25 @@ std::string value_ref(const Value* v) {
   return v->name().empty() ? "<unnamed>" : "%" + v->name();
 }
 
+/// A value's placement fits the mesh; in a per-rank program types are local, so only the
+/// global view's dims must divide evenly.
+Status check_value_sharding(const Graph& g, const Value* v) {
+  if (v->sharding().empty()) return ok_status();
+  const Graph* top = &g;
+  while (top->parent_node()) top = top->parent_node()->graph();
+  Status s = check_sharding(v->sharding(), g.mesh(), v->type(), !top->is_per_rank());
+  return s.ok() ? s : invalid_argument(value_ref(v) + ": " + s.message());
+}
+
 Status verify_graph(const Graph& g, int depth) {
   if (depth > 64) return invalid_argument("regions nested deeper than 64 levels");
+  if (Status s = g.mesh().validate(); !s.ok()) return invalid_argument("graph @" + g.name() + ": " + s.message());
   std::unordered_set<const Value*> defined;
   for (int i = 0; i < g.num_inputs(); ++i) {
     const Value* in = g.input(i);
     if (in->graph() != &g || in->index() != i)
       return internal_error("graph @" + g.name() + ": input " + std::to_string(i) + " is misplaced");
+    if (Status s = check_value_sharding(g, in); !s.ok()) return invalid_argument("graph @" + g.name() + ": " + s.message());
     defined.insert(in);
   }
   for (const auto& node_ptr : g.nodes()) {
@@ -64,6 +76,7 @@ Status verify_graph(const Graph& g, int depth) {
       if (!type_matches(res->type(), inferred[static_cast<size_t>(i)]))
         return fail("result " + std::to_string(i) + " is declared " + res->type().str() +
                     " but the op produces " + inferred[static_cast<size_t>(i)].str());
+      if (Status s = check_value_sharding(g, res); !s.ok()) return fail(s.message());
       defined.insert(res);
     }
   }

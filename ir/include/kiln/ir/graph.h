@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kiln/ir/attribute.h"
+#include "kiln/ir/placement.h"
 #include "kiln/ir/shape.h"
 #include "kiln/ir/status.h"
 
@@ -41,6 +42,10 @@ class Value {
   void set_type(TensorType t) { type_ = std::move(t); }
   DType dtype() const { return type_.dtype; }
   const Shape& shape() const { return type_.shape; }
+  /// How the value is laid out over the graph's device mesh (empty: not annotated). Printed as
+  /// part of the type (`f32[8, 64]<S(0), R>`); shape rules neither read nor set it.
+  const Sharding& sharding() const { return sharding_; }
+  void set_sharding(Sharding s) { sharding_ = std::move(s); }
 
   /// The node computing this value, or null for a graph input.
   Node* producer() const { return producer_; }
@@ -62,6 +67,7 @@ class Value {
   int index_;
   TensorType type_;
   std::string name_;
+  Sharding sharding_;
   std::vector<Use> uses_;
 };
 
@@ -136,6 +142,17 @@ class Graph {
   /// The node owning this graph as a region, or null for a top-level graph.
   Node* parent_node() const { return parent_; }
 
+  /// The device mesh a parallel program runs on (empty for a single-device graph). Regions
+  /// have none of their own: mesh() of a region is its top-level graph's.
+  const DeviceMesh& mesh() const;
+  void set_mesh(DeviceMesh m) { mesh_ = std::move(m); }
+  /// True once the graph is the program of one rank: value types are per-rank (local) shapes,
+  /// data moves between ranks only through collective ops, and each value's sharding says how
+  /// its local piece sits in the global value. False for the global view, where types are
+  /// whole-tensor shapes and shardings are what a partitioner is asked to produce.
+  bool is_per_rank() const { return per_rank_; }
+  void set_per_rank(bool v) { per_rank_ = v; }
+
   int num_inputs() const { return static_cast<int>(inputs_.size()); }
   Value* input(int i) const { return inputs_[static_cast<size_t>(i)].get(); }
   std::vector<Value*> inputs() const;
@@ -184,6 +201,8 @@ class Graph {
   friend class Node;
   std::string name_;
   Node* parent_ = nullptr;
+  DeviceMesh mesh_;
+  bool per_rank_ = false;
   std::vector<std::unique_ptr<Value>> inputs_;
   std::vector<Value*> outputs_;
   std::vector<std::string> output_names_;  // parallel to outputs_

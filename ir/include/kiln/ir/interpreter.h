@@ -12,6 +12,8 @@
 
 namespace kiln {
 
+struct MeshContext;  // kiln/ir/mesh_run.h
+
 /// Runs graphs node by node with each op's reference kernel. Floating-point ops compute in
 /// f64 and round once to the result dtype.
 ///
@@ -35,6 +37,10 @@ class Interpreter {
   void commit_assigns();
   /// Drops staged values without applying them.
   void discard_assigns() { staged_.clear(); }
+  /// The rank and exchange collective ops use while this interpreter runs one rank of a mesh
+  /// (run_mesh sets it); null for a single-device run, where collectives are refused.
+  void set_mesh_context(MeshContext* ctx) { mesh_ = ctx; }
+  MeshContext* mesh_context() const { return mesh_; }
   /// Forgets every variable's value: the next run starts from the `init` values again.
   void reset_state() {
     state_.clear();
@@ -45,6 +51,7 @@ class Interpreter {
   StatusOr<std::vector<Tensor>> evaluate(const Graph& g, std::span<const Tensor> inputs);
 
   std::map<std::string, Tensor> state_, staged_;
+  MeshContext* mesh_ = nullptr;
 };
 
 }  // namespace kiln
