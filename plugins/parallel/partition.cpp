@@ -1,0 +1,728 @@
+// Sharding propagation and SPMD partitioning: per-op layout rules, redistribution through
+// collectives, and the rewrite of types and shape attributes to per-rank sizes.
+#include "partition.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "kiln/ir/op.h"
+
+namespace kiln::parallel {
+namespace {
+
+using P = Placement;
+
+/// What a rule decides for one node: the layout each operand must arrive in, the layout of
+/// each result, and the node's attributes in per-rank terms.
+struct Decision {
+  std::vector<Sharding> operands;
+  std::vector<Sharding> results;
+  AttrMap attrs;
+  bool bias_after_reduce = false;  ///< row-parallel linear: add the bias once the sum is reduced
+  bool fallback = false;
+};
+
+bool is_pointwise(const Node& n) { return n.op() && n.op()->has(kTraitElementwise); }
+
+bool side_effects(const Node& n) { return n.op() && n.op()->has(kTraitSideEffects); }
+
+int64_t rank_of(const Value* v) { return v->type().rank(); }
+
+const Dim& dim_of(const Value* v, int64_t d) { return v->shape()[static_cast<size_t>(d)]; }
+
+class Partitioner {
+ public:
+  Partitioner(const Graph& src, const PartitionOptions& opt)
+      : src_(src), mesh_(src.mesh()), opt_(opt), out_(src.name()) {
+    out_.set_mesh(mesh_);
+    out_.set_per_rank(true);
+  }
+
+  StatusOr<PartitionReport> run(Graph& g) {
+    if (mesh_.empty()) return failed_precondition("partition: graph @" + src_.name() + " has no device mesh");
+    KILN_RETURN_IF_ERROR(mesh_.validate());
+    for (int i = 0; i < src_.num_inputs(); ++i) {
+      const Value* in = src_.input(i);
+      const Sharding s = full(in->sharding());
+      for (const P& p : s)
+        if (p.is_partial()) return invalid_argument("graph input %" + in->name() + " cannot be partial: " + sharding_str(s));
+      KILN_RETURN_IF_ERROR(check(s, in->type(), "graph input %" + in->name()));
+      Value* v = out_.add_input(in->name(), TensorType{in->dtype(), local_shape(in->shape(), s, mesh_)});
+      v->set_sharding(s);
+      local_[in] = v;
+    }
+    for (const auto& n : src_.nodes()) KILN_RETURN_IF_ERROR(lower(*n));
+    std::vector<Value*> outs;
+    for (int i = 0; i < src_.num_outputs(); ++i) {
+      Value* v = local_.at(src_.output(i));
+      Sharding want = i < static_cast<int>(opt_.output_layouts.size()) && !opt_.output_layouts[static_cast<size_t>(i)].empty()
+                          ? full(opt_.output_layouts[static_cast<size_t>(i)])
+                          : without_partials(v->sharding());
+      KILN_RETURN_IF_ERROR(check(want, src_.output(i)->type(), "graph output '" + src_.output_name(i) + "'"));
+      KILN_ASSIGN_OR_RETURN(v, redistribute(v, want));
+      outs.push_back(v);
+    }
+    out_.set_outputs(std::move(outs), src_.output_names());
+    g.take_contents(out_);
+    return report_;
+  }
+
+ private:
+  // ---- layouts ---------------------------------------------------------------------------
+
+  Sharding replicated() const { return Sharding(static_cast<size_t>(mesh_.rank()), P::replicate()); }
+  Sharding full(const Sharding& s) const { return s.empty() ? replicated() : s; }
+  static Sharding without_partials(Sharding s) {
+    for (P& p : s)
+      if (p.is_partial()) p = P::replicate();
+    return s;
+  }
+  Status check(const Sharding& s, const TensorType& global, const std::string& what) const {
+    Status st = check_sharding(s, mesh_, global);
+    return st.ok() ? st : invalid_argument(what + ": " + st.message());
+  }
+  bool fits(const Sharding& s, const TensorType& global) const { return check_sharding(s, mesh_, global).ok(); }
+  /// Whether any axis other than `a` shards dim `d` in `s`.
+  static bool dim_shared(const Sharding& s, size_t a, int64_t d) {
+    for (size_t b = 0; b < s.size(); ++b)
+      if (b != a && s[b].is_shard() && s[b].dim == d) return true;
+    return false;
+  }
+
+  // ---- emitting ----------------------------------------------------------------------------
+
+  /// Adds a node to the per-rank graph; its result types come from the op's own shape rule on
+  /// per-rank operand types, so collectives and local shards size themselves.
+  StatusOr<Node*> emit(const std::string& op, std::vector<Value*> operands, AttrMap attrs,
+                       const std::string& name, Location loc) {
+    const OpDef* def = OpRegistry::global().find(op);
+    if (!def) return internal_error("partition: op '" + op + "' is not registered");
+    std::vector<TensorType> types(static_cast<size_t>(std::max(def->fixed_outputs(), 0)));
+    KILN_ASSIGN_OR_RETURN(Node * n, out_.create_node(op, std::move(operands), types, std::move(attrs), nullptr, {name}));
+    n->set_loc(loc);
+    std::vector<TensorType> in;
+    for (Value* v : n->operands()) in.push_back(v->type());
+    auto inferred = infer_node_types(*n, in);
+    if (!inferred.ok()) return inferred.status().with_context("partition: " + op);
+    for (int i = 0; i < n->num_results(); ++i) n->result(i)->set_type((*inferred)[static_cast<size_t>(i)]);
+    return n;
+  }
+
+  StatusOr<Value*> collective(const std::string& op, Value* v, size_t axis, AttrMap attrs, const Sharding& after) {
+    attrs["axis"] = Attribute(mesh_.axes[axis].name);
+    KILN_ASSIGN_OR_RETURN(Node * n, emit(op, {v}, std::move(attrs), v->name().empty() ? "" : v->name() + "." + op,
+                                         v->producer() ? v->producer()->loc() : Location{}));
+    n->result()->set_sharding(after);
+    if (op == "all_reduce") ++report_.all_reduce;
+    else if (op == "all_gather") ++report_.all_gather;
+    else if (op == "reduce_scatter") ++report_.reduce_scatter;
+    else if (op == "all_to_all") ++report_.all_to_all;
+    else if (op == "local_shard") ++report_.local_shard;
+    return n->result();
+  }
+
+  /// Moves `v` into layout `target` with the fewest collectives this simple scheme knows:
+  /// first every axis leaves its current state (partial sums reduced or reduce-scattered,
+  /// shards gathered or exchanged), innermost axis first; then replicated axes take their
+  /// blocks locally, outermost first (several axes splitting one dim nest outer-first).
+  StatusOr<Value*> redistribute(Value* v, const Sharding& target) {
+    Sharding cur = full(v->sharding());
+    if (cur == target) return v;
+    const auto key = std::make_pair(v, sharding_str(target));
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    Value* x = v;
+    for (int ai = mesh_.rank() - 1; ai >= 0; --ai) {
+      const auto a = static_cast<size_t>(ai);
+      if (cur[a] == target[a] || cur[a].is_replicate()) continue;
+      // An inner axis sharding the same dim must be gathered first, or the blocks interleave.
+      for (size_t b = a + 1; b < cur.size(); ++b)
+        if (cur[b].is_shard() && ((cur[a].is_shard() && cur[b].dim == cur[a].dim) ||
+                                  (target[a].is_shard() && cur[b].dim == target[a].dim))) {
+          Sharding next = cur;
+          next[b] = P::replicate();
+          KILN_ASSIGN_OR_RETURN(x, collective("all_gather", x, b, {{"dim", Attribute(cur[b].dim)}}, next));
+          cur = next;
+        }
+      Sharding next = cur;
+      if (cur[a].is_partial()) {
+        if (target[a].is_shard() && !dim_shared(cur, a, target[a].dim)) {
+          next[a] = target[a];
+          KILN_ASSIGN_OR_RETURN(x, collective("reduce_scatter", x, a,
+                                              {{"dim", Attribute(target[a].dim)},
+                                               {"reduce", Attribute(std::string(reduce_op_name(cur[a].reduce)))}},
+                                              next));
+        } else {
+          next[a] = P::replicate();
+          KILN_ASSIGN_OR_RETURN(x, collective("all_reduce", x, a,
+                                              {{"reduce", Attribute(std::string(reduce_op_name(cur[a].reduce)))}}, next));
+        }
+      } else if (target[a].is_shard() && !dim_shared(cur, a, cur[a].dim) && !dim_shared(cur, a, target[a].dim)) {
+        next[a] = target[a];
+        KILN_ASSIGN_OR_RETURN(x, collective("all_to_all", x, a,
+                                            {{"split_dim", Attribute(target[a].dim)}, {"concat_dim", Attribute(cur[a].dim)}},
+                                            next));
+      } else {
+        next[a] = P::replicate();
+        KILN_ASSIGN_OR_RETURN(x, collective("all_gather", x, a, {{"dim", Attribute(cur[a].dim)}}, next));
+      }
+      cur = next;
+    }
+    for (size_t a = 0; a < cur.size(); ++a) {
+      if (cur[a] == target[a]) continue;
+      if (!target[a].is_shard())
+        return internal_error("partition: cannot make a value " + sharding_str(target) + " from " + sharding_str(cur));
+      Sharding next = cur;
+      next[a] = target[a];
+      KILN_ASSIGN_OR_RETURN(x, collective("local_shard", x, a, {{"dim", Attribute(target[a].dim)}}, next));
+      cur = next;
+    }
+    cache_[key] = x;
+    return x;
+  }
+
+  // ---- rules -------------------------------------------------------------------------------
+
+  /// Every operand replicated (partial sums reduced), results replicated, attributes as given.
+  Decision fallback(const Node& n) const {
+    Decision d;
+    for (int i = 0; i < n.num_operands(); ++i) d.operands.push_back(replicated());
+    for (int i = 0; i < n.num_results(); ++i) d.results.push_back(replicated());
+    d.attrs = n.attrs();
+    d.fallback = true;
+    return d;
+  }
+
+  /// Layout of operand `v` (per-rank view) as the rules see it: partial sums as they are.
+  Sharding layout(const Node& n, int i) const { return full(local_.at(n.operand(i))->sharding()); }
+
+  /// Elementwise ops with numpy broadcasting: a shard survives where the operand's dim is the
+  /// output's (not broadcast); partial sums pass only through ops linear in them.
+  Decision pointwise(const Node& n) const {
+    Decision d;
+    const Value* y = n.result();
+    const int64_t ry = rank_of(y);
+    const std::string& op = n.op_name();
+    Sharding t = replicated();
+    for (size_t a = 0; a < t.size(); ++a) {
+      int partials = 0, others = 0;
+      std::optional<int64_t> shard_dim;
+      for (int i = 0; i < n.num_operands(); ++i) {
+        const P p = layout(n, i)[a];
+        const Value* x = n.operand(i);
+        if (p.is_partial()) ++partials;
+        else if (num_elements(x->shape()) != 1) ++others;
+        if (p.is_shard() && !shard_dim) {
+          const int64_t e = p.dim + (ry - rank_of(x));
+          if (dim_of(x, p.dim) == dim_of(y, e)) shard_dim = e;
+        }
+      }
+      if (shard_dim) {
+        t[a] = P::shard(*shard_dim);
+      } else if (partials > 0) {
+        const bool sum = [&] {
+          for (int i = 0; i < n.num_operands(); ++i)
+            if (layout(n, i)[a].is_partial() && layout(n, i)[a].reduce != ReduceOp::kSum) return false;
+          return true;
+        }();
+        // Linear in the partial operands: a replicated term (even a scalar) added on every
+        // rank would be counted once per rank.
+        const bool linear = sum && ((op == "neg" || op == "identity") ||
+                                    ((op == "add" || op == "sub") && partials == n.num_operands()) ||
+                                    (op == "mul" && partials == 1) ||
+                                    (op == "div" && partials == 1 && layout(n, 0)[a].is_partial()));
+        if (linear) t[a] = P::partial();
+        else if (opt_.policy.shard_partial_sums_along >= 0 && opt_.policy.shard_partial_sums_along < ry)
+          t[a] = P::shard(opt_.policy.shard_partial_sums_along);
+      }
+    }
+    for (size_t a = 0; a < t.size(); ++a)
+      if (t[a].is_shard() && !fits(Sharding{t}, y->type())) t[a] = P::replicate();
+    if (!fits(t, y->type())) t = replicated();
+    for (int i = 0; i < n.num_operands(); ++i) {
+      const Value* x = n.operand(i);
+      Sharding s = replicated();
+      for (size_t a = 0; a < t.size(); ++a) {
+        if (t[a].is_partial()) {
+          s[a] = layout(n, i)[a].is_partial() ? layout(n, i)[a] : P::replicate();
+        } else if (t[a].is_shard()) {
+          const int64_t dx = t[a].dim - (ry - rank_of(x));
+          if (dx >= 0 && dim_of(x, dx) == dim_of(y, t[a].dim)) s[a] = P::shard(dx);
+        }
+      }
+      d.operands.push_back(s);
+    }
+    d.results = {t};
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  std::optional<Sharding> ask_policy(const Node& n, int weight, const Sharding& act) const {
+    if (!opt_.policy.weight_layout) return std::nullopt;
+    auto s = opt_.policy.weight_layout(WeightChoice{n, weight, act});
+    if (!s || static_cast<int>(s->size()) != mesh_.rank()) return std::nullopt;
+    return s;
+  }
+
+  /// linear(x [..., K], w [N, K], bias? [N]) -> [..., N]: column parallel (w split on N),
+  /// row parallel (K split on both sides, partial sums), or batch dims carried through.
+  Decision linear(const Node& n) const {
+    const Value* x = n.operand(0);
+    const Value* w = n.operand(1);
+    const int64_t r = rank_of(x), last = r - 1;
+    if (rank_of(w) != 2 || r < 1) return fallback(n);
+    Sharding sx = without_partials(layout(n, 0)), sw = without_partials(layout(n, 1));
+    if (is_replicated(sw))
+      if (auto pick = ask_policy(n, 1, layout(n, 0))) sw = *pick;
+    Decision d;
+    Sharding tx = replicated(), tw = replicated(), ty = replicated(), tb = replicated();
+    // A weight's layout wins over the activation's: a column-parallel weight gathers a
+    // sequence-sharded activation rather than being gathered itself.
+    for (size_t a = 0; a < tx.size(); ++a) {
+      if (sw[a].is_shard() && sw[a].dim == 0) {  // column parallel
+        tw[a] = P::shard(0), ty[a] = P::shard(last), tb[a] = P::shard(0);
+      } else if ((sw[a].is_shard() && sw[a].dim == 1) || (sx[a].is_shard() && sx[a].dim == last)) {  // row parallel
+        tx[a] = P::shard(last), tw[a] = P::shard(1), ty[a] = P::partial();
+        d.bias_after_reduce = n.num_operands() > 2;
+      } else if (sx[a].is_shard()) {  // batch dims
+        tx[a] = sx[a], ty[a] = sx[a];
+      }
+    }
+    if (!fits(tx, x->type()) || !fits(tw, w->type()) || !fits(ty, n.result()->type())) return fallback(n);
+    d.operands = {tx, tw};
+    if (n.num_operands() > 2) d.operands.push_back(d.bias_after_reduce ? replicated() : tb);
+    d.results = {ty};
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  /// matmul(a [..., M, K], b [..., K, N]) with numpy batch broadcasting (rank >= 2 each).
+  Decision matmul(const Node& n) const {
+    const Value* A = n.operand(0);
+    const Value* B = n.operand(1);
+    const Value* y = n.result();
+    const int64_t ra = rank_of(A), rb = rank_of(B), ry = rank_of(y);
+    if (ra < 2 || rb < 2) return fallback(n);
+    Sharding sa = without_partials(layout(n, 0)), sb = without_partials(layout(n, 1));
+    if (is_replicated(sb) && B->producer() && B->producer()->op_name() == "constant")
+      if (auto pick = ask_policy(n, 1, layout(n, 0))) sb = *pick;
+    Sharding ta = replicated(), tb = replicated(), ty = replicated();
+    for (size_t a = 0; a < ta.size(); ++a) {
+      const P pa = sa[a], pb = sb[a];
+      const bool a_k = pa.is_shard() && pa.dim == ra - 1, b_k = pb.is_shard() && pb.dim == rb - 2;
+      const bool b_n = pb.is_shard() && pb.dim == rb - 1, a_m = pa.is_shard() && pa.dim == ra - 2;
+      if (a_k || b_k) {
+        ta[a] = P::shard(ra - 1), tb[a] = P::shard(rb - 2), ty[a] = P::partial();
+      } else if (b_n) {
+        tb[a] = pb, ty[a] = P::shard(ry - 1);
+      } else if (a_m) {
+        ta[a] = pa, ty[a] = P::shard(ry - 2);
+      } else if (pa.is_shard() || pb.is_shard()) {  // a batch dim
+        const bool from_a = pa.is_shard();
+        const int64_t e = from_a ? pa.dim + (ry - ra) : pb.dim + (ry - rb);
+        const int64_t da = e - (ry - ra), db = e - (ry - rb);
+        const bool a_has = da >= 0 && da < ra - 2 && dim_of(A, da) == dim_of(y, e);
+        const bool b_has = db >= 0 && db < rb - 2 && dim_of(B, db) == dim_of(y, e);
+        if (a_has) ta[a] = P::shard(da);
+        if (b_has) tb[a] = P::shard(db);
+        ty[a] = P::shard(e);
+      }
+    }
+    if (!fits(ta, A->type()) || !fits(tb, B->type()) || !fits(ty, y->type())) return fallback(n);
+    Decision d;
+    d.operands = {ta, tb};
+    d.results = {ty};
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  /// Ops that only rename dims (transpose, squeeze, unsqueeze, identity): shards follow the
+  /// dim map, partial sums pass.
+  Decision remap(const Node& n, const std::function<int64_t(int64_t)>& to_out) const {
+    Sharding s = layout(n, 0), t = s;
+    for (size_t a = 0; a < t.size(); ++a)
+      if (s[a].is_shard()) {
+        const int64_t e = to_out(s[a].dim);
+        if (e < 0) return fallback(n);
+        t[a] = P::shard(e);
+      }
+    if (!fits(without_partials(t), n.result()->type())) return fallback(n);
+    Decision d;
+    d.operands = {s};
+    d.results = {t};
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  /// reshape: a shard on input dim d moves to output dim e when the dims before them hold the
+  /// same number of elements (so blocks stay contiguous) and e divides evenly; the target shape
+  /// attribute is rewritten to per-rank sizes.
+  Decision reshape(const Node& n) const {
+    const Value* x = n.operand(0);
+    const Value* y = n.result();
+    if (!is_static(x->shape()) || !is_static(y->shape())) return fallback(n);
+    const auto xs = static_sizes(x->shape()), ys = static_sizes(y->shape());
+    auto prefix = [](const std::vector<int64_t>& s, size_t upto) {
+      int64_t p = 1;
+      for (size_t i = 0; i < upto; ++i) p *= s[i];
+      return p;
+    };
+    Sharding s = layout(n, 0), t = s;
+    for (size_t a = 0; a < s.size(); ++a) {
+      if (!s[a].is_shard()) continue;
+      const auto dx = static_cast<size_t>(s[a].dim);
+      std::optional<int64_t> e;
+      for (size_t k = 0; k < ys.size() && !e; ++k)
+        if (prefix(ys, k) == prefix(xs, dx) && ys[k] > 1) e = static_cast<int64_t>(k);
+      if (!e) return fallback(n);
+      t[a] = P::shard(*e);
+    }
+    if (!fits(without_partials(t), y->type())) return fallback(n);
+    // The same blocks: the split factor of input dim d must equal that of its output dim.
+    Decision d;
+    d.operands = {s};
+    d.results = {t};
+    d.attrs = n.attrs();
+    const Shape local = local_shape(y->shape(), t, mesh_);
+    std::vector<int64_t> shape = n.get_ints("shape");
+    if (shape.size() == ys.size())
+      for (size_t k = 0; k < shape.size(); ++k)
+        if (shape[k] > 0) shape[k] = local[k].value();
+    d.attrs["shape"] = Attribute(shape);
+    return d;
+  }
+
+  /// expand: shards on dims the op does not broadcast stay; the target shape is made per-rank.
+  Decision expand(const Node& n) const {
+    const Value* x = n.operand(0);
+    const Value* y = n.result();
+    const int64_t off = rank_of(y) - rank_of(x);
+    Sharding s = without_partials(layout(n, 0)), t = s;
+    for (size_t a = 0; a < s.size(); ++a)
+      if (s[a].is_shard()) {
+        if (!(dim_of(x, s[a].dim) == dim_of(y, s[a].dim + off))) return fallback(n);
+        t[a] = P::shard(s[a].dim + off);
+      }
+    if (!fits(t, y->type())) return fallback(n);
+    Decision d;
+    d.operands = {s};
+    d.results = {t};
+    d.attrs = n.attrs();
+    std::vector<int64_t> shape = n.get_ints("shape");
+    const Shape local = local_shape(y->shape(), t, mesh_);
+    const int64_t so = rank_of(y) - static_cast<int64_t>(shape.size());
+    for (size_t k = 0; k < shape.size(); ++k) {
+      const Dim& l = local[static_cast<size_t>(static_cast<int64_t>(k) + so)];
+      if (shape[k] > 1 && l.is_static()) shape[k] = l.value();
+    }
+    d.attrs["shape"] = Attribute(shape);
+    return d;
+  }
+
+  /// Reductions over `axes` (reduce_*, softmax and norms over their axes, argmax): shards on
+  /// kept dims stay (renumbered when dims are dropped); a shard on a reduced dim makes a
+  /// partial sum/max where the op is one, else the operand is gathered first.
+  Decision reduction(const Node& n, std::vector<int64_t> axes, bool keepdims, std::optional<ReduceOp> partial_kind,
+                     bool partial_passes) const {
+    const int64_t r = rank_of(n.operand(0));
+    for (int64_t& ax : axes) ax = ax < 0 ? ax + r : ax;
+    auto reduced = [&](int64_t d) { return std::find(axes.begin(), axes.end(), d) != axes.end(); };
+    Sharding s = layout(n, 0), tx = s, t = s;
+    for (size_t a = 0; a < s.size(); ++a) {
+      if (s[a].is_partial()) {
+        if (!(partial_passes && partial_kind && s[a].reduce == *partial_kind)) tx[a] = t[a] = P::replicate();
+      } else if (s[a].is_shard()) {
+        if (reduced(s[a].dim)) {
+          if (partial_kind) t[a] = P::partial(*partial_kind);
+          else tx[a] = t[a] = P::replicate();
+        } else {
+          int64_t e = s[a].dim;
+          if (!keepdims)
+            for (int64_t ax : axes) e -= ax < s[a].dim ? 1 : 0;
+          t[a] = P::shard(e);
+        }
+      }
+    }
+    if (!fits(without_partials(t), n.result()->type())) return fallback(n);
+    Decision d;
+    d.operands = {tx};
+    for (int i = 1; i < n.num_operands(); ++i) d.operands.push_back(replicated());  // scale, bias
+    for (int i = 0; i < n.num_results(); ++i) d.results.push_back(t);
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  /// attention(q, k, v, mask?) [B, H, S, D]: batch or heads sharded alike on q, k and v.
+  Decision attention(const Node& n) const {
+    Sharding sq = without_partials(layout(n, 0));
+    Sharding tq = replicated(), tkv = replicated(), tm = replicated();
+    for (size_t a = 0; a < sq.size(); ++a)
+      if (sq[a].is_shard() && (sq[a].dim == 0 || sq[a].dim == 1)) {
+        tq[a] = tkv[a] = sq[a];
+        if (n.num_operands() > 3) {
+          const Value* m = n.operand(3);
+          const int64_t dm = sq[a].dim - (4 - rank_of(m));
+          if (dm >= 0 && !(dim_of(m, dm) == Dim(1))) tm[a] = P::shard(dm);
+        }
+      }
+    for (int i = 0; i < 3; ++i)
+      if (!fits(i == 0 ? tq : tkv, n.operand(i)->type())) return fallback(n);
+    if (n.num_operands() > 3 && !fits(tm, n.operand(3)->type())) return fallback(n);
+    Decision d;
+    d.operands = {tq, tkv, tkv};
+    if (n.num_operands() > 3) d.operands.push_back(tm);
+    d.results = {tq};
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  /// gather(data, indices, axis): replicated data, indices' shards become the output's
+  /// (an embedding lookup of batch-sharded token ids).
+  Decision gather(const Node& n) const {
+    const int64_t axis = n.get_int("axis") < 0 ? n.get_int("axis") + rank_of(n.operand(0)) : n.get_int("axis");
+    Sharding si = without_partials(layout(n, 1)), t = replicated();
+    for (size_t a = 0; a < si.size(); ++a)
+      if (si[a].is_shard()) t[a] = P::shard(axis + si[a].dim);
+    if (!fits(t, n.result()->type())) return fallback(n);
+    Decision d;
+    d.operands = {replicated(), si};
+    d.results = {t};
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  /// Ops that keep every dim but `axis` (or the spatial dims) as they are: shards elsewhere
+  /// stay, the named dims must be whole.
+  Decision keep_dims_except(const Node& n, const std::set<int64_t>& whole, int extra_replicated_operands) const {
+    Sharding s = without_partials(layout(n, 0));
+    for (P& p : s)
+      if (p.is_shard() && whole.count(p.dim)) p = P::replicate();
+    for (int i = 0; i < n.num_results(); ++i)
+      if (!fits(s, n.result(i)->type())) return fallback(n);
+    Decision d;
+    d.operands = {s};
+    for (int i = 1; i < n.num_operands(); ++i) d.operands.push_back(extra_replicated_operands ? replicated() : s);
+    for (int i = 0; i < n.num_results(); ++i) d.results.push_back(s);
+    d.attrs = n.attrs();
+    return d;
+  }
+
+  Decision decide(const Node& n) const {
+    const std::string& op = n.op_name();
+    if (n.num_regions() > 0 || side_effects(n) || n.num_operands() == 0) return fallback(n);
+    if (is_pointwise(n) || op == "where") return pointwise(n);
+    const int64_t r = rank_of(n.operand(0));
+    auto norm_axis = [&](int64_t ax) { return ax < 0 ? ax + r : ax; };
+    if (op == "linear") return linear(n);
+    if (op == "matmul") return matmul(n);
+    if (op == "reshape") return reshape(n);
+    if (op == "expand") return expand(n);
+    if (op == "identity") return remap(n, [](int64_t d) { return d; });
+    if (op == "transpose") {
+      std::vector<int64_t> perm = n.get_ints("perm");
+      if (perm.empty())
+        for (int64_t i = r - 1; i >= 0; --i) perm.push_back(i);
+      return remap(n, [perm](int64_t d) {
+        for (size_t i = 0; i < perm.size(); ++i)
+          if (perm[i] == d) return static_cast<int64_t>(i);
+        return int64_t{-1};
+      });
+    }
+    if (op == "unsqueeze" || op == "squeeze") {
+      std::vector<int64_t> axes = n.get_ints("axes");
+      const int64_t ry = rank_of(n.result());
+      for (int64_t& ax : axes) ax = ax < 0 ? ax + (op == "unsqueeze" ? ry : r) : ax;
+      return remap(n, [axes, op](int64_t d) {
+        int64_t e = d;
+        if (op == "squeeze") {
+          for (int64_t ax : axes) e -= ax < d ? 1 : 0;
+        } else {
+          std::vector<int64_t> sorted = axes;
+          std::sort(sorted.begin(), sorted.end());
+          for (int64_t ax : sorted) e += ax <= e ? 1 : 0;
+        }
+        return e;
+      });
+    }
+    if (op.rfind("reduce_", 0) == 0 && n.get_ints("axes").empty()) return fallback(n);  // over every dim
+    if (op == "reduce_sum") return reduction(n, n.get_ints("axes"), n.get_int("keepdims", 1) != 0, ReduceOp::kSum, true);
+    if (op == "reduce_max") return reduction(n, n.get_ints("axes"), n.get_int("keepdims", 1) != 0, ReduceOp::kMax, true);
+    if (op == "reduce_min" || op == "reduce_mean" || op == "reduce_prod")
+      return reduction(n, n.get_ints("axes"), n.get_int("keepdims", 1) != 0, std::nullopt, false);
+    if (op == "softmax" || op == "log_softmax") return reduction(n, {norm_axis(n.get_int("axis"))}, true, std::nullopt, false);
+    if (op == "argmax" || op == "argmin")
+      return reduction(n, {norm_axis(n.get_int("axis"))}, n.get_int("keepdims", 1) != 0, std::nullopt, false);
+    if (op == "layer_norm" || op == "rms_norm") {
+      std::vector<int64_t> axes;
+      for (int64_t d = norm_axis(n.get_int("axis", -1)); d < r; ++d) axes.push_back(d);
+      return reduction(n, axes, true, std::nullopt, false);
+    }
+    if (op == "attention") return attention(n);
+    if (op == "gather") return gather(n);
+    if (op == "split" || op == "concat") {
+      for (int i = 1; i < n.num_operands(); ++i)
+        if (layout(n, i) != layout(n, 0)) return fallback(n);
+      return keep_dims_except(n, {norm_axis(n.get_int("axis"))}, 0);
+    }
+    if (op == "slice") {
+      std::vector<int64_t> axes = n.get_ints("axes");
+      if (axes.empty())
+        for (size_t i = 0; i < n.get_ints("starts").size(); ++i) axes.push_back(static_cast<int64_t>(i));
+      std::set<int64_t> whole;
+      for (int64_t ax : axes) whole.insert(norm_axis(ax));
+      return keep_dims_except(n, whole, 0);
+    }
+    if (op == "conv" || op == "max_pool" || op == "avg_pool" || op == "batch_norm") {
+      std::set<int64_t> whole;
+      for (int64_t d = 1; d < r; ++d) whole.insert(d);  // only the batch dim may stay sharded
+      return keep_dims_except(n, whole, 1);
+    }
+    if (op == "matmul_int4" || op == "scaled_matmul") {
+      std::set<int64_t> whole = {r - 1};
+      return keep_dims_except(n, whole, 1);
+    }
+    return fallback(n);
+  }
+
+  /// Partitions one node of the global graph into the per-rank graph.
+  Status lower(const Node& n) {
+    Decision d = decide(n);
+    if (d.fallback) ++report_.replicated_fallbacks;
+    std::vector<Value*> operands;
+    for (int i = 0; i < n.num_operands(); ++i) {
+      KILN_ASSIGN_OR_RETURN(Value * v, redistribute(local_.at(n.operand(i)), d.operands[static_cast<size_t>(i)]));
+      operands.push_back(v);
+    }
+    if (d.bias_after_reduce) operands.pop_back();
+    std::vector<TensorType> types;
+    std::vector<std::string> names;
+    for (int i = 0; i < n.num_results(); ++i) {
+      const Value* r = n.result(i);
+      types.push_back(TensorType{r->dtype(), local_shape(r->shape(), without_partials(d.results[static_cast<size_t>(i)]), mesh_)});
+      names.push_back(r->name());
+    }
+    KILN_ASSIGN_OR_RETURN(Node * m, out_.create_node(n.op_name(), operands, types, d.attrs, nullptr, names));
+    m->set_loc(n.loc());
+    for (int k = 0; k < n.num_regions(); ++k) m->add_region(n.region(k).clone());
+    std::vector<TensorType> in;
+    for (Value* v : operands) in.push_back(v->type());
+    auto inferred = infer_node_types(*m, in);
+    if (!inferred.ok()) return inferred.status().with_context("partition");
+    for (int i = 0; i < m->num_results(); ++i) {
+      if ((*inferred)[static_cast<size_t>(i)] != types[static_cast<size_t>(i)])
+        return internal_error("partition: '" + n.op_name() + "' laid out " + sharding_str(d.results[static_cast<size_t>(i)]) +
+                              " should compute " + types[static_cast<size_t>(i)].str() + " per rank, its shape rule gives " +
+                              (*inferred)[static_cast<size_t>(i)].str());
+      m->result(i)->set_sharding(d.results[static_cast<size_t>(i)]);
+    }
+    for (int i = 0; i < n.num_results(); ++i) {
+      Value* v = m->result(i);
+      if (d.bias_after_reduce) {
+        KILN_ASSIGN_OR_RETURN(v, redistribute(v, without_partials(v->sharding())));
+        KILN_ASSIGN_OR_RETURN(Value * bias, redistribute(local_.at(n.operand(2)), replicated()));
+        KILN_ASSIGN_OR_RETURN(Node * add, emit("add", {v, bias}, {}, n.result(i)->name() + ".biased", n.loc()));
+        add->result()->set_sharding(v->sharding());
+        v = add->result();
+      }
+      // A placement written on the global value is a request: honour it once computed.
+      if (!n.result(i)->sharding().empty()) {
+        KILN_RETURN_IF_ERROR(check(n.result(i)->sharding(), n.result(i)->type(), "%" + n.result(i)->name()));
+        KILN_ASSIGN_OR_RETURN(v, redistribute(v, n.result(i)->sharding()));
+      }
+      local_[n.result(i)] = v;
+    }
+    return ok_status();
+  }
+
+  const Graph& src_;
+  const DeviceMesh mesh_;
+  const PartitionOptions& opt_;
+  Graph out_;
+  PartitionReport report_;
+  std::unordered_map<const Value*, Value*> local_;
+  std::map<std::pair<Value*, std::string>, Value*> cache_;
+};
+
+}  // namespace
+
+StatusOr<PartitionReport> partition(Graph& g, const PartitionOptions& options) {
+  if (g.is_per_rank()) return failed_precondition("partition: graph @" + g.name() + " is already a per-rank program");
+  Partitioner p(g, options);
+  return p.run(g);
+}
+
+StatusOr<DeviceMesh> parse_mesh_option(const std::string& text) {
+  DeviceMesh mesh;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto eq = item.find('=');
+    auto trim = [](std::string s) {
+      const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+      return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+    };
+    if (eq == std::string::npos) return invalid_argument("mesh '" + text + "': expected NAME=SIZE, got '" + trim(item) + "'");
+    DeviceMesh::Axis axis{trim(item.substr(0, eq)), 0};
+    const std::string size = trim(item.substr(eq + 1));
+    try {
+      size_t used = 0;
+      axis.size = std::stoll(size, &used);
+      if (used != size.size()) throw std::invalid_argument(size);
+    } catch (const std::exception&) {
+      return invalid_argument("mesh '" + text + "': size of axis '" + axis.name + "' must be an integer, got '" + size + "'");
+    }
+    mesh.axes.push_back(std::move(axis));
+  }
+  if (mesh.empty()) return invalid_argument("mesh '" + text + "' names no axes");
+  Status s = mesh.validate();
+  if (!s.ok()) return invalid_argument("mesh '" + text + "': " + s.message());
+  return mesh;
+}
+
+StatusOr<int> strategy_axis(const DeviceMesh& mesh, const std::string& name, int fallback_index, const std::string& who) {
+  if (name.empty()) return fallback_index < 0 ? mesh.rank() + fallback_index : fallback_index;
+  const int a = mesh.axis_index(name);
+  if (a < 0) return invalid_argument(who + ": mesh " + mesh.str() + " has no axis '" + name + "'");
+  return a;
+}
+
+Status shard_batch_inputs(Graph& g, int axis, int64_t batch_dim, const std::vector<std::string>& names,
+                          const std::string& who) {
+  const DeviceMesh& mesh = g.mesh();
+  std::vector<Value*> chosen;
+  for (const std::string& name : names) {
+    Value* found = nullptr;
+    for (Value* in : g.inputs())
+      if (in->name() == name) found = in;
+    if (!found) return not_found(who + ": graph @" + g.name() + " has no input '" + name + "'");
+    chosen.push_back(found);
+  }
+  if (names.empty()) {
+    for (Value* in : g.inputs())
+      if (in->type().rank() > batch_dim && !in->shape()[static_cast<size_t>(batch_dim)].is_static()) chosen.push_back(in);
+    if (chosen.empty() && g.num_inputs() > 0) chosen.push_back(g.input(0));
+  }
+  for (Value* in : chosen) {
+    if (in->type().rank() <= batch_dim)
+      return invalid_argument(who + ": input %" + in->name() + " " + in->type().str() + " has no dim " + std::to_string(batch_dim));
+    Sharding s = in->sharding().empty() ? Sharding(static_cast<size_t>(mesh.rank()), Placement::replicate()) : in->sharding();
+    s[static_cast<size_t>(axis)] = Placement::shard(batch_dim);
+    if (Status st = check_sharding(s, mesh, in->type()); !st.ok())
+      return invalid_argument(who + ": input %" + in->name() + ": " + st.message());
+    in->set_sharding(std::move(s));
+  }
+  return ok_status();
+}
+
+Status start_strategy(Graph& g, const DeviceMesh& mesh, const std::string& who) {
+  if (g.is_per_rank()) return failed_precondition(who + ": graph @" + g.name() + " is already a per-rank program");
+  if (!g.mesh().empty() && g.mesh() != mesh)
+    return invalid_argument(who + ": graph @" + g.name() + " is laid out on mesh " + g.mesh().str() + ", the strategy on " +
+                            mesh.str());
+  g.set_mesh(mesh);
+  return ok_status();
+}
+
+}  // namespace kiln::parallel
