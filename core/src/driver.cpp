@@ -7,6 +7,7 @@
 #include <set>
 
 #include "kiln/core/loader.h"
+#include "kiln/ir/mesh_run.h"
 #include "kiln/ir/verifier.h"
 
 namespace kiln {
@@ -105,8 +106,51 @@ Status run_pipeline_passes(Graph& g, const Pipeline& p, const Registry& reg,
   return s;
 }
 
+TensorType interface_type(const Graph& g, const Value* v) {
+  if (!g.is_per_rank()) return v->type();
+  return TensorType{v->dtype(), global_shape(v->shape(), v->sharding(), g.mesh())};
+}
+
+namespace {
+
+/// Runs a per-rank program for every rank of its mesh in this process (the reference
+/// interpreter, one thread per rank): whole inputs are cut into each rank's pieces and the
+/// pieces of each output put back together.
+StatusOr<std::vector<Tensor>> run_whole_mesh(const Graph& g, std::span<const Tensor> inputs) {
+  const DeviceMesh& mesh = g.mesh();
+  std::vector<std::vector<Tensor>> per_rank(static_cast<size_t>(mesh.num_ranks()));
+  for (int i = 0; i < g.num_inputs(); ++i)
+    for (int64_t r = 0; r < mesh.num_ranks(); ++r) {
+      auto piece = local_piece(inputs[static_cast<size_t>(i)], g.input(i)->sharding(), mesh, r);
+      if (!piece.ok()) return piece.status().with_context("input '" + graph_input_name(g, i) + "'");
+      per_rank[static_cast<size_t>(r)].push_back(std::move(*piece));
+    }
+  const Graph* program[] = {&g};
+  KILN_ASSIGN_OR_RETURN(auto outs, run_mesh(mesh, program, per_rank));
+  std::vector<Tensor> whole;
+  for (int i = 0; i < g.num_outputs(); ++i) {
+    std::vector<Tensor> pieces;
+    for (auto& rank_outs : outs) pieces.push_back(rank_outs[static_cast<size_t>(i)]);
+    auto t = assemble(pieces, g.output(i)->sharding(), mesh);
+    if (!t.ok()) return t.status().with_context("output '" + graph_output_name(g, i) + "'");
+    whole.push_back(std::move(*t));
+  }
+  return whole;
+}
+
+}  // namespace
+
 StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,
                                               const Registry& reg, std::span<const Tensor> inputs) {
+  if (g.is_per_rank() && g.mesh().num_ranks() > 1) {
+    if (backend.name != "reference")
+      return unimplemented("graph '" + g.name() + "' is a per-rank program for a mesh of " +
+                           std::to_string(g.mesh().num_ranks()) + " ranks " + g.mesh().str() +
+                           ": in one process it runs on backend 'reference' (every rank simulated); on '" +
+                           backend.name + "' start one process per rank (kiln launch -n " +
+                           std::to_string(g.mesh().num_ranks()) + " -- kiln run ..., or torchrun/srun/mpirun)");
+    return run_whole_mesh(g, inputs);
+  }
   KILN_ASSIGN_OR_RETURN(const BackendInfo* info, reg.backend(backend.name));
   const std::string who = "backend '" + info->name + "'";
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, info->create(backend.options));
@@ -182,7 +226,7 @@ StatusOr<std::vector<Tensor>> bind_inputs(const Graph& g, const InputBindings& b
     auto it = b.given.find(name);
     if (it == b.given.end()) continue;
     const Tensor& t = it->second;
-    const TensorType& want = g.input(i)->type();
+    const TensorType want = interface_type(g, g.input(i));
     const std::string mismatch = "input '" + name + "': got " + t.type().str() + ", expected " + want.str();
     if (t.dtype() != want.dtype || t.rank() != want.rank()) return invalid_argument(mismatch);
     for (int64_t d = 0; d < t.rank(); ++d) {
@@ -215,7 +259,7 @@ StatusOr<std::vector<Tensor>> bind_inputs(const Graph& g, const InputBindings& b
       out.push_back(it->second);
       continue;
     }
-    const TensorType& type = g.input(i)->type();
+    const TensorType type = interface_type(g, g.input(i));
     if (!b.random)
       return invalid_argument("missing input '" + name + "' (" + type.str() +
                               "); give --input " + name + "=@FILE.npy or --random-inputs");

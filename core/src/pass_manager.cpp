@@ -142,11 +142,20 @@ Status PassManager::run(Graph& g, const std::vector<StageSpec>& passes,
   };
   std::vector<Planned> plan;
   for (const StageSpec& spec : passes) {
-    KILN_ASSIGN_OR_RETURN(const PassInfo* info, reg_.pass(spec.name));
+    const PluginEntry* info = nullptr;
+    std::function<StatusOr<std::unique_ptr<Pass>>(const Options&)> create;
+    if (spec.parallel) {
+      KILN_ASSIGN_OR_RETURN(const ParallelInfo* par, reg_.parallel(spec.name));
+      info = par, create = par->create;
+    } else {
+      KILN_ASSIGN_OR_RETURN(const PassInfo* pass, reg_.pass(spec.name));
+      info = pass, create = pass->create;
+    }
     // Resolving again fills defaults for stages built by hand and is a no-op otherwise.
     KILN_ASSIGN_OR_RETURN(Options opts, resolve_options(info->options, spec.options.values(),
-                                                        "pass '" + spec.name + "'"));
-    auto pass = info->create(opts);
+                                                        std::string(spec.parallel ? "parallel strategy '" : "pass '") +
+                                                            spec.name + "'"));
+    auto pass = create(opts);
     if (!pass.ok()) return error_at(spec.loc, pass.status().code(), pass.status().message());
     plan.push_back({&spec, spec.name + opts.canonical(info->options), std::move(pass).value()});
   }

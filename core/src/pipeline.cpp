@@ -228,7 +228,19 @@ class LineParser {
     const char c = peek();
     if (c == '\0' || c == '|') return out;
     do {
-      KILN_ASSIGN_OR_RETURN(StageSpec st, stage(PluginKind::kPass));
+      // A parallel strategy may stand among the passes, at the place it runs.
+      skip_ws();
+      const size_t at = pos_;
+      auto word = name();
+      pos_ = at;
+      const bool parallel = word.ok() && !reg_.find(PluginKind::kPass, *word).ok() &&
+                            reg_.find(PluginKind::kParallel, *word).ok();
+      KILN_ASSIGN_OR_RETURN(StageSpec st, stage(parallel ? PluginKind::kParallel : PluginKind::kPass));
+      st.parallel = parallel;
+      if (parallel)
+        for (const StageSpec& earlier : out)
+          if (earlier.parallel)
+            return error(at, "a pipeline runs one parallel strategy; '" + earlier.name + "' comes first");
       out.push_back(std::move(st));
     } while (eat(','));
     return out;
@@ -432,6 +444,46 @@ class TomlReader {
     return st;
   }
 
+  /// [parallel]: strategy, mesh, options, after. Inserts the strategy into the pass list.
+  Status parallel(const toml::node& n, std::vector<StageSpec>& passes) const {
+    if (!n.is_table()) return type_error(n, "'parallel'", "a table");
+    const toml::table& t = *n.as_table();
+    KILN_RETURN_IF_ERROR(check_keys(t, {"strategy", "mesh", "options", "after"}, "[parallel]"));
+    const toml::node* name_node = t.get("strategy");
+    if (!name_node) return error(n.source(), "[parallel] lacks 'strategy'");
+    StageSpec st;
+    st.parallel = true;
+    KILN_ASSIGN_OR_RETURN(st.name, string(*name_node, "'strategy' in [parallel]"));
+    st.loc = loc(name_node->source());
+    auto entry = reg_->find(PluginKind::kParallel, st.name);
+    if (!entry.ok()) return error(name_node->source(), entry.status().message());
+    const std::string owner = owner_name(PluginKind::kParallel, st.name);
+    KILN_ASSIGN_OR_RETURN(st.options, options(t.get("options"), (*entry)->options, owner));
+    if (const toml::node* mesh = t.get("mesh")) {
+      if (t.get("options") && t.get("options")->is_table() && t.get("options")->as_table()->get("mesh"))
+        return error(mesh->source(), "[parallel] gives the mesh twice: as 'mesh' and in 'options'");
+      KILN_ASSIGN_OR_RETURN(std::string text, string(*mesh, "'mesh' in [parallel]"));
+      auto one = resolve_options((*entry)->options, {{"mesh", OptionValue(text)}}, owner);
+      if (!one.ok()) return error(mesh->source(), one.status().message());
+      st.options.set("mesh", text);
+    }
+    for (const StageSpec& s : passes)
+      if (s.parallel) return error(n.source(), "a pipeline runs one parallel strategy; '" + s.name + "' is in 'passes'");
+    // Default place: after the clean-up passes the list starts with (the strategy partitions a
+    // tidy global graph; fusion, quantization and scheduling then work on the per-rank one).
+    size_t at = 0;
+    while (at < passes.size() && (passes[at].name == "canonicalize" || passes[at].name == "cse" || passes[at].name == "dce"))
+      ++at;
+    if (const toml::node* after = t.get("after")) {
+      KILN_ASSIGN_OR_RETURN(std::string pass, string(*after, "'after' in [parallel]"));
+      auto it = std::find_if(passes.begin(), passes.end(), [&](const StageSpec& s) { return s.name == pass; });
+      if (it == passes.end()) return error(after->source(), "[parallel] after = '" + pass + "', which is not in 'passes'");
+      at = static_cast<size_t>(it - passes.begin()) + 1;
+    }
+    passes.insert(passes.begin() + static_cast<std::ptrdiff_t>(at), std::move(st));
+    return ok_status();
+  }
+
   StatusOr<std::vector<std::string>> plugin_paths(const toml::table& root) const {
     const toml::node* n = root.get("plugins");
     if (!n) return std::vector<std::string>{};
@@ -448,7 +500,7 @@ class TomlReader {
   }
 
   StatusOr<Pipeline> pipeline(const toml::table& root) const {
-    KILN_RETURN_IF_ERROR(check_keys(root, {"frontend", "passes", "backend", "runtime", "plugins"}, "the pipeline"));
+    KILN_RETURN_IF_ERROR(check_keys(root, {"frontend", "passes", "parallel", "backend", "runtime", "plugins"}, "the pipeline"));
     Pipeline p;
     if (const toml::node* n = root.get("frontend")) {
       KILN_ASSIGN_OR_RETURN(p.frontend, stage(*n, PluginKind::kFrontend, "[frontend]", {"name", "options"}));
@@ -460,6 +512,7 @@ class TomlReader {
         p.passes.push_back(std::move(st));
       }
     }
+    if (const toml::node* n = root.get("parallel")) KILN_RETURN_IF_ERROR(parallel(*n, p.passes));
     if (const toml::node* n = root.get("backend")) {
       KILN_ASSIGN_OR_RETURN(p.backend, stage(*n, PluginKind::kBackend, "[backend]", {"name", "targets", "options"}));
       const toml::node* targets = n->is_table() ? n->as_table()->get("targets") : nullptr;
@@ -521,7 +574,7 @@ std::string Pipeline::canonical(const Registry& reg) const {
   parts.push_back(stage_text(reg, PluginKind::kFrontend, frontend));
   std::string list;
   for (size_t i = 0; i < passes.size(); ++i)
-    list += (i ? "," : "") + stage_text(reg, PluginKind::kPass, passes[i]);
+    list += (i ? "," : "") + stage_text(reg, passes[i].parallel ? PluginKind::kParallel : PluginKind::kPass, passes[i]);
   parts.push_back(list);
   std::string be = stage_text(reg, PluginKind::kBackend, backend);
   for (size_t i = 0; i < targets.size(); ++i) be += (i ? "," : "@") + targets[i];

@@ -135,6 +135,15 @@ Shape local_shape(const Shape& global, const Sharding& s, const DeviceMesh& mesh
   return out;
 }
 
+Shape global_shape(const Shape& local, const Sharding& s, const DeviceMesh& mesh) {
+  Shape out = local;
+  for (size_t d = 0; d < out.size(); ++d) {
+    const int64_t n = split_factor(s, mesh, static_cast<int64_t>(d));
+    if (n > 1 && out[d].is_static()) out[d] = Dim(out[d].value() * n);
+  }
+  return out;
+}
+
 std::vector<std::pair<int64_t, int64_t>> local_ranges(const std::vector<int64_t>& global, const Sharding& s,
                                                       const DeviceMesh& mesh, int64_t rank) {
   std::vector<std::pair<int64_t, int64_t>> ranges;

@@ -59,7 +59,13 @@ StatusOr<std::unique_ptr<Graph>> import_model(const std::string& path, const Sta
 Status run_pipeline_passes(Graph& g, const Pipeline& p, const Registry& reg,
                            const PassManagerOptions& opts, std::vector<PassTiming>* timings = nullptr);
 
-/// Compiles `g` with the backend and runs it on `inputs` (graph-input order).
+/// The type callers see for graph input or output `v`: for a per-rank program, the whole
+/// value's (its pieces on every rank put together), else the value's own.
+TensorType interface_type(const Graph& g, const Value* v);
+
+/// Compiles `g` with the backend and runs it on `inputs` (graph-input order). A per-rank
+/// program of a mesh of several ranks takes and returns whole tensors and runs every rank in
+/// this process on `reference`; other backends refuse it (each rank is its own process there).
 StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,
                                               const Registry& reg, std::span<const Tensor> inputs);
 

@@ -17,7 +17,12 @@ struct StageSpec {
   std::string name;
   Options options;
   Location loc;  ///< where it was written (TOML file or one-line text); unknown when built
-  bool operator==(const StageSpec& o) const { return name == o.name && options == o.options; }
+  /// In a pass list: a parallel strategy (registry kind "parallel") rather than a pass. It
+  /// runs like a pass, at its place in the list, and turns the graph into a per-rank program.
+  bool parallel = false;
+  bool operator==(const StageSpec& o) const {
+    return name == o.name && options == o.options && parallel == o.parallel;
+  }
 };
 
 /// Settings the runtime reads (not part of compilation).
@@ -30,13 +35,17 @@ struct RuntimeSettings {
 
 struct Pipeline {
   StageSpec frontend;          ///< name "" = pick by the model file's extension
+  /// In order; at most one is a parallel strategy. A TOML `[parallel]` section (strategy, mesh,
+  /// options, after) places its strategy after the pass `after` names, by default after the
+  /// clean-up passes (canonicalize, cse, dce) the list starts with.
   std::vector<StageSpec> passes;
   StageSpec backend;           ///< name "" = "reference"
   std::vector<std::string> targets;
   RuntimeSettings runtime;
   std::vector<std::string> plugin_paths;  ///< absolute, resolved against the TOML's folder
 
-  /// One line: "kir | canonicalize{max-iterations=4},cse,dce | reference{...}".
+  /// One line: "kir | canonicalize{max-iterations=4},cse,dce | reference{...}"; a parallel
+  /// strategy appears in the pass list like a pass ("cse,tensor-parallel{mesh=\"tp=2\"},dce").
   /// Targets appear as the backend option-like suffix "@sm_80,sm_90a"; runtime settings that
   /// differ from defaults as a fourth segment "runtime{threads=4}".
   std::string canonical(const Registry& reg) const;

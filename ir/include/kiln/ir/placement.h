@@ -82,6 +82,9 @@ Status check_sharding(const Sharding& s, const DeviceMesh& mesh, const TensorTyp
 /// bound when its inputs arrive.
 Shape local_shape(const Shape& global, const Sharding& s, const DeviceMesh& mesh);
 
+/// The whole value's shape from a rank's piece: static sharded dims multiplied back.
+Shape global_shape(const Shape& local, const Sharding& s, const DeviceMesh& mesh);
+
 /// Element ranges of `global` held by `rank` along each dim: [begin, end).
 std::vector<std::pair<int64_t, int64_t>> local_ranges(const std::vector<int64_t>& global, const Sharding& s,
                                                       const DeviceMesh& mesh, int64_t rank);
