@@ -464,7 +464,8 @@ int main(int argc, char** argv) {
       try {
         if (a == "--backend") cfg.backend = *v;
         else if (a == "--report") cfg.report = *v;
-        else if (a == "--expected-failures") cfg.expected_paths.push_back(*v);
+        else if (a == "--expected-failures")
+          cfg.expected_paths.push_back(*v);
         else if (a == "--tolerances") cfg.tolerance_path = *v;
         else if (a == "--jobs") cfg.jobs = std::stoi(*v);
         else if (a == "--timeout") cfg.timeout = std::stod(*v);
