@@ -31,6 +31,8 @@ if(Python3_Interpreter_FOUND)
       ERR "^kiln: error: [^\n]*/${mode}\\.kiln: ${damage_${mode}}\n$")
     set_tests_properties(cli.inspect-${mode} PROPERTIES FIXTURES_REQUIRED kiln_damaged_${mode})
   endforeach()
+else()
+  kiln_skipped_test(cli.damage "the damaged-artifact tests need python3 (corrupt_artifact.py)")
 endif()
 kiln_cli_test(inspect-not-artifact ARGS inspect ${here}/double.kir RC 1
   ERR "^kiln: error: [^\n]*/double\\.kir: not a Kiln artifact \\(bad magic\\)\n$")

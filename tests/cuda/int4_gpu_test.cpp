@@ -14,7 +14,6 @@
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -44,18 +43,6 @@ std::string graph(int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const s
          (asym ? ", asymmetric = 1" : "") + "} : " + yt + "\n  return %y\n}\n";
 }
 
-/// Normwise relative error: the kernels round dequantized weights to x's dtype (bf16: 2^-9,
-/// f16: 2^-12 relative), which elementwise tolerances would flag on cancelling sums.
-double rel_error(const Tensor& want, const Tensor& got) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double d = want.get_f64(i) - got.get_f64(i);
-    num += d * d;
-    den += want.get_f64(i) * want.get_f64(i);
-  }
-  return std::sqrt(num / den);
-}
-
 }  // namespace
 
 int main() {
@@ -82,9 +69,10 @@ int main() {
                              " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt + (bias ? " bias" : "") +
                              (consts == 0 ? "" : consts == 1 ? " const" : " const shared");
     const double limit = dt == "bf16" ? 1e-2 : 2e-3;
-    auto within = [&](const Tensor& want, const Tensor& got) -> std::string {
-      const double err = rel_error(want, got);
-      return err <= limit ? "" : "relative error " + std::to_string(err) + " > " + std::to_string(limit);
+    // Normwise relative error: the kernels round dequantized weights to x's dtype (bf16: 2^-9,
+    // f16: 2^-12 relative), which elementwise tolerances would flag on cancelling sums.
+    auto within = [&](const Tensor& want, const Tensor& got) {
+      return test::rel_l2_within(want, got, limit).why;
     };
     const std::string text = consts == 0 ? graph(m, n, k, g, asym, dt, bias)
                                          : int4_const_graph(m, n, k, g, asym, dt, bias, 10 + cases, consts == 2);

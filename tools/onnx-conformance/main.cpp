@@ -40,15 +40,18 @@ constexpr const char* kUsage =
     "Runs every test folder of DATA_DIR (model.onnx + test_data_set_*/input_*.pb, output_*.pb):\n"
     "import, canonicalize,cse,dce, the backend (default reference), then compares outputs\n"
     "(rtol 1e-3, atol 1e-5; exact for integers and bools). With --expected-failures, exits\n"
-    "non-zero when a test outside the list fails or a listed one passes. Each test runs in its\n"
-    "own process under --timeout (default 60 s) and --memory-limit (default 8192 MiB, 0: none).\n";
+    "non-zero when a test outside the list fails or a listed one passes (on every backend);\n"
+    "given more than once, the lists are joined (e.g. reference's and a backend's exceptions).\n"
+    "Each test runs in its own process under --timeout (default 60 s) and --memory-limit\n"
+    "(default 8192 MiB, 0: none).\n";
 
 struct Tolerance {
   double rtol = 1e-3, atol = 1e-5;
 };
 
 struct Config {
-  std::string data_dir, backend = "reference", report, expected_path, tolerance_path;
+  std::string data_dir, backend = "reference", report, tolerance_path;
+  std::vector<std::string> expected_paths;  ///< --expected-failures, joined
   std::optional<std::regex> filter;
   std::string filter_text;
   int jobs = 0;
@@ -461,7 +464,8 @@ int main(int argc, char** argv) {
       try {
         if (a == "--backend") cfg.backend = *v;
         else if (a == "--report") cfg.report = *v;
-        else if (a == "--expected-failures") cfg.expected_path = *v;
+        else if (a == "--expected-failures")
+          cfg.expected_paths.push_back(*v);
         else if (a == "--tolerances") cfg.tolerance_path = *v;
         else if (a == "--jobs") cfg.jobs = std::stoi(*v);
         else if (a == "--timeout") cfg.timeout = std::stod(*v);
@@ -489,12 +493,16 @@ int main(int argc, char** argv) {
   if (Status s = load_plugins_from({}, reg); !s.ok()) return fail(s.message());
   if (auto fe = reg.frontend("onnx"); !fe.ok()) return fail(fe.status().message());
   if (auto be = reg.backend(cfg.backend); !be.ok()) return fail(be.status().message());
-  std::map<std::string, std::string> expected;
+  std::map<std::string, std::string> expected, listed_in;
   std::map<std::string, Tolerance> tols;
-  if (!cfg.expected_path.empty()) {
-    auto e = read_expected(cfg.expected_path);
+  for (const std::string& path : cfg.expected_paths) {
+    auto e = read_expected(path);
     if (!e.ok()) return fail(e.status().message());
-    expected = *e;
+    for (const auto& [name, reason] : *e) {
+      if (auto [it, fresh] = listed_in.emplace(name, path); !fresh)
+        return fail("'" + name + "' is listed in both " + it->second + " and " + path);
+      expected[name] = reason;
+    }
   }
   if (!cfg.tolerance_path.empty()) {
     auto t = read_tolerances(cfg.tolerance_path);
@@ -529,7 +537,7 @@ int main(int argc, char** argv) {
     } else {
       ++failed;
       if (!listed) unexpected_fail.push_back(r.name);
-      if (!cfg.verbose && (!listed || cfg.expected_path.empty()))
+      if (!cfg.verbose && (!listed || cfg.expected_paths.empty()))
         std::cout << "FAIL " << r.name << ": " << r.message << "\n";
     }
   }
@@ -541,10 +549,12 @@ int main(int argc, char** argv) {
     return fail("cannot write report '" + cfg.report + "'");
 
   int rc = failed > 0 ? 1 : 0;
-  if (!cfg.expected_path.empty()) {
+  if (!cfg.expected_paths.empty()) {
     for (const auto& n : unexpected_fail) std::cout << "unexpected failure: " << n << "\n";
-    for (const auto& n : unexpected_pass) std::cout << "unexpected pass (remove it from the list): " << n << "\n";
-    for (const auto& n : stale) std::cout << "listed test does not exist: " << n << "\n";
+    for (const auto& n : unexpected_pass)
+      std::cout << "unexpected pass (remove it from " << listed_in[n] << "): " << n << "\n";
+    for (const auto& n : stale)
+      std::cout << "listed test does not exist: " << n << " (" << listed_in[n] << ")\n";
     rc = unexpected_fail.empty() && unexpected_pass.empty() && stale.empty() ? 0 : 1;
   }
   if (bound > 0)
