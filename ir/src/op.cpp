@@ -60,6 +60,7 @@ Status OpRegistry::add(OpDef def) {
   std::string missing;
   if (def.name.empty()) missing += " name";
   if (def.summary.empty()) missing += " summary";
+  if (def.result_rule.empty()) missing += " result_rule";
   if (!def.infer) missing += " infer";
   if (!def.reference) missing += " reference";
   if (!missing.empty())
@@ -73,6 +74,7 @@ Status OpRegistry::add(OpDef def) {
                               "' follows an optional one");
   }
   if (ops_.count(def.name)) return already_exists("op '" + def.name + "' is already registered");
+  def.library = current_library_;
   std::string name = def.name;
   ops_.emplace(std::move(name), std::make_unique<OpDef>(std::move(def)));
   return ok_status();
