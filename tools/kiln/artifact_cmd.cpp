@@ -16,6 +16,7 @@
 #include "kiln/core/memory_estimate.h"
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
+#include "kiln/ir/walk.h"
 #include "kiln/plugin.h"
 
 namespace kiln::cli {
@@ -126,9 +127,21 @@ CompileFlags parse_compile(Args& args) {
   return f;
 }
 
+/// Every value of `g` and of the graphs nested in it: inputs, then node results, a graph
+/// before those nested in it.
+std::vector<Value*> all_values(const Graph& g) {
+  std::vector<Value*> out;
+  walk_graphs(g, [&](const Graph& sub) {
+    for (Value* v : sub.inputs()) out.push_back(v);
+    for (const auto& n : sub.nodes())
+      for (Value* v : n->results()) out.push_back(v);
+  });
+  return out;
+}
+
 /// Replaces bound symbols in every value's type, `g`'s regions included.
 void substitute(Graph& g, const std::map<std::string, int64_t>& symbols, std::set<std::string>& seen) {
-  auto fix = [&](Value* v) {
+  for (Value* v : all_values(g)) {
     TensorType t = v->type();
     for (Dim& d : t.shape) {
       if (d.is_static() || d.is_unknown()) continue;
@@ -136,24 +149,13 @@ void substitute(Graph& g, const std::map<std::string, int64_t>& symbols, std::se
       if (auto it = symbols.find(d.symbol_name()); it != symbols.end()) d = Dim(it->second);
     }
     v->set_type(std::move(t));
-  };
-  for (Value* v : g.inputs()) fix(v);
-  for (const auto& n : g.nodes()) {
-    for (int r = 0; r < n->num_regions(); ++r) substitute(n->region(r), symbols, seen);
-    for (Value* v : n->results()) fix(v);
   }
 }
 
 /// The first value whose shape is not static, or null.
 const Value* first_dynamic(const Graph& g) {
-  for (Value* v : g.inputs())
+  for (Value* v : all_values(g))
     if (!is_static(v->shape())) return v;
-  for (const auto& n : g.nodes()) {
-    for (int r = 0; r < n->num_regions(); ++r)
-      if (const Value* v = first_dynamic(n->region(r))) return v;
-    for (Value* v : n->results())
-      if (!is_static(v->shape())) return v;
-  }
   return nullptr;
 }
 
