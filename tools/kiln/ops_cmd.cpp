@@ -35,50 +35,6 @@ a result "ys..." means the node decides how many results it has.
   --plugin-path DIR   also load the plugins in DIR (a folder or one plugin file); repeatable
 )";
 
-/// The files load_plugins_from(extra, ...) loads, in its order: each search folder's plugin
-/// files sorted by name, or a plugin file named directly.
-std::vector<std::string> plugin_files(const std::vector<std::string>& extra) {
-  std::vector<std::string> dirs = default_plugin_dirs(), files;
-  dirs.insert(dirs.end(), extra.begin(), extra.end());
-  for (const std::string& dir : dirs) {
-    std::error_code ec;
-    if (fs::is_regular_file(dir, ec)) {
-      files.push_back(dir);
-      continue;
-    }
-    std::vector<fs::path> found;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      if (is_plugin_file_name(it->path().filename().string())) found.push_back(it->path());
-    std::sort(found.begin(), found.end());
-    for (const fs::path& f : found) files.push_back(f.string());
-  }
-  return files;
-}
-
-/// Loads the plugins every command loads, one library at a time, so that the ops each library
-/// adds carry its path. Errors are reported as load_plugins_from reports them, all at once.
-Status load_plugins_naming_ops(const std::vector<std::string>& extra, Registry& reg) {
-  for (const std::string& d : extra) {
-    std::error_code ec;
-    if (!fs::exists(d, ec)) return not_found("plugin path '" + d + "' does not exist");
-  }
-  OpRegistry& ops = OpRegistry::global();
-  Status first;
-  std::string errors;
-  for (const std::string& file : plugin_files(extra)) {
-    std::error_code ec;
-    const fs::path canonical = fs::weakly_canonical(fs::absolute(file), ec);
-    ops.set_current_library(ec ? file : canonical.string());
-    Status s = load_plugins_from({file}, reg, /*use_default_dirs=*/false);
-    if (!s.ok()) {
-      if (first.ok()) first = s;
-      errors += (errors.empty() ? "" : "\n") + s.message();
-    }
-  }
-  ops.set_current_library("");
-  return first.ok() ? first : Status(first.code(), errors);
-}
-
 /// Trait names, in bit order.
 std::vector<std::string> trait_names(const OpDef& op) {
   static const std::pair<OpTrait, const char*> kNames[] = {
@@ -310,7 +266,7 @@ int cmd_ops(Args& args) {
     throw UsageError{"ops: --core loads no plugins; drop --plugin-path"};
   if (!core_only) {
     Registry& reg = Registry::global();
-    if (Status s = load_plugins_naming_ops(plugin_paths, reg); !s.ok()) return report(s);
+    if (Status s = load_plugins_from(plugin_paths, reg); !s.ok()) return report(s);
   }
   std::vector<const OpDef*> ops;
   if (names.empty()) {
