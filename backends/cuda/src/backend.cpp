@@ -100,6 +100,7 @@ class CudaBackend final : public Backend {
     opts_.allow_tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
     autotune_ = o.has("autotune") && o.get_bool("autotune");
     if (o.has("conv")) opts_.conv = o.get_string("conv");
+    opts_.int4_exact_zeros = o.has("int4-exact-zeros") && o.get_bool("int4-exact-zeros");
     opts_.fp8 = caps_.fp8;
     opts_.max_smem_per_block = caps_.max_smem_per_block;
     opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
@@ -364,7 +365,13 @@ Status register_backend(Registry& r, const Capabilities& caps) {
                    "convolutions through cudnn (needs libcudnn.so.9 at run time) or gemm (im2col + cuBLASLt)"},
                   {"images", OptionType::kStringList, std::vector<std::string>{},
                    "the kernel images `kiln run` builds, a subset of the plugin's targets (default all; the runtime "
-                   "loads the best one for the GPU): e.g. [compute_90] runs the portable PTX path"}};
+                   "loads the best one for the GPU): e.g. [compute_90] runs the portable PTX path"},
+                  {"int4-exact-zeros", OptionType::kBool, false,
+                   "asymmetric INT4 weights dequantize as (q - zero) * scale, as the reference does, "
+                   "instead of q * scale + (-zero * scale) with -zero * scale rounded once to the "
+                   "activations' half type (and packed with the scale at compile time): results closer "
+                   "to the reference, without the packed pairs' speed-up (with the reordered weights "
+                   "6-16% at M <= 64 on the H200, bench/results/2026-12-03-gpu-run15.md)"}};
   info.create = [caps](const Options& o) -> StatusOr<std::unique_ptr<Backend>> {
     if (o.has("conv") && o.get_string("conv") != "cudnn" && o.get_string("conv") != "gemm")
       return invalid_argument(caps.plugin + ": option conv='" + o.get_string("conv") + "' is not cudnn or gemm");
