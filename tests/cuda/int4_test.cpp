@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -378,6 +379,48 @@ TEST_CASE(
   CHECK(nvrtc_cache_key(fma, "sm_90a", "cuda-sm90@0.1.0").digest() !=
         nvrtc_cache_key(exact, "sm_90a", "cuda-sm90@0.1.0").digest());
   CHECK(source(true, false) == source(false, false));
+}
+
+TEST_CASE("an artifact for several generations compiles every image from the plan's own lowering") {
+  // At M = 16 the cuda-sm80 and cuda-sm90 plans launch the stream kernel with different shapes
+  // (64 rows of 4 x 4 warps; 128 rows of 8 x 2 warps as cluster pairs): the sm_90a image of an
+  // sm_80-first artifact must hold the sm_80 plan's kernel, and the other way round.
+  Registry r;
+  for (const auto& [plugin, target, smem] :
+       {std::tuple{"cuda-sm80", "sm_80", 166912}, {"cuda-sm90", "sm_90a", 232448}}) {
+    Capabilities caps;
+    caps.plugin = plugin;
+    caps.targets = {target};
+    caps.max_smem_per_block = smem;
+    REQUIRE(register_backend(r, caps).ok());
+  }
+  auto g = parse_graph(int4_graph(16, 8192, 8192, 128, false, "bf16", "bf16", false));
+  REQUIRE(g.ok());
+  auto build = [&](std::vector<std::pair<std::string, std::string>> order) {
+    ArtifactContents art;
+    for (const auto& [plugin, target] : order) {
+      auto info = r.backend(plugin);
+      REQUIRE(info.ok());
+      auto o = resolve_options((*info)->options, {}, plugin);
+      REQUIRE(o.ok());
+      auto backend = (*info)->create(*o);
+      REQUIRE(backend.ok());
+      Status s = (*backend)->build_artifact(**g, {target}, art);
+      REQUIRE_MESSAGE(s.ok(), s.message());
+    }
+    return art;
+  };
+  const ArtifactContents ampere_first = build({{"cuda-sm80", "sm_80"}, {"cuda-sm90", "sm_90a"}});
+  CHECK(ampere_first.meta.at("cuda_plan") == "cuda-sm80 smem=166912");
+  CHECK(ampere_first.sources.at("sm_90a") == ampere_first.sources.at("sm_80"));
+  CHECK(ampere_first.sources.at("sm_90a").find("constexpr int MT = 1, NW = 4, KW = 4,") !=
+        std::string::npos);
+  CHECK(steps(ampere_first.plan)[0].find("grid=128,1,1 block=512,1,1") != std::string::npos);
+  const ArtifactContents hopper_first = build({{"cuda-sm90", "sm_90a"}, {"cuda-sm80", "sm_80"}});
+  CHECK(hopper_first.meta.at("cuda_plan") == "cuda-sm90 smem=232448");
+  CHECK(hopper_first.sources.at("sm_80").find("constexpr int MT = 1, NW = 8, KW = 2,") !=
+        std::string::npos);
+  CHECK(steps(hopper_first.plan)[0].find("grid=64,2,1 block=512,1,1") != std::string::npos);
 }
 
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "kiln/core/artifact.h"
@@ -55,6 +56,35 @@ std::string joined(const std::vector<std::string>& v, const char* sep) {
 /// Whether the plugin builds kernel images for `target`.
 bool builds(const Capabilities& caps, const std::string& target) {
   return std::find(caps.targets.begin(), caps.targets.end(), target) != caps.targets.end();
+}
+
+/// The backend and shared memory per block the plan was lowered for: meta cuda_plan,
+/// "<plugin> smem=<bytes>" (nullopt when absent or malformed).
+std::optional<std::pair<std::string, int64_t>> plan_lowering(
+    const std::map<std::string, std::string>& meta) {
+  const auto it = meta.find("cuda_plan");
+  if (it == meta.end()) return std::nullopt;
+  const std::string& v = it->second;
+  const size_t sp = v.find(" smem=");
+  int64_t smem = 0;
+  if (sp == std::string::npos) return std::nullopt;
+  const auto [end, ec] = std::from_chars(v.data() + sp + 6, v.data() + v.size(), smem);
+  if (ec != std::errc() || end != v.data() + v.size()) return std::nullopt;
+  return std::pair{v.substr(0, sp), smem};
+}
+
+/// `plan` without the choices autotuning appended to its steps (" algo=..." to the line's end).
+std::string without_tuned_choices(const std::string& plan) {
+  std::string out;
+  for (size_t at = 0; at < plan.size();) {
+    size_t nl = plan.find('\n', at);
+    if (nl == std::string::npos) nl = plan.size();
+    const std::string line = plan.substr(at, nl - at);
+    out += line.substr(0, line.starts_with("step ") ? line.find(" algo=") : std::string::npos);
+    if (nl < plan.size()) out += '\n';
+    at = nl + 1;
+  }
+  return out;
 }
 
 /// The speedup of a choice over the library's own, for the summary.
@@ -117,7 +147,10 @@ class CudaBackend final : public Backend {
         return invalid_argument(caps_.plugin + ": cannot build for target '" + t + "'; it builds " +
                                 joined(caps_.targets, ", "));
     // One plan serves every target: a generation added after another follows that plan's FP8
-    // choice (a plan without FP8 GEMMs runs anywhere; one with them cannot run here without FP8).
+    // choice (a plan without FP8 GEMMs runs anywhere; one with them cannot run here without FP8)
+    // and lowers as the plan's backend did (its plan shapes and shared-memory limit, recorded in
+    // meta cuda_plan), so this generation's images define the kernels the plan launches, with
+    // the launch shapes it gives them.
     LoweringOptions opts = opts_;
     if (!out.plan.empty()) {
       const bool plan_fp8 = out.plan.find(" a_scale=") != std::string::npos;
@@ -126,11 +159,21 @@ class CudaBackend final : public Backend {
                                    "before it uses FP8 GEMMs; list this target first (a fallback=bf16 plan then "
                                    "serves every target)");
       opts.fp8 = plan_fp8;
+      const std::optional<std::pair<std::string, int64_t>> by = plan_lowering(out.meta);
+      if (!by)
+        return failed_precondition(opts_.target +
+                                   ": the plan built before is not a CUDA backend's "
+                                   "(no meta cuda_plan), so this backend cannot add images to it");
+      opts.target = by->first + ": target " + (targets.empty() ? "?" : targets[0]);
+      opts.max_smem_per_block = by->second;
     }
     KILN_ASSIGN_OR_RETURN(LoweredGraph lowered, lower_graph(g, opts));
     if (out.plan.empty()) {
       out.plan = std::move(lowered.plan);
       out.weights = std::move(lowered.weights);
+      out.meta["cuda_plan"] = caps_.plugin + " smem=" + std::to_string(opts.max_smem_per_block);
+    } else if (without_tuned_choices(out.plan) != lowered.plan) {
+      return internal_error(opts_.target + ": lowering the graph again gave another plan");
     }
     out.meta.emplace("cuda_version", cuda_version());
     out.meta.emplace("nvrtc_version", nvrtc_version());
