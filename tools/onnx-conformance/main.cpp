@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -34,7 +35,8 @@ using namespace kiln;
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kiln-onnx-conformance DATA_DIR [--backend NAME] [--filter REGEX] [--report FILE.json]\n"
+    "usage: kiln-onnx-conformance DATA_DIR [--backend NAME[{OPTION=VALUE,...}]] [--filter REGEX]\n"
+    "                             [--report FILE.json]\n"
     "                             [--expected-failures FILE] [--tolerances FILE] [--jobs N]\n"
     "                             [--timeout SECONDS] [--memory-limit MIB] [--verbose]\n"
     "Runs every test folder of DATA_DIR (model.onnx + test_data_set_*/input_*.pb, output_*.pb):\n"
@@ -52,6 +54,7 @@ struct Tolerance {
 struct Config {
   std::string data_dir, backend = "reference", report, tolerance_path;
   std::vector<std::string> expected_paths;  ///< --expected-failures, joined
+  StageSpec backend_stage;  ///< --backend parsed as a pipeline stage (name and options)
   std::optional<std::regex> filter;
   std::string filter_text;
   int jobs = 0;
@@ -200,10 +203,8 @@ Status run_data_set(const fs::path& test, const fs::path& set, const Config& cfg
     if (it == inputs.end()) return not_found("no test data for graph input '" + g->input(i)->name() + "'");
     args.push_back(it->second);
   }
-  KILN_ASSIGN_OR_RETURN(const BackendInfo* be, reg.backend(cfg.backend));
-  StageSpec backend{cfg.backend, {}, {}};
-  KILN_ASSIGN_OR_RETURN(backend.options, resolve_options(be->options, {}, "backend '" + cfg.backend + "'"));
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, compile_and_run(*g, backend, reg, args));
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs,
+                        compile_and_run(*g, cfg.backend_stage, reg, args));
   if (outs.size() != out_files.size())
     return invalid_argument("the graph has " + std::to_string(outs.size()) + " outputs, the test expects " +
                             std::to_string(out_files.size()));
@@ -492,7 +493,25 @@ int main(int argc, char** argv) {
   Registry& reg = Registry::global();
   if (Status s = load_plugins_from({}, reg); !s.ok()) return fail(s.message());
   if (auto fe = reg.frontend("onnx"); !fe.ok()) return fail(fe.status().message());
-  if (auto be = reg.backend(cfg.backend); !be.ok()) return fail(be.status().message());
+  // The pipeline's backend stage syntax, e.g. cpu{threads=1}, validated against its options.
+  const std::string stage_form =
+      "--backend '" + cfg.backend + "': expected NAME or NAME{OPTION=VALUE,...}";
+  if (cfg.backend.find_first_of("|@") != std::string::npos) return fail(stage_form);
+  const std::string before = "| | ";
+  auto backend = parse_pipeline_string(before + cfg.backend, reg);
+  if (!backend.ok()) {
+    // The error's column counts from the start of the pipeline text: from --backend's instead.
+    std::string why = backend.status().message();
+    const std::string at = "<pipeline>:1:";
+    if (const size_t colon = why.find(':', at.size());
+        why.starts_with(at) && colon != std::string::npos) {
+      const int col = std::atoi(why.c_str() + at.size()) - static_cast<int>(before.size());
+      why = "column " + std::to_string(std::max(col, 1)) + why.substr(colon);
+    }
+    return fail("--backend '" + cfg.backend + "': " + why);
+  }
+  if (backend->backend.name.empty()) return fail(stage_form);
+  cfg.backend_stage = backend->backend;
   std::map<std::string, std::string> expected, listed_in;
   std::map<std::string, Tolerance> tols;
   for (const std::string& path : cfg.expected_paths) {
