@@ -4,7 +4,7 @@ PRESET ?= default
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test demo install clean format lint-budget
+.PHONY: all deps configure build test demo install clean format lint-budget docs
 
 all: build
 
@@ -22,6 +22,10 @@ test: build
 
 demo: build
 	./scripts/demo.sh $(BUILD_DIR)
+
+# docs/ops.md, the op catalogue, from the op table (a test fails while it is out of date).
+docs: build
+	./scripts/gen-ops-doc.sh $(BUILD_DIR)/bin/kiln
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)

@@ -106,9 +106,10 @@ struct StepCache {
   const void* source = nullptr;
   std::vector<float> data;
 };
-/// `cache` (null unless the weights are a constant of the plan) keeps Winograd's weights.
+/// `cache` (null unless the weights are a constant of the plan) keeps Winograd's weights;
+/// `winograd` false computes 3x3 stride-1 convs by im2col too (the backend option winograd).
 bool run_conv(ThreadPool& tp, const Node& n, const Tensor& x, const Tensor& w, const Tensor* bias,
-              Tensor& y, StepCache* cache);
+              Tensor& y, StepCache* cache, bool winograd);
 bool run_pool(ThreadPool& tp, const Node& n, const Tensor& x, Tensor& y, bool is_max);
 bool run_softmax(ThreadPool& tp, const Node& n, const Tensor& x, Tensor& y, bool log);
 /// Attention (f32): per (batch, head), scores through sgemm, masked softmax rows, then ·v.

@@ -73,14 +73,17 @@ bool is_alias(const Node& n) {
           op == "identity") && n.num_results() == 1 && n.num_operands() >= 1;
 }
 
-bool profiling() {
-  static const bool on = std::getenv("KILN_CPU_PROFILE") != nullptr;
-  return on;
-}
+/// The backend's options, as an executable keeps them.
+struct CpuSettings {
+  int threads = 1;       ///< worker threads (resolved: never 0)
+  bool winograd = true;  ///< 3x3 stride-1 convs by Winograd F(2x2, 3x3)
+  bool profile = false;  ///< per-plan and per-op reports on stderr
+};
 
 class CpuExecutable final : public Executable {
  public:
-  CpuExecutable(std::unique_ptr<Graph> g, int threads) : graph_(std::move(g)), pool_(threads) {}
+  CpuExecutable(std::unique_ptr<Graph> g, const CpuSettings& s)
+      : graph_(std::move(g)), settings_(s), pool_(s.threads) {}
 
   StatusOr<std::vector<Tensor>> run(std::span<const Tensor> inputs) override {
     if (static_cast<int>(inputs.size()) != graph_->num_inputs())
@@ -130,6 +133,7 @@ class CpuExecutable final : public Executable {
   Status run_native(const Step& s, std::vector<Tensor>& in, std::vector<Tensor>& out, bool& done);
 
   std::unique_ptr<Graph> graph_;
+  CpuSettings settings_;
   ThreadPool pool_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<Plan>> plans_;
@@ -151,7 +155,7 @@ StatusOr<std::unique_ptr<Plan>> CpuExecutable::build(std::span<const Tensor> inp
   KILN_RETURN_IF_ERROR(plan->jit->finish());
   for (Step& s : plan->steps)
     if (s.kind == StepKind::kJit) s.fn = plan->jit->lookup(s.fn_name);
-  if (profiling()) {
+  if (settings_.profile) {
     size_t bytes = 0;
     for (size_t sz : plan->arena.sizes) bytes += sz;
     std::fprintf(stderr, "kiln cpu: plan of %zu steps, %d compiled kernels, object code %s, %d threads, "
@@ -236,7 +240,7 @@ Status CpuExecutable::plan_nodes(Builder& b, const Graph& g) {
     if (s.kind != StepKind::kJit) {
       if (is_alias(n) && s.out_dtypes[0] == operand_types[0].dtype) s.kind = StepKind::kAlias;
       else if (has_native(n.op_name())) s.kind = StepKind::kNative;
-      else if (profiling())
+      else if (settings_.profile)
         std::fprintf(stderr, "kiln cpu: '%s' runs on its reference kernel: %s\n", n.op_name().c_str(),
                      why.c_str());
     }
@@ -320,7 +324,9 @@ Status CpuExecutable::run_native(const Step& s, std::vector<Tensor>& in, std::ve
   const Tensor* bias = in.size() > 2 ? &in[2] : nullptr;
   if (o == "matmul") done = run_matmul(pool_, in[0], in[1], out[0]);
   else if (o == "linear") done = run_linear(pool_, in[0], in[1], bias, out[0]);
-  else if (o == "conv") done = run_conv(pool_, n, in[0], in[1], bias, out[0], s.const_weights ? &s.cache : nullptr);
+  else if (o == "conv")
+    done = run_conv(pool_, n, in[0], in[1], bias, out[0], s.const_weights ? &s.cache : nullptr,
+                    settings_.winograd);
   else if (o == "max_pool" || o == "avg_pool") done = run_pool(pool_, n, in[0], out[0], o == "max_pool");
   else if (o == "softmax" || o == "log_softmax") done = run_softmax(pool_, n, in[0], out[0], o == "log_softmax");
   else if (o == "layer_norm" || o == "rms_norm") done = run_norm(pool_, n, in, out[0], o == "rms_norm");
@@ -386,7 +392,7 @@ StatusOr<std::vector<Tensor>> CpuExecutable::execute(const Plan& p, std::span<co
     }
     for (size_t i = 0; i < s.out.size(); ++i) vals[static_cast<size_t>(s.out[i])] = std::move(out[i]);
     for (int v : s.release) vals[static_cast<size_t>(v)] = Tensor();
-    if (profiling())
+    if (settings_.profile)
       prof[s.node->op_name() + (s.kind == StepKind::kJit     ? "[jit]"
                                 : s.kind == StepKind::kAlias ? "[alias]"
                                 : done                       ? "[native]"
@@ -412,14 +418,14 @@ StatusOr<std::vector<Tensor>> CpuExecutable::execute(const Plan& p, std::span<co
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(threads) {}
+  explicit CpuBackend(const CpuSettings& s) : settings_(s) {}
   StatusOr<std::unique_ptr<Executable>> compile(const Graph& g) override {
     KILN_RETURN_IF_ERROR(verify(g).with_context("cpu"));
-    return std::unique_ptr<Executable>(std::make_unique<CpuExecutable>(g.clone(), threads_));
+    return std::unique_ptr<Executable>(std::make_unique<CpuExecutable>(g.clone(), settings_));
   }
 
  private:
-  int threads_;
+  CpuSettings settings_;
 };
 
 Status register_cpu_backend(Registry& r) {
@@ -428,15 +434,28 @@ Status register_cpu_backend(Registry& r) {
   info.version = "0.1.0";
   info.summary = "compiles graphs for the host CPU with LLVM (ORC JIT) and OpenBLAS";
   info.targets = {"cpu"};
-  info.options = {{"threads", OptionType::kInt, int64_t{0},
-                   "worker threads (0: one per hardware thread, or $KILN_CPU_THREADS)"}};
+  info.options = {
+      {"threads", OptionType::kInt, int64_t{0},
+       "worker threads (0: the pipeline's [runtime] threads, else one per hardware thread); more "
+       "threads change how the compiled loops split their rows"},
+      {"winograd", OptionType::kBool, true,
+       "3x3 stride-1 convolutions with 16+ channels and 196+ pixels by Winograd F(2x2, 3x3), "
+       "2.25x fewer multiply-adds than im2col; false computes them by im2col like the other "
+       "convolutions (other rounding; to compare the two on a given CPU)"},
+      {"profile", OptionType::kBool, false,
+       "print each plan's summary, the ops left to reference kernels and per-op times of every run "
+       "to stderr"}};
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Backend>> {
-    int64_t threads = o.has("threads") ? o.get_int("threads") : 0;
-    if (threads < 0) return invalid_argument("cpu: option 'threads' must be >= 0, got " + std::to_string(threads));
-    if (threads == 0)
-      if (const char* env = std::getenv("KILN_CPU_THREADS")) threads = std::atoi(env);
-    if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
-    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(static_cast<int>(threads)));
+    const int64_t threads = o.has("threads") ? o.get_int("threads") : 0;
+    if (threads < 0 || threads > 4096)
+      return invalid_argument("cpu: option 'threads' must be 0..4096, got " +
+                              std::to_string(threads));
+    CpuSettings s;
+    s.threads = threads > 0 ? static_cast<int>(threads)
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    s.winograd = !o.has("winograd") || o.get_bool("winograd");
+    s.profile = o.has("profile") && o.get_bool("profile");
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(s));
   };
   return r.add_backend(std::move(info));
 }

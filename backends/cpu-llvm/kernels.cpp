@@ -366,12 +366,6 @@ bool read_window2(const Node& n, int64_t kh, int64_t kw, Window2& w) {
 
 namespace {
 
-/// $KILN_CPU_NO_WINOGRAD turns Winograd off (to compare with im2col).
-bool no_winograd() {
-  static const bool off = std::getenv("KILN_CPU_NO_WINOGRAD") != nullptr;
-  return off;
-}
-
 /// 3x3 convolution, stride 1, padding 1, one image, by Winograd F(2x2, 3x3): each 4x4 input
 /// tile and 3x3 filter go to a 4x4 transform domain where the product is elementwise, so the
 /// contraction is 16 GEMMs [c_out, c_in] x [c_in, tiles] with 2.25x fewer multiply-adds than
@@ -477,8 +471,8 @@ void conv3x3_winograd(ThreadPool& tp, const float* x, int64_t c_in, int64_t h, i
 
 }  // namespace
 
-bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w, const Tensor* bias,
-              Tensor& y, StepCache* cache) {
+bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w,
+              const Tensor* bias, Tensor& y, StepCache* cache, bool winograd) {
   if (!is_f32(x) || !is_f32(w) || (bias && !is_f32(*bias)) || x.rank() != 4 || !have_blas()) return false;
   Window2 win;
   if (!read_window2(node, w.shape()[2], w.shape()[3], win)) return false;
@@ -492,8 +486,8 @@ bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w
   // Winograd where it pays: 3x3, stride 1, "same" padding, enough channels and tiles.
   const bool wino = groups == 1 && win.kh == 3 && win.kw == 3 && win.sh == 1 && win.sw == 1 &&
                     win.dh == 1 && win.dw == 1 && win.ph0 == 1 && win.pw0 == 1 && win.ph1 == 1 &&
-                    win.pw1 == 1 && oh == h && ow == wd && c_in >= 16 && c_out >= 16 && h * wd >= 196 &&
-                    !no_winograd();
+                    win.pw1 == 1 && oh == h && ow == wd && c_in >= 16 && c_out >= 16 &&
+                    h * wd >= 196 && winograd;
   if (wino) {
     for (int64_t b = 0; b < nb; ++b)
       conv3x3_winograd(tp, x.data_as<float>() + b * c_in * h * wd, c_in, h, wd, w.data_as<float>(),

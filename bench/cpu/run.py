@@ -60,7 +60,7 @@ def time_ort(path, feeds, threads, warmup, iters):
 
 
 def time_kiln(tool, build, path, backend, npys, threads, warmup, iters, out_npy, passes=PASSES):
-    env = dict(os.environ, TIME_BACKEND_OUT=out_npy, KILN_CPU_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    env = dict(os.environ, TIME_BACKEND_OUT=out_npy, OPENBLAS_NUM_THREADS=str(threads))
     r = subprocess.run([tool, os.path.join(build, "lib/kiln/plugins"), path, backend, passes, str(threads),
                         str(warmup), str(iters)] + npys, capture_output=True, text=True, env=env)
     if r.returncode != 0:

@@ -47,6 +47,12 @@ Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::st
     KILN_ASSIGN_OR_RETURN(p.backend.options, resolve_options(be->options, {}, "backend 'reference'"));
     p.backend.name = be->name;
   }
+  // [runtime] threads is the default of a backend's own int option `threads` (the cpu backend's)
+  // where the backend leaves it at 0.
+  if (p.runtime.threads > 0 && p.backend.options.has("threads") &&
+      std::holds_alternative<int64_t>(p.backend.options.values().at("threads")) &&
+      p.backend.options.get_int("threads") == 0)
+    p.backend.options.set("threads", p.runtime.threads);
   return ok_status();
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 
+#include "kiln/ir/op.h"
 #include "kiln/plugin.h"
 
 namespace kiln {
@@ -130,7 +131,9 @@ Status load_plugin(const std::string& path, Registry& reg) {
 
   // From here on the library may own registry entries, so it stays loaded whatever happens.
   loaded().emplace(file, std::move(lib));
+  // Entries and ops registered from here on name this library (`kiln plugins`, `kiln ops`).
   reg.set_current_library(file);
+  OpRegistry::global().set_current_library(file);
   Status s;
   try {
     s = d->register_fn(reg);
@@ -140,6 +143,7 @@ Status load_plugin(const std::string& path, Registry& reg) {
     s = internal_error("register function threw");
   }
   reg.set_current_library("");
+  OpRegistry::global().set_current_library("");
   return s.ok() ? s : s.with_context(where);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "kiln/ir/walk.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -59,6 +60,7 @@ Status OpRegistry::add(OpDef def) {
   std::string missing;
   if (def.name.empty()) missing += " name";
   if (def.summary.empty()) missing += " summary";
+  if (def.result_rule.empty()) missing += " result_rule";
   if (!def.infer) missing += " infer";
   if (!def.reference) missing += " reference";
   if (!missing.empty())
@@ -72,6 +74,7 @@ Status OpRegistry::add(OpDef def) {
                               "' follows an optional one");
   }
   if (ops_.count(def.name)) return already_exists("op '" + def.name + "' is already registered");
+  def.library = current_library_;
   std::string name = def.name;
   ops_.emplace(std::move(name), std::make_unique<OpDef>(std::move(def)));
   return ok_status();
@@ -145,14 +148,15 @@ StatusOr<std::vector<TensorType>> infer_node_types(const Node& node,
 }
 
 Status infer_types(Graph& g) {
-  for (Node* n : g.node_list()) {
-    for (int r = 0; r < n->num_regions(); ++r) KILN_RETURN_IF_ERROR(infer_types(n->region(r)));
+  auto infer = [](Node& n) -> Status {
     std::vector<TensorType> ops;
-    for (Value* v : n->operands()) ops.push_back(v->type());
-    KILN_ASSIGN_OR_RETURN(auto types, infer_node_types(*n, std::move(ops)));
-    for (int i = 0; i < n->num_results(); ++i) n->result(i)->set_type(types[static_cast<size_t>(i)]);
-  }
-  return ok_status();
+    for (Value* v : n.operands()) ops.push_back(v->type());
+    KILN_ASSIGN_OR_RETURN(auto types, infer_node_types(n, std::move(ops)));
+    for (int i = 0; i < n.num_results(); ++i) n.result(i)->set_type(types[static_cast<size_t>(i)]);
+    return ok_status();
+  };
+  // Post-order: a fused node's shape rule reads the types its region's nodes were given.
+  return walk(g, infer, {.order = WalkOrder::kPostOrder});
 }
 
 }  // namespace kiln

@@ -304,11 +304,20 @@ class FuseAttention : public Pass {
   explicit FuseAttention(bool fuse_f32) : fuse_f32_(fuse_f32) {}
   StatusOr<bool> run(Graph& g) override {
     bool changed = false;
-    for (Node* n : g.node_list())
-      for (int r = 0; r < n->num_regions(); ++r) {
-        KILN_ASSIGN_OR_RETURN(bool c, run(n->region(r)));
-        changed |= c;
-      }
+    // Innermost graphs first, each on its own.
+    auto fuse = [&](Graph& sub) -> Status {
+      KILN_ASSIGN_OR_RETURN(bool c, fuse_graph(sub));
+      changed |= c;
+      return ok_status();
+    };
+    KILN_RETURN_IF_ERROR(walk_graphs(g, fuse, WalkOrder::kPostOrder));
+    return changed;
+  }
+
+ private:
+  /// Fuses the attention patterns of `g` itself (not those nested in its regions).
+  StatusOr<bool> fuse_graph(Graph& g) {
+    bool changed = false;
     std::vector<Node*> outs;
     for (Node* n : g.node_list())
       if (n->op_name() == "matmul" && n->num_operands() == 2) outs.push_back(n);
@@ -320,7 +329,6 @@ class FuseAttention : public Pass {
     return changed;
   }
 
- private:
   bool fuse_f32_;
 };
 

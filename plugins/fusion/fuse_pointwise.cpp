@@ -13,11 +13,9 @@ namespace kiln::fusion {
 
 /// Whether `n` or anything nested in it must not be moved or merged.
 bool has_side_effects(const Node& n) {
-  if (n.op() && n.op()->has(kTraitSideEffects)) return true;
-  for (int r = 0; r < n.num_regions(); ++r)
-    for (const auto& inner : n.region(r).nodes())
-      if (has_side_effects(*inner)) return true;
-  return false;
+  return walk(n, [](const Node& m) {
+    return m.op() && m.op()->has(kTraitSideEffects) ? WalkAction::kInterrupt : WalkAction::kAdvance;
+  });
 }
 
 bool has_unknown_dim(const Shape& s) {
@@ -451,14 +449,21 @@ class FusePointwise final : public Pass {
   FusePointwise(int64_t max_size, int64_t min_size) : max_size_(max_size), min_size_(min_size) {}
 
   StatusOr<bool> run(Graph& g) override {
-    KILN_ASSIGN_OR_RETURN(bool changed, split_to_slices(g));
+    bool changed = false;
     // Regions of other nodes are graphs of their own; fused bodies are already one group.
-    for (Node* n : g.node_list())
-      if (n->op_name() != "fused")
-        for (int r = 0; r < n->num_regions(); ++r) {
-          KILN_ASSIGN_OR_RETURN(bool c, run(n->region(r)));
-          changed |= c;
-        }
+    KILN_RETURN_IF_ERROR(walk_graphs(g, [&](Graph& sub) -> StatusOr<WalkAction> {
+      if (is_fused_body(sub)) return WalkAction::kSkip;
+      KILN_ASSIGN_OR_RETURN(bool c, fuse_graph(sub));
+      changed |= c;
+      return WalkAction::kAdvance;
+    }));
+    return changed;
+  }
+
+ private:
+  /// Fuses the nodes of `g` itself (not those nested in its regions).
+  StatusOr<bool> fuse_graph(Graph& g) {
+    KILN_ASSIGN_OR_RETURN(bool changed, split_to_slices(g));
     Grouper grouper(g, max_size_);
     std::vector<std::vector<Node*>> groups;
     for (const std::vector<int>& group : grouper.run()) {
@@ -469,7 +474,6 @@ class FusePointwise final : public Pass {
     return changed || fused_any;
   }
 
- private:
   int64_t max_size_, min_size_;
 };
 

@@ -100,14 +100,15 @@ class FuseRows final : public Pass {
 
   StatusOr<bool> run(Graph& g) override {
     bool changed = false;
-    for (Node* n : g.node_list())
-      if (n->op_name() != "fused")
-        for (int r = 0; r < n->num_regions(); ++r) {
-          KILN_ASSIGN_OR_RETURN(bool c, run(n->region(r)));
-          changed |= c;
-        }
-    KILN_ASSIGN_OR_RETURN(bool fused_any, fuse_groups(g, RowGrouper(g, max_size_).run(), min_size_));
-    return changed || fused_any;
+    // Each graph on its own; fused bodies are already one group.
+    KILN_RETURN_IF_ERROR(walk_graphs(g, [&](Graph& sub) -> StatusOr<WalkAction> {
+      if (is_fused_body(sub)) return WalkAction::kSkip;
+      KILN_ASSIGN_OR_RETURN(bool fused_any,
+                            fuse_groups(sub, RowGrouper(sub, max_size_).run(), min_size_));
+      changed |= fused_any;
+      return WalkAction::kAdvance;
+    }));
+    return changed;
   }
 
  private:

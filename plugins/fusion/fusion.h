@@ -7,6 +7,7 @@
 #include "kiln/core/registry.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/op.h"
+#include "kiln/ir/walk.h"
 
 namespace kiln::fusion {
 
@@ -25,6 +26,10 @@ PassInfo fold_layout_pass_info();
 
 /// Whether `n` or anything nested in it must not be moved or merged.
 bool has_side_effects(const Node& n);
+/// Whether `g` is the body of a fused node: already one group, never regrouped.
+inline bool is_fused_body(const Graph& g) {
+  return g.parent_node() && g.parent_node()->op_name() == "fused";
+}
 bool has_unknown_dim(const Shape& s);
 /// Numpy broadcasting of `a` and `b`, strict about symbols (a dim joins only an equal dim or a
 /// static 1); nullopt when they do not broadcast.

@@ -9,6 +9,7 @@
 
 #include "kiln/core/memory_estimate.h"
 #include "kiln/ir/op.h"
+#include "kiln/ir/walk.h"
 #include "kiln/plugin.h"
 
 namespace kiln::schedule {
@@ -29,10 +30,10 @@ struct Problem {
 
 /// Values a node reads, including those its regions take from the enclosing graph.
 void collect_reads(const Node& n, const Graph& g, std::vector<const Value*>& out) {
-  for (const Value* v : n.operands())
-    if (v->graph() == &g || (v->producer() && v->producer()->graph() == &g)) out.push_back(v);
-  for (int r = 0; r < n.num_regions(); ++r)
-    for (const auto& inner : n.region(r).nodes()) collect_reads(*inner, g, out);
+  walk(n, [&](const Node& m) {
+    for (const Value* v : m.operands())
+      if (v->graph() == &g || (v->producer() && v->producer()->graph() == &g)) out.push_back(v);
+  });
 }
 
 Problem build(const Graph& g) {

@@ -65,17 +65,21 @@ class Canonicalize final : public Pass {
   /// One walk over `g` and every region nested in it; true when anything was rewritten.
   StatusOr<bool> sweep(Graph& g) {
     bool changed = false;
+    KILN_RETURN_IF_ERROR(walk_graphs(g, [&](Graph& sub) -> Status {
+      KILN_ASSIGN_OR_RETURN(bool c, sweep_graph(sub));
+      changed |= c;
+      return ok_status();
+    }));
+    return changed;
+  }
+
+  /// One walk over the nodes of `g` itself (its regions are swept on their own).
+  StatusOr<bool> sweep_graph(Graph& g) {
+    bool changed = false;
     // Rewrites erase only the node at hand and producers before it, never a later node in
     // this snapshot.
     for (Node* n : g.node_list()) {
-      if (n->num_regions() > 0) {
-        for (int r = 0; r < n->num_regions(); ++r) {
-          KILN_ASSIGN_OR_RETURN(bool c, sweep(n->region(r)));
-          changed |= c;
-        }
-        continue;
-      }
-      if (!n->op() || has_side_effects(*n)) continue;
+      if (n->num_regions() > 0 || !n->op() || has_side_effects(*n)) continue;
       KILN_ASSIGN_OR_RETURN(bool c, simplify(n));
       if (!c) {
         KILN_ASSIGN_OR_RETURN(c, fold(n));

@@ -68,20 +68,26 @@ class Cse final : public Pass {
  public:
   StatusOr<bool> run(Graph& g) override {
     bool changed = false;
+    // Regions are isolated graphs: each is deduplicated on its own.
+    KILN_RETURN_IF_ERROR(walk_graphs(g, [&](Graph& sub) -> Status {
+      KILN_ASSIGN_OR_RETURN(bool c, dedupe(sub));
+      changed |= c;
+      return ok_status();
+    }));
+    return changed;
+  }
+
+ private:
+  /// Merges the duplicate nodes of `g` itself (not those nested in its regions).
+  static StatusOr<bool> dedupe(Graph& g) {
+    bool changed = false;
     // Nodes are visited in order and uses are redirected as we go, so a chain of duplicates
     // (two equal matmuls feeding two equal relus) collapses in a single walk.
     std::unordered_map<size_t, std::vector<Node*>> seen;
     for (Node* n : g.node_list()) {
-      // Regions are isolated graphs: each is deduplicated on its own. Nodes holding regions
-      // are not merged with each other (that would need structural comparison of bodies).
-      if (n->num_regions() > 0) {
-        for (int r = 0; r < n->num_regions(); ++r) {
-          KILN_ASSIGN_OR_RETURN(bool c, run(n->region(r)));
-          changed |= c;
-        }
-        continue;
-      }
-      if (has_side_effects(*n)) continue;
+      // Nodes holding regions are not merged with each other (that would need structural
+      // comparison of bodies).
+      if (n->num_regions() > 0 || has_side_effects(*n)) continue;
       std::vector<Node*>& bucket = seen[node_hash(*n)];
       Node* earlier = nullptr;
       for (Node* m : bucket)

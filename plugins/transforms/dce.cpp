@@ -11,21 +11,15 @@ class Dce final : public Pass {
   StatusOr<bool> run(Graph& g) override {
     bool changed = false;
     // In reverse order every user is seen before its producers, so a dead chain goes in
-    // one walk. Graph inputs are part of the signature and stay, even when unused.
-    std::vector<Node*> nodes = g.node_list();
-    for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
-      Node* n = *it;
-      if (!has_used_results(*n) && !has_side_effects(*n)) {
-        KILN_RETURN_IF_ERROR(g.erase_node(n));
-        changed = true;
-        continue;
-      }
-      // A region's own outputs are its roots: dead nodes inside a live region go too.
-      for (int r = 0; r < n->num_regions(); ++r) {
-        KILN_ASSIGN_OR_RETURN(bool c, run(n->region(r)));
-        changed |= c;
-      }
-    }
+    // one walk. Graph inputs are part of the signature and stay, even when unused. A
+    // region's own outputs are its roots: dead nodes inside a live region go too.
+    auto erase_dead = [&](Node& n) -> StatusOr<WalkAction> {
+      if (has_used_results(n) || has_side_effects(n)) return WalkAction::kAdvance;
+      KILN_RETURN_IF_ERROR(n.graph()->erase_node(&n));
+      changed = true;
+      return WalkAction::kSkip;  // its regions went with it
+    };
+    KILN_RETURN_IF_ERROR(walk(g, erase_dead, {.reverse = true}));
     return changed;
   }
 };

@@ -7,6 +7,7 @@
 #include "kiln/core/registry.h"
 #include "kiln/ir/graph.h"
 #include "kiln/ir/op.h"
+#include "kiln/ir/walk.h"
 
 namespace kiln::transforms {
 
@@ -18,11 +19,9 @@ PassInfo dce_pass_info();
 /// Whether `n`, or any node nested in its regions, has kTraitSideEffects: such a node is
 /// never removed, merged or folded.
 inline bool has_side_effects(const Node& n) {
-  if (n.op() && n.op()->has(kTraitSideEffects)) return true;
-  for (int r = 0; r < n.num_regions(); ++r)
-    for (const auto& inner : n.region(r).nodes())
-      if (has_side_effects(*inner)) return true;
-  return false;
+  return walk(n, [](const Node& m) {
+    return m.op() && m.op()->has(kTraitSideEffects) ? WalkAction::kInterrupt : WalkAction::kAdvance;
+  });
 }
 
 /// Whether any result of `n` is used (by a node or as a graph output).

@@ -31,6 +31,8 @@ if(Python3_Interpreter_FOUND)
       ERR "^kiln: error: [^\n]*/${mode}\\.kiln: ${damage_${mode}}\n$")
     set_tests_properties(cli.inspect-${mode} PROPERTIES FIXTURES_REQUIRED kiln_damaged_${mode})
   endforeach()
+else()
+  kiln_skipped_test(cli.damage "the damaged-artifact tests need python3 (corrupt_artifact.py)")
 endif()
 kiln_cli_test(inspect-not-artifact ARGS inspect ${here}/double.kir RC 1
   ERR "^kiln: error: [^\n]*/double\\.kir: not a Kiln artifact \\(bad magic\\)\n$")
@@ -76,3 +78,27 @@ kiln_cli_test(cache-env ARGS cache info RC 0 OUT "^dir: [^\n]*/env-cache\nentrie
 set_tests_properties(cli.cache-env PROPERTIES ENVIRONMENT "KILN_CACHE_DIR=${out}/env-cache")
 kiln_cli_test(cache-no-action ARGS cache RC 2 ERR "kiln: error: cache: expected 'info' or 'clear'")
 kiln_cli_test(cache-bad-action ARGS cache purge RC 2 ERR "kiln: error: cache: unknown action 'purge' \\(expected info or clear\\)")
+
+# Backend options that change what is compiled: validated, listed, in the canonical pipeline
+# (logs and reproducers) and in the artifact's record. Given for cuda-sm90, they reach cuda-sm80
+# too, which builds sm_80 and so leads the plan.
+if(TARGET kiln-plugin-cuda-sm90)
+  kiln_cli_test(plugins-cuda-options ARGS plugins RC 0
+    OUT "cuda-sm90 +backend .*option int4-exact-zeros: bool = false  -- asymmetric INT4 weights dequantize as \\(q - zero\\)")
+  kiln_cli_test(backend-option-bad-value ARGS opt ${here}/int4.kir --pipeline ${here}/int4_bad_option.toml RC 1
+    ERR "^kiln: error: [^\n]*/int4_bad_option\\.toml:8:32: option 'int4-exact-zeros' for backend 'cuda-sm90' expects bool, got string \"yes\"\n$")
+  kiln_cli_test(backend-option-canonical ARGS opt ${here}/int4.kir --pipeline ${here}/int4_exact.toml RC 0
+    ERR "^pipeline: kir \\| \\| cuda-sm90{int4-exact-zeros=true}@sm_90a\n$")
+  kiln_cli_test(compile-backend-option ARGS compile ${here}/int4.kir --pipeline ${here}/int4_exact.toml
+                --target sm_80,sm_90a -o ${art}/int4-exact.kiln RC 0 OUT "sm_80: sm_80\\.cubin [0-9]+ bytes\n  sm_90a: sm_90a\\.cubin")
+  set_tests_properties(cli.compile-backend-option PROPERTIES FIXTURES_SETUP kiln_int4_artifact)
+  kiln_cli_test(inspect-backend-option ARGS inspect ${art}/int4-exact.kiln RC 0
+    OUT "\npipeline: kir \\| \\| cuda-sm80{int4-exact-zeros=true}@sm_80,sm_90a\nplugins: kir@[0-9.]+,cuda-sm80@[0-9.]+,cuda-sm90@[0-9.]+\n")
+  kiln_cli_test(inspect-json-backend-option ARGS inspect ${art}/int4-exact.kiln --json RC 0
+    OUT "\"pipeline\": \"kir \\| \\| cuda-sm80{int4-exact-zeros=true}@sm_80,sm_90a\"")
+  set_tests_properties(cli.inspect-backend-option cli.inspect-json-backend-option PROPERTIES FIXTURES_REQUIRED kiln_int4_artifact)
+endif()
+if(TARGET kiln-plugin-backend-cpu)
+  kiln_cli_test(plugins-cpu-options ARGS plugins RC 0
+    OUT "cpu +backend .*option threads: int = 0  -- [^\n]*\n +option winograd: bool = true  -- [^\n]*\n +option profile: bool = false  -- ")
+endif()

@@ -1,13 +1,20 @@
 // The cpu backend against the reference interpreter: JIT'd elementwise ops and fused groups
-// (broadcasting, every lowered dtype), native kernels, the kernel cache and error paths.
+// (broadcasting, every lowered dtype), native kernels, the kernel cache, the backend's options
+// (threads, winograd, profile) and error paths.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 
+#include "kiln/core/driver.h"
 #include "kiln/core/kernel_cache.h"
 #include "kiln/ir/text.h"
 #include "plugin_test_util.h"
@@ -28,14 +35,18 @@ const std::string& test_cache_dir() {
   return dir;
 }
 
-std::unique_ptr<Executable> compile_cpu(const Graph& g, int64_t threads = 2) {
+/// Compiles `g` on the cpu backend with `threads` and the `given` options (resolved against the
+/// backend's declarations, as a pipeline would).
+std::unique_ptr<Executable> compile_cpu(const Graph& g, int64_t threads = 2,
+                                        std::map<std::string, OptionValue> given = {}) {
   test_cache_dir();
   Registry& reg = test::registry_with({"kiln-plugin-backend-cpu.so", "kiln-plugin-backend-reference.so"});
   auto info = reg.backend("cpu");
   REQUIRE_MESSAGE(info.ok(), info.status().message());
-  Options o;
-  o.set("threads", threads);
-  auto backend = (*info)->create(o);
+  given["threads"] = threads;
+  auto o = resolve_options((*info)->options, given, "backend 'cpu'");
+  REQUIRE_MESSAGE(o.ok(), o.status().message());
+  auto backend = (*info)->create(*o);
   REQUIRE(backend.ok());
   auto exe = (*backend)->compile(g);
   REQUIRE_MESSAGE(exe.ok(), exe.status().message());
@@ -252,6 +263,106 @@ TEST_CASE("cpu: 3x3 convolutions by Winograd match the reference") {
   }
 }
 
+/// The largest |got - want| over the elements.
+double max_abs_diff(const Tensor& got, const Tensor& want) {
+  double d = 0;
+  for (int64_t i = 0; i < want.numel(); ++i)
+    d = std::max(d, std::fabs(got.get_f64(i) - want.get_f64(i)));
+  return d;
+}
+
+TEST_CASE("cpu: option winograd = false computes the 3x3 convolutions by im2col instead") {
+  auto g = parse_graph(
+      R"(graph @g(%x: f32[2, 32, 15, 17], %w: f32[24, 32, 3, 3], %b: f32[24]) -> (f32[2, 24, 15, 17]) {
+  %y = conv(%x, %w, %b) {pads = [1, 1, 1, 1]} : f32[2, 24, 15, 17]
+  return %y
+})");
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  std::mt19937 rng(11);
+  std::vector<Tensor> ins = test::random_inputs(**g, rng);
+  Registry& reg = test::registry_with({"kiln-plugin-backend-reference.so"});
+  const Tensor want = test::run_reference(reg, **g, ins)[0];
+  auto wino = compile_cpu(**g)->run(ins);
+  auto im2col = compile_cpu(**g, 2, {{"winograd", false}})->run(ins);
+  REQUIRE(wino.ok());
+  REQUIRE(im2col.ok());
+  check_close((*wino)[0], want, "winograd", true);
+  check_close((*im2col)[0], want, "im2col", true);
+  // Two different computations: Winograd's transforms round differently from im2col's dot products.
+  CHECK_FALSE((*wino)[0].identical((*im2col)[0]));
+  CHECK(max_abs_diff((*im2col)[0], (*wino)[0]) > 0);
+}
+
+TEST_CASE("cpu: option profile = true reports the plan and per-op times on stderr") {
+  auto g = parse_graph(R"(graph @g(%a: f32[8, 16], %w: f32[4, 16]) -> (f32[8, 4]) {
+  %y = linear(%a, %w) : f32[8, 4]
+  %z = relu(%y) : f32[8, 4]
+  return %z
+})");
+  REQUIRE(g.ok());
+  std::mt19937 rng(3);
+  std::vector<Tensor> ins = test::random_inputs(**g, rng);
+  // stderr into a file while the profiled executable builds its plan and runs.
+  auto captured = [&](std::map<std::string, OptionValue> given) {
+    const fs::path file =
+        fs::temp_directory_path() / ("kiln-cpu-profile-" + std::to_string(::getpid()));
+    std::fflush(stderr);
+    const int saved = ::dup(2);
+    FILE* f = std::fopen(file.c_str(), "w");
+    REQUIRE(f != nullptr);
+    ::dup2(::fileno(f), 2);
+    auto out = compile_cpu(**g, 1, std::move(given))->run(ins);
+    std::fflush(stderr);
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::fclose(f);
+    REQUIRE(out.ok());
+    std::ifstream in(file);
+    std::stringstream text;
+    text << in.rdbuf();
+    fs::remove(file);
+    return text.str();
+  };
+  const std::string on = captured({{"profile", true}});
+  CHECK(on.find("kiln cpu: plan of 2 steps") != std::string::npos);
+  CHECK(on.find("kiln cpu: linear[native]") != std::string::npos);
+  CHECK(captured({}).find("kiln cpu:") == std::string::npos);
+}
+
+TEST_CASE("cpu: the pipeline's [runtime] threads is the default of the backend's threads") {
+  Registry& reg =
+      test::registry_with({"kiln-plugin-backend-cpu.so", "kiln-plugin-frontend-kir.so"});
+  auto threads_of = [&](const std::string& line) {
+    auto p = parse_pipeline_string("kir" + line, reg);
+    REQUIRE_MESSAGE(p.ok(), p.status().message());
+    REQUIRE(resolve_pipeline_defaults(*p, reg, "model.kir", false).ok());
+    return p->backend.options.get_int("threads");
+  };
+  CHECK(threads_of(" | | cpu | runtime{threads=3}") == 3);
+  CHECK(threads_of(" | | cpu{threads=2} | runtime{threads=3}") == 2);  // the backend's own wins
+  CHECK(threads_of(" | | cpu") == 0);
+}
+
+TEST_CASE("cpu: a wrong option value is refused naming the option") {
+  Registry& reg = test::registry_with({"kiln-plugin-backend-cpu.so"});
+  auto info = reg.backend("cpu");
+  REQUIRE(info.ok());
+  auto bad = [&](const std::string& name, OptionValue v) {
+    auto o = resolve_options((*info)->options, {{name, std::move(v)}}, "backend 'cpu'");
+    REQUIRE_FALSE(o.ok());
+    return o.status().message();
+  };
+  CHECK(bad("winograd", int64_t{0}) ==
+        "option 'winograd' for backend 'cpu' expects bool, got int 0");
+  CHECK(bad("profile", std::string("yes")) ==
+        "option 'profile' for backend 'cpu' expects bool, got string \"yes\"");
+  CHECK(bad("threads", true) == "option 'threads' for backend 'cpu' expects int, got bool true");
+  auto line = parse_pipeline_string("| | cpu{winograd=no}", reg);
+  REQUIRE_FALSE(line.ok());
+  CHECK(line.status().message().find("option 'winograd' for backend 'cpu' expects bool") !=
+        std::string::npos);
+}
+
 TEST_CASE("cpu: max_pool keeps NaN and -inf as the reference does") {
   auto g = parse_graph(R"(graph @g(%x: f32[1, 1, 4, 4]) -> (f32[1, 1, 2, 2]) {
   %p = max_pool(%x) {kernel_shape = [2, 2], strides = [2, 2]} : f32[1, 1, 2, 2]
@@ -422,7 +533,7 @@ TEST_CASE("cpu: errors name what is at fault") {
   o.set("threads", int64_t{-1});
   auto b = (*reg.backend("cpu"))->create(o);
   REQUIRE(!b.ok());
-  CHECK(b.status().message() == "cpu: option 'threads' must be >= 0, got -1");
+  CHECK(b.status().message() == "cpu: option 'threads' must be 0..4096, got -1");
 }
 
 }  // namespace

@@ -78,25 +78,18 @@ std::string transposed_text(const Case& c, bool in, bool out) {
 /// P·V product (as every flash kernel does) and accumulate in f32, which costs a few units in
 /// the last place of the 16-bit types on outputs of size ~0.1: assert_close's rtol per dtype,
 /// with atol raised to cover that rounding of P (f32: exp2f and f32 sums over ~200 keys).
-void tolerances(DType t, double& rtol, double& atol) {
-  rtol = 1e-5, atol = 1e-5;
-  if (t == DType::kF16) rtol = 1e-3, atol = 1e-3;
-  if (t == DType::kBF16) rtol = 1.6e-2, atol = 1e-2;
+test::Tolerance tolerance(DType t) {
+  if (t == DType::kF16) return {1e-3, 1e-3};
+  if (t == DType::kBF16) return {1.6e-2, 1e-2};
+  return {1e-5, 1e-5};
 }
 
+/// Within tolerance(), NaN and misplaced infinities failing (tensor_compare.h); prints the
+/// largest difference.
 std::string compare(const Tensor& want, const Tensor& got) {
-  if (want.type() != got.type()) return "type " + got.type().str() + ", expected " + want.type().str();
-  double rtol, atol;
-  tolerances(want.dtype(), rtol, atol);
-  double worst = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double w = want.get_f64(i), g = got.get_f64(i);
-    if (!(std::fabs(w - g) <= atol + rtol * std::fabs(w)))
-      return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(w);
-    worst = std::max(worst, std::fabs(w - g));
-  }
-  std::printf("  max abs error %.3g\n", worst);
-  return "";
+  const test::Verdict v = test::allclose(want, got, tolerance(want.dtype()));
+  if (v.ok()) std::printf("  max abs error %.3g\n", v.measure);
+  return v.why;
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 // Needs libcudnn.so.9 on the loader path. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -66,11 +65,11 @@ const char* kCases[][2] = {
 /// PyTorch's assert_close defaults; tf32 rounds operands to 10 mantissa bits (1e-2 both ways
 /// for these sums of at most 147 products of [-1, 1) values). The half types get atol = rtol:
 /// cuDNN rounds conv + residual + bias once where the reference rounds the conv first.
-void tolerances(const std::string& t, bool tf32, double& rtol, double& atol) {
-  rtol = 1.3e-6, atol = 1e-5;
-  if (tf32) rtol = atol = 1e-2;
-  if (t == "f16") rtol = atol = 1e-3;
-  if (t == "bf16") rtol = atol = 1.6e-2;
+test::Tolerance tolerance(const std::string& t, bool tf32) {
+  if (tf32) return {1e-2, 1e-2};
+  if (t == "f16") return {1e-3, 1e-3};
+  if (t == "bf16") return {1.6e-2, 1.6e-2};
+  return test::kAssertCloseF32;
 }
 
 /// Builds the cuda-sm90 artifact for `g` with the given backend options; its plan must hold a
@@ -118,16 +117,13 @@ int main() {
           else if (!bytes.ok()) why = bytes.status().message();
           std::vector<Tensor> got;
           for (const Value* v : (*g)->outputs()) got.emplace_back(v->dtype(), static_sizes(v->shape()));
-          if (why.empty()) why = run_artifact(*bytes, *inputs, got, {.cuda_graphs = graphs, .runs = 2});
-          double rtol, atol;
-          tolerances(cfg.dtype, cfg.tf32, rtol, atol);
+          if (why.empty())
+            why = run_artifact(*bytes, *inputs, got, {.cuda_graphs = graphs, .runs = 2});
           for (size_t i = 0; why.empty() && i < got.size(); ++i)
-            for (int64_t k = 0; why.empty() && k < got[i].numel(); ++k) {
-              const double w = (*want)[i].get_f64(k), v = got[i].get_f64(k);
-              if (!(std::fabs(w - v) <= atol + rtol * std::fabs(w)))
-                why = "output " + std::to_string(i) + " element " + std::to_string(k) + ": got " + std::to_string(v) +
-                      ", expected " + std::to_string(w);
-            }
+            if (const test::Verdict v =
+                    test::allclose((*want)[i], got[i], tolerance(cfg.dtype, cfg.tf32));
+                !v.ok())
+              why = "output " + std::to_string(i) + ": " + v.why;
         }
         std::printf("%s %s%s%s\n", why.empty() ? "PASS" : "FAIL", name.c_str(), why.empty() ? "" : ": ", why.c_str());
         failures += !why.empty();

@@ -4,7 +4,6 @@
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -37,23 +36,9 @@ std::string case_text(const std::string& t, int m, int n, int k) {
          "  return %l0, %l1, %l2, %l3, %l4, %m0, %m1\n}\n";
 }
 
-/// PyTorch assert_close defaults per dtype.
-void tolerances(DType t, double& rtol, double& atol) {
-  rtol = 1.3e-6, atol = 1e-5;
-  if (t == DType::kF16) rtol = 1e-3, atol = 1e-5;
-  if (t == DType::kBF16) rtol = 1.6e-2, atol = 1e-5;
-}
-
+/// assert_close's defaults per dtype; NaN and misplaced infinities fail (tensor_compare.h).
 std::string compare(const Tensor& want, const Tensor& got) {
-  if (want.type() != got.type()) return "type " + got.type().str() + ", expected " + want.type().str();
-  double rtol, atol;
-  tolerances(want.dtype(), rtol, atol);
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double w = want.get_f64(i), g = got.get_f64(i);
-    if (!(std::fabs(w - g) <= atol + rtol * std::fabs(w)))
-      return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(w);
-  }
-  return "";
+  return test::assert_close(want, got).why;
 }
 
 }  // namespace

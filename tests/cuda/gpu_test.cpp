@@ -2,7 +2,6 @@
 // and must agree within PyTorch's assert_close tolerances. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -266,26 +265,10 @@ const Case kCases[] = {
   return %y })"},
 };
 
-/// PyTorch assert_close defaults per dtype.
-void tolerances(DType t, double& rtol, double& atol) {
-  rtol = 0, atol = 0;
-  if (t == DType::kF32) rtol = 1.3e-6, atol = 1e-5;
-  if (t == DType::kF64) rtol = 1e-7, atol = 1e-7;
-  if (t == DType::kF16) rtol = 1e-3, atol = 1e-5;
-  if (t == DType::kBF16) rtol = 1.6e-2, atol = 1e-5;
-}
-
+/// assert_close's defaults per dtype (exact for integers and bools); NaN and misplaced
+/// infinities fail (tensor_compare.h).
 std::string compare(const Tensor& want, const Tensor& got) {
-  if (want.type() != got.type()) return "type " + got.type().str() + ", expected " + want.type().str();
-  double rtol, atol;
-  tolerances(want.dtype(), rtol, atol);
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double w = want.get_f64(i), g = got.get_f64(i);
-    if (std::isnan(w) && std::isnan(g)) continue;
-    if (std::fabs(w - g) > atol + rtol * std::fabs(w))
-      return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(w);
-  }
-  return "";
+  return test::assert_close(want, got).why;
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // What the CUDA GPU test binaries share: skipping without a GPU, loading the plugins, running a
-// graph on the reference and cuda-sm90 backends side by side, reporting each case.
+// graph on the reference and cuda-sm90 backends side by side, reporting each case; the
+// comparisons themselves are tensor_compare.h's (one comparator for every GPU test).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -12,19 +12,9 @@
 
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
+#include "tensor_compare.h"
 
 namespace kiln {
-
-/// Signal-to-quantization-noise ratio of `got` against `ref` in dB (infinite when equal).
-inline double sqnr_db(const Tensor& ref, const Tensor& got) {
-  double signal = 0, noise = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double r = ref.get_f64(i), d = r - got.get_f64(i);
-    signal += r * r;
-    noise += d * d;
-  }
-  return noise == 0 ? INFINITY : 10 * std::log10(signal / noise);
-}
 
 /// 77 (ctest's skip code) with a message when there is no GPU, 1 when the plugins in
 /// KILN_PLUGIN_DIR do not load, 0 when the test can run. Without a driver

@@ -3,18 +3,15 @@
 // with and without the K split across blocks, N and K off the tiles, group sizes 32/64/128,
 // symmetric (group 128 post-scaled or scaled per pair) and asymmetric (one fma or a subtraction
 // per pair), bf16/f16, bias; f32 x (GEMV, dequantize + gemm) and M = 65, 200 (dequantize +
-// gemm); on cuda-sm90 the cluster-pair K split at M = 5..64, one row tile per warp above M = 16
-// under KILN_INT4_MT=1, the warpgroup MMA path KILN_INT4_WGMMA=1 asks for at M = 1..64, the
-// untested reads of x's last n8 tile above M = 8 off a multiple of 8, the paired scale loads of
-// group 128, two super-chunks in flight at M = 9..16 through KILN_INT4_STREAM, and each of
-// KILN_INT4_POST and KILN_INT4_AZFMA against its default; with constant weights, scales and zeros,
-// the scale-zero pairs packed at compile time and the weights reordered in place (and not, where
-// two nodes read them). KILN_TEST_SHARD=I/N runs a share of
-// the cases, KILN_TEST_WITH=VAR those run with the knob VAR set.
+// gemm); on cuda-sm90 the cluster-pair K split at M = 5..64, the untested reads of x's last n8
+// tile above M = 8 off a multiple of 8, the paired scale loads of group 128; with constant
+// weights, scales and zeros, the scale-zero pairs packed at compile time and the weights
+// reordered in place (and not, where two nodes read them); and the backend option
+// int4-exact-zeros (the subtraction everywhere, nothing packed). KILN_TEST_SHARD=I/N runs a
+// share of the cases, KILN_TEST_WITH=OPTION those run with that backend option set.
 // Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -44,18 +41,6 @@ std::string graph(int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const s
          (asym ? ", asymmetric = 1" : "") + "} : " + yt + "\n  return %y\n}\n";
 }
 
-/// Normwise relative error: the kernels round dequantized weights to x's dtype (bf16: 2^-9,
-/// f16: 2^-12 relative), which elementwise tolerances would flag on cancelling sums.
-double rel_error(const Tensor& want, const Tensor& got) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double d = want.get_f64(i) - got.get_f64(i);
-    num += d * d;
-    den += want.get_f64(i) * want.get_f64(i);
-  }
-  return std::sqrt(num / den);
-}
-
 }  // namespace
 
 int main() {
@@ -69,26 +54,28 @@ int main() {
       return 1;
     }
   }
-  // KILN_TEST_WITH=VAR runs only the cases the test runs with the knob VAR set (e.g.
-  // KILN_INT4_WGMMA), to recheck one path without the rest.
+  // KILN_TEST_WITH=OPTION runs only the cases the test runs with that cuda-sm90 option set (e.g.
+  // int4-exact-zeros), to recheck one path without the rest.
   const char* with = std::getenv("KILN_TEST_WITH");
   int failures = 0, cases = 0, ran = 0;
+  Options opts;  // the cuda-sm90 options of the cases that follow
   // consts: the weights, scales and zeros as constants (1; 2: two nodes read them).
   auto run = [&](int64_t m, int64_t n, int64_t k, int64_t g, bool asym, const std::string& dt, bool bias,
                  int consts = 0) {
-    if (cases++ % shards != shard || (with != nullptr && std::getenv(with) == nullptr)) return;
+    if (cases++ % shards != shard || (with != nullptr && !opts.has(with))) return;
     ++ran;
     const std::string name = "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                              " g=" + std::to_string(g) + (asym ? " asym " : " sym ") + dt + (bias ? " bias" : "") +
                              (consts == 0 ? "" : consts == 1 ? " const" : " const shared");
     const double limit = dt == "bf16" ? 1e-2 : 2e-3;
-    auto within = [&](const Tensor& want, const Tensor& got) -> std::string {
-      const double err = rel_error(want, got);
-      return err <= limit ? "" : "relative error " + std::to_string(err) + " > " + std::to_string(limit);
+    // Normwise relative error: the kernels round dequantized weights to x's dtype (bf16: 2^-9,
+    // f16: 2^-12 relative), which elementwise tolerances would flag on cancelling sums.
+    auto within = [&](const Tensor& want, const Tensor& got) {
+      return test::rel_l2_within(want, got, limit).why;
     };
     const std::string text = consts == 0 ? graph(m, n, k, g, asym, dt, bias)
                                          : int4_const_graph(m, n, k, g, asym, dt, bias, 10 + cases, consts == 2);
-    failures += report_case(name, gpu_matches_reference(text, "int4", static_cast<uint64_t>(10 + cases), within));
+    failures += report_case(name, gpu_matches_reference(text, "int4", static_cast<uint64_t>(10 + cases), within, {}, opts));
   };
   const int64_t ms[] = {1, 3, 4, 8, 9, 16, 17, 32, 33, 64, 65, 200};
   const int64_t gs[] = {32, 64, 128};
@@ -112,67 +99,20 @@ int main() {
   // halves meet as a cluster pair (the last block holds 64 rows, the last super-chunk is partial).
   run(13, 8000, 8064, 128, false, "bf16", true);
   run(16, 8000, 8064, 32, true, "f16", false);
-  // Two shapes per M under a knob: N and K tails, group 128 bf16 and a smaller asymmetric f16
-  // group, bias on odd / even M.
+  // Two shapes per M: N and K tails, group 128 bf16 and a smaller asymmetric f16 group, bias on
+  // odd / even M.
   auto tails = [&](std::initializer_list<int64_t> ms) {
     for (int64_t m : ms) {
       run(m, 8000, 8064, 128, false, "bf16", m % 2 == 1);
       run(m, 257, 1280, m > 16 ? 32 : 64, true, "f16", m % 2 == 0);
     }
   };
-  // KILN_INT4_WGMMA=1: warpgroup MMAs on the sm_90a image, x staged once (M <= 16, the cluster
-  // pair at 13 / 16) and per super-chunk (M > 16), post-scaled and not.
-  setenv("KILN_INT4_WGMMA", "1", 1);
-  tails({1, 5, 8, 13, 16, 17, 32, 33, 64});
-  // x per super-chunk at M <= 8 (KILN_INT4_XALL=0): the regions' corrections of the folded path.
-  setenv("KILN_INT4_XALL", "0", 1);
-  for (int64_t m : {1, 8}) run(m, 8000, 8064, 128, false, "bf16", true);
-  unsetenv("KILN_INT4_XALL");
-  unsetenv("KILN_INT4_WGMMA");
-  // KILN_INT4_MT=1: one row tile per warp above M = 16 (the sm_80 plans' shape), post-scaled.
-  setenv("KILN_INT4_MT", "1", 1);
-  tails({17, 33, 64});
-  unsetenv("KILN_INT4_MT");
   // x's last n8 tile read without a row test (M > 8 off a multiple of 8), and with it (M = 3).
   tails({3, 12, 13, 33});
   // A lane's two scales of a super-chunk as one 4-byte load (group 128, K whole super-chunks; N
-  // off the row blocks): by default at 24 and 48 (two row tiles, the cluster pair), forced on the
-  // 64-row plan at 1 and 4, on the pair with two super-chunks in flight at 8 and on the pair at
-  // 12 (scaled per pair).
+  // off the row blocks) at 24 and 48 (two row tiles, the cluster pair).
   run(24, 1000, 2048, 128, false, "bf16", true);
   run(48, 1000, 2048, 128, false, "f16", false);
-  setenv("KILN_INT4_SPAIR", "1", 1);
-  run(12, 1000, 2048, 128, false, "bf16", true);
-  run(1, 1000, 2048, 128, false, "bf16", true);
-  run(4, 1000, 2048, 128, false, "f16", false);
-  run(8, 1000, 2048, 128, false, "bf16", false);
-  unsetenv("KILN_INT4_SPAIR");
-  // Two super-chunks of weights in flight at M = 9..16 (KILN_INT4_STREAM): with the paired scale
-  // loads that keep that shape within 128 registers (K whole super-chunks), and on the N / K tails
-  // without them.
-  setenv("KILN_INT4_STREAM", "256:128:1:2:2:8", 1);
-  setenv("KILN_INT4_SPAIR", "1", 1);
-  for (int64_t m : {9, 12, 16}) run(m, 1000, 2048, 128, false, m == 12 ? "f16" : "bf16", m != 16);
-  tails({12});
-  unsetenv("KILN_INT4_SPAIR");
-  unsetenv("KILN_INT4_STREAM");
-  // KILN_INT4_POST=1: group 128 post-scaled where the sm_90 plans scale per pair (M = 9..16),
-  // with the paired scale loads as well at 16; KILN_INT4_POST=0: scaled per pair at M = 1 and 8.
-  setenv("KILN_INT4_POST", "1", 1);
-  tails({9, 16});
-  setenv("KILN_INT4_SPAIR", "1", 1);
-  run(16, 1000, 2048, 128, false, "bf16", true);
-  unsetenv("KILN_INT4_SPAIR");
-  setenv("KILN_INT4_POST", "0", 1);
-  for (int64_t m : {1, 8}) run(m, 8000, 8064, 128, false, m == 1 ? "f16" : "bf16", m == 1);
-  unsetenv("KILN_INT4_POST");
-  // KILN_INT4_AZFMA: asymmetric pairs as one fma where the default subtracts (M = 9..16, group 64
-  // above M = 32), and subtracting where the default is the fma (M = 1, 33).
-  setenv("KILN_INT4_AZFMA", "1", 1);
-  for (int64_t m : {12, 48}) run(m, 257, 1280, 64, true, m == 12 ? "bf16" : "f16", m == 12);
-  setenv("KILN_INT4_AZFMA", "0", 1);
-  for (int64_t m : {1, 33}) run(m, 257, 1280, 32, true, m == 1 ? "f16" : "bf16", m == 33);
-  unsetenv("KILN_INT4_AZFMA");
   // Constant weights: asymmetric scale-zero pairs packed at every plan (M = 1, the pairs at 12 / 16,
   // two row tiles above 16), the weights reordered above M = 16 (symmetric too, with the paired
   // scales at 48), and kept as stored where a second node reads them; the warpgroup path too.
@@ -188,12 +128,14 @@ int main() {
   run(64, 257, 1280, 32, false, "bf16", false, 1);
   run(33, 257, 1280, 32, true, "f16", true, 2);
   run(40, 257, 1280, 128, false, "bf16", false, 2);
-  setenv("KILN_INT4_WGMMA", "1", 1);
-  setenv("KILN_INT4_MT", "1", 1);
-  run(33, 257, 1280, 32, true, "f16", false, 1);
-  run(64, 257, 1280, 128, false, "bf16", true, 1);
-  unsetenv("KILN_INT4_MT");
-  unsetenv("KILN_INT4_WGMMA");
+  // int4-exact-zeros: asymmetric pairs as (q - zero)·scale where the default is the fma (M = 1,
+  // 33, 64) or the packed pairs (constant zeros, M = 1, 12, 64; the weights still reordered at 64).
+  opts.set("int4-exact-zeros", true);
+  for (int64_t m : {1, 33, 64}) run(m, 257, 1280, 32, true, m == 33 ? "bf16" : "f16", m != 33);
+  run(1, 257, 1280, 32, true, "f16", true, 1);
+  run(12, 257, 1280, 64, true, "bf16", false, 1);
+  run(64, 257, 1280, 64, true, "bf16", true, 1);
+  opts = Options();
   // f32 x: GEMV up to M = 8, dequantize + gemm above.
   run(1, 257, 1088, 32, false, "f32", true);
   run(5, 200, 896, 128, true, "f32", false);

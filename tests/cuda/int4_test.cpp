@@ -1,5 +1,6 @@
 // Tests of the matmul_int4 lowering: which kernel each M and dtype gets, the split-K steps for
-// small N, the dequantize + gemm path, and NVRTC compilation of every variant for every target.
+// small N, the dequantize + gemm path, the backend option int4-exact-zeros, and NVRTC
+// compilation of every variant for every target.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -7,14 +8,18 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "int4_const_graph.h"
+#include "kiln/core/artifact.h"
+#include "kiln/core/registry.h"
+#include "kiln/cuda/backend.h"
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
-#include "kiln/ir/text.h"
-#include "int4_const_graph.h"
 #include "kiln/ir/dtype.h"
+#include "kiln/ir/text.h"
 #include "lowering_test_util.h"
 
 namespace kiln::cuda {
@@ -75,16 +80,9 @@ TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x st
   const LoweringOptions hopper = hopper_lowering();
   // The sm_90 default at M = 16: 8 N-warps x 2 K-warps, 128 rows a block, 64 blocks of rows, so
   // K splits in two; each half of x (8 super-chunks of 512) is staged once: 8 x 2 x 16 x
-  // (256 + 16) x 2 bytes, then the corrections (8 x 4 k-blocks x 16 columns x 4 bytes). sm_80
-  // plans get the same shape only through the knob.
+  // (256 + 16) x 2 bytes, then the corrections (8 x 4 k-blocks x 16 columns x 4 bytes).
   const std::string g16 = int4_graph(16, 8192, 8192, 128, false, "bf16", "f16", true);
   const LoweredGraph pair = lower_text(g16, hopper);
-  setenv("KILN_INT4_STREAM", "256:128:1:2:1:8", 1);
-  const LoweredGraph ampere = lower_text(g16);
-  setenv("KILN_INT4_PAIR", "0", 1);
-  const LoweredGraph scratch = lower_text(g16, hopper);
-  unsetenv("KILN_INT4_PAIR");
-  unsetenv("KILN_INT4_STREAM");
   const int64_t x_and_corr = 8 * 2 * 16 * 272 * 2 + 8 * 4 * 16 * 4;
   // The pair: one launch, the second block's sums (8 N-warps x 2 tiles x 4 x 32 floats) after x.
   const std::vector<std::string> s = steps(pair.plan);
@@ -103,14 +101,18 @@ TEST_CASE("matmul_int4: M = 5..16 on sm_90: 128-row blocks, K split in two, x st
     REQUIRE(t.size() == 1);
     CHECK(t[0].find(m > 4 ? "grid=64,2,1 block=512,1,1" : "grid=128,1,1 block=512,1,1") != std::string::npos);
   }
-  // Without clusters (sm_80 plans, or KILN_INT4_PAIR=0): memset, the stream kernel, the sum.
-  for (const LoweredGraph* l : {&ampere, &scratch}) {
-    const std::vector<std::string> t = steps(l->plan);
-    REQUIRE(t.size() == 3);
-    CHECK(t[1].find("grid=64,2,1 block=512,1,1 smem=" + std::to_string(x_and_corr) + " ") != std::string::npos);
-    CHECK(l->source.find("constexpr bool PAIR = false;") != std::string::npos);
-    CHECK(l->source.find("KILN_I4_PAIR_DIMS __launch_bounds__") == std::string::npos);
-  }
+  // Without clusters (sm_80 plans: 64-row blocks of 4 x 4 warps, so K splits in two at N = 4096,
+  // each half of x staged once): memset, the stream kernel, the sum.
+  const LoweredGraph ampere =
+      lower_text(int4_graph(16, 4096, 8192, 128, false, "bf16", "f16", true));
+  const std::vector<std::string> t = steps(ampere.plan);
+  REQUIRE(t.size() == 3);
+  CHECK(t[1].find("grid=64,2,1 block=512,1,1 smem=" +
+                  std::to_string(4 * 4 * 16 * 272 * 2 + 4 * 8 * 16 * 4) + " ") !=
+        std::string::npos);
+  CHECK(ampere.source.find("constexpr bool PAIR = false;") != std::string::npos);
+  CHECK(ampere.source.find("KILN_I4_PAIR_DIMS __launch_bounds__") == std::string::npos);
+  compiles_everywhere(ampere);
 }
 
 namespace {
@@ -121,44 +123,6 @@ LoweredGraph lower_int4(int64_t m, int64_t g, bool asym, const std::string& dt,
   return lower_text(int4_graph(m, 8192, 8192, g, asym, dt, dt == "f16" ? "f16" : "bf16", true), o);
 }
 }  // namespace
-
-TEST_CASE("matmul_int4: KILN_INT4_WGMMA=1 issues warpgroup MMAs on sm_90 plans (sm_90a image), mma.sync otherwise") {
-  const std::string on = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 1", off = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && 0";
-  // Off by default.
-  for (int64_t m : {8, 16, 64}) CHECK(lower_int4(m, 128, false, "bf16").source.find(off) != std::string::npos);
-  setenv("KILN_INT4_WGMMA", "1", 1);
-  // x staged once (M <= 16): post-scaled bf16 at M = 16 (the cluster pair), asymmetric f16 at
-  // M = 9 (a partial n16 tile), n8 at M = 8; the same launches as mma.sync.
-  const LoweredGraph post16 = lower_int4(16, 128, false, "bf16"), asym9 = lower_int4(9, 64, true, "f16");
-  const LoweredGraph post8 = lower_int4(8, 128, false, "bf16");
-  CHECK(post16.source.find("void kiln_wgmma_rs_kmajor<16, __nv_bfloat16>(") != std::string::npos);
-  CHECK(asym9.source.find("void kiln_wgmma_rs_kmajor<16, __half>(") != std::string::npos);
-  CHECK(post8.source.find("void kiln_wgmma_rs_kmajor<8, __nv_bfloat16>(") != std::string::npos);
-  // x per super-chunk (M > 16): one wgmma region per K-warp after the cp.async buffers. M = 64,
-  // bf16, group 128: 2 buffers x 2 K-warps x 64 x (256 + 16) x 2 bytes, 1 KB slack + 2 x 256 x 64 x
-  // 2 bytes of regions, then the corrections (2 x 4 k-blocks x 64 x 4 bytes). M = 33: f16,
-  // asymmetric, n40 tiles (rows padded to 40).
-  const LoweredGraph post64 = lower_int4(64, 128, false, "bf16"), asym33 = lower_int4(33, 32, true, "f16");
-  CHECK(post64.source.find("void kiln_wgmma_rs_kmajor<64, __nv_bfloat16>(") != std::string::npos);
-  CHECK(asym33.source.find("void kiln_wgmma_rs_kmajor<40, __half>(") != std::string::npos);
-  const std::vector<std::string> s64 = steps(post64.plan);
-  REQUIRE(s64.size() == 1);
-  CHECK(s64[0].find("grid=128,1,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 64 * 272 * 2 + 1024 + 2 * 256 * 64 * 2 + 2 * 4 * 64 * 4) + " ") !=
-        std::string::npos);
-  // x per super-chunk at M = 8 (KILN_INT4_XALL=0): the folded path's corrections come from the
-  // regions' permute.
-  setenv("KILN_INT4_XALL", "0", 1);
-  const LoweredGraph fold8 = lower_int4(8, 128, false, "bf16");
-  unsetenv("KILN_INT4_XALL");
-  CHECK(fold8.source.find("constexpr bool XALL = false;") != std::string::npos);
-  for (const LoweredGraph* l : {&post16, &asym9, &post8, &post64, &asym33, &fold8}) {
-    CHECK(l->source.find(on) != std::string::npos);
-    compiles_everywhere(*l);
-  }
-  // sm_80 plans never take it.
-  CHECK(lower_int4(16, 128, false, "bf16", LoweringOptions{}).source.find(off) != std::string::npos);
-  unsetenv("KILN_INT4_WGMMA");
-}
 
 TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split in two as a cluster pair, pairs scaled before the mma") {
   const LoweringOptions hopper = hopper_lowering();
@@ -181,16 +145,12 @@ TEST_CASE("matmul_int4: above M = 16 on sm_90: two row tiles per warp, K split i
   REQUIRE(s.size() == 1);
   CHECK(s[0].find("grid=64,2,1 block=256,1,1 smem=" + std::to_string(2 * 2 * 17 * 272 * 2 + 2 * 4 * 24 * 4 + 7 * 272 * 2 + 4 * 2 * 3 * 512) + " ") !=
         std::string::npos);
-  // KILN_INT4_MT=1 goes back to one tile (which could post-scale, but the sm_90 plans scale the
-  // pairs above M = 8); sm_80 plans keep one tile.
-  setenv("KILN_INT4_MT", "1", 1);
-  const LoweredGraph one = lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false), hopper);
-  unsetenv("KILN_INT4_MT");
+  // sm_80 plans keep one tile, and post-scale it.
+  const LoweredGraph one = lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false));
   CHECK(one.source.find("constexpr int MT = 1, NW = 4, KW = 2,") != std::string::npos);
-  CHECK(one.source.find("constexpr bool POST = false, ASYM = false, AZFMA = false;") != std::string::npos);
-  CHECK(lower_text(int4_graph(64, 8192, 8192, 128, false, "bf16", "f16", false)).source.find("constexpr int MT = 1,") !=
+  CHECK(one.source.find("constexpr bool POST = true, ASYM = false, AZFMA = false;") !=
         std::string::npos);
-  for (const LoweredGraph* l : {&post64, &asym17}) compiles_everywhere(*l);
+  for (const LoweredGraph* l : {&post64, &asym17, &one}) compiles_everywhere(*l);
 }
 
 TEST_CASE("matmul_int4: up to M = 16 x is reordered and staged before the weights; above, read as stored") {
@@ -208,8 +168,8 @@ TEST_CASE("matmul_int4: up to M = 16 x is reordered and staged before the weight
     const bool small = c.m <= 16;
     CHECK(l.source.find(std::string("constexpr bool PERM = ") + (small ? "true" : "false") + ", NAT = !PERM;") !=
           std::string::npos);
-    CHECK(l.source.find(std::string("constexpr bool XALL = ") + (small ? "true" : "false") + ";") != std::string::npos);
-    CHECK(l.source.find("constexpr bool XFIRST = XALL && !WG;") != std::string::npos);
+    CHECK(l.source.find(std::string("constexpr bool XALL = ") + (small ? "true" : "false") + ";") !=
+          std::string::npos);
     compiles_everywhere(l);
   }
 }
@@ -243,18 +203,7 @@ TEST_CASE("matmul_int4: group 128 symmetric is post-scaled up to M = 8 on sm_90 
   CHECK(post(16, 128, ampere));
   CHECK_FALSE(post(1, 64, hopper));  // a k-block spans two groups
   CHECK(post(64, 128, ampere));  // one row tile per warp there
-  setenv("KILN_INT4_POST", "1", 1);
-  const bool forced = post(16, 128, hopper), forced64 = post(1, 64, hopper);
-  const LoweredGraph forced16 = lower_int4(16, 128, false, "bf16", hopper);
-  setenv("KILN_INT4_POST", "0", 1);
-  const bool off = post(1, 128, hopper);
-  const LoweredGraph off1 = lower_int4(1, 128, false, "f16", hopper);
-  unsetenv("KILN_INT4_POST");
-  CHECK(forced);
-  CHECK_FALSE(forced64);  // the knob cannot post-scale where a k-block spans groups
-  CHECK_FALSE(off);
-  compiles_everywhere(forced16);
-  compiles_everywhere(off1);
+  compiles_everywhere(lower_int4(12, 128, false, "f16", ampere));  // post-scaled with two n8 tiles
 }
 
 TEST_CASE("matmul_int4: symmetric group 128 reads a lane's two scales of a super-chunk as one 4-byte load on sm_90 at M = 17..48") {
@@ -275,15 +224,8 @@ TEST_CASE("matmul_int4: symmetric group 128 reads a lane's two scales of a super
   CHECK_FALSE(spair(32, 8192, 7936, 128, false, "f16", hopper));   // K ends inside a super-chunk
   CHECK_FALSE(spair(32, 8192, 8192, 64, false, "f16", hopper));    // two groups per super-chunk part
   CHECK_FALSE(spair(32, 8192, 8192, 128, true, "f16", hopper));    // zero points
-  CHECK_FALSE(spair(32, 8192, 8192, 128, false, "f16", LoweringOptions{}));  // sm_80 plans: unmeasured
-  setenv("KILN_INT4_SPAIR", "1", 1);
-  const bool forced = spair(1, 8192, 8192, 128, false, "f16", hopper), tail = spair(4, 8192, 8064, 128, false, "f16", hopper);
-  setenv("KILN_INT4_SPAIR", "0", 1);
-  const bool off = spair(32, 8192, 8192, 128, false, "bf16", hopper);
-  unsetenv("KILN_INT4_SPAIR");
-  CHECK(forced);
-  CHECK_FALSE(tail);  // the knob cannot force it where a load would cross a row's end
-  CHECK_FALSE(off);
+  CHECK_FALSE(
+      spair(32, 8192, 8192, 128, false, "f16", LoweringOptions{}));  // sm_80 plans: unmeasured
 }
 
 TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans at M = 9..16 and group 64 above M = 32") {
@@ -301,16 +243,13 @@ TEST_CASE("matmul_int4: asymmetric pairs are one fma except in the sm_90 plans a
   CHECK(azfma(48, 32, true, hopper));
   CHECK(azfma(16, 64, true, ampere));  // the sm_80 plan at M = 16 differs
   CHECK_FALSE(azfma(1, 32, false, hopper));  // no zero points
-  setenv("KILN_INT4_AZFMA", "1", 1);
-  const bool forced = azfma(16, 32, true, hopper);
-  setenv("KILN_INT4_AZFMA", "0", 1);
-  const bool off = azfma(1, 32, true, hopper);
-  const LoweredGraph old64 = lower_int4(64, 32, true, "f16", hopper);
-  unsetenv("KILN_INT4_AZFMA");
-  CHECK(forced);
-  CHECK_FALSE(off);
+  // int4-exact-zeros: the subtraction everywhere.
+  LoweringOptions exact = hopper, exact_ampere = ampere;
+  exact.int4_exact_zeros = exact_ampere.int4_exact_zeros = true;
+  for (int64_t m : {1, 8, 17, 64}) CHECK_FALSE(azfma(m, 32, true, exact));
+  CHECK_FALSE(azfma(16, 64, true, exact_ampere));
   compiles_everywhere(lower_int4(1, 32, true, "f16", hopper));
-  compiles_everywhere(old64);
+  compiles_everywhere(lower_int4(64, 32, true, "f16", exact));
 }
 
 /// The weights-section (offset, bytes) of the plan's weight buffers, in buffer order.
@@ -341,16 +280,25 @@ TEST_CASE("matmul_int4: constant asymmetric scales and zeros are packed; a const
   CHECK(has(lower(64, false), "SZP = false;"));
   CHECK(has(lower_int4(64, 32, true, "bf16"), "SZP = false;"));  // scales and zeros as inputs
   CHECK(has(lower_int4(64, 32, true, "bf16"), "WPRE = false;"));
-  setenv("KILN_INT4_SZP", "0", 1);
-  setenv("KILN_INT4_WPRE", "0", 1);
-  const LoweredGraph plain = lower(64, true);
-  unsetenv("KILN_INT4_WPRE");
-  unsetenv("KILN_INT4_SZP");
+  // int4-exact-zeros packs nothing (the pairs are the fma form's); the weights are still
+  // reordered above M = 16, and at M = 16 they stay as stored.
+  LoweringOptions exact = hopper;
+  exact.int4_exact_zeros = true;
+  const LoweredGraph exact64 =
+      lower_text(int4_const_graph(64, n, k, g, true, "bf16", false, 5), exact);
+  const LoweredGraph plain =
+      lower_text(int4_const_graph(16, n, k, g, true, "bf16", false, 5), exact);
+  CHECK(has(exact64, "SZP = false;"));
+  CHECK(has(exact64, "WPRE = true;"));
+  CHECK(has(exact64, "ASYM = true, AZFMA = false;"));
   CHECK(has(plain, "SZP = false;"));
   CHECK(has(plain, "WPRE = false;"));
+  CHECK(weight_places(exact64).size() == 3);
+  CHECK(weight_places(exact64)[1].second == n * (k / g) * 2);  // the scales as stored
+  compiles_everywhere(exact64);
 
   // Weight buffers: w (reordered), s and z (left out: no step reads them) and, packed, (s, -z·s)
-  // per group; without the knobs w, s, z as stored.
+  // per group; with exact zeros at M = 16, w, s, z as stored.
   const auto at = weight_places(l64), at_plain = weight_places(plain);
   REQUIRE(at.size() == 4);
   REQUIRE(at_plain.size() == 3);
@@ -385,6 +333,94 @@ TEST_CASE("matmul_int4: constant asymmetric scales and zeros are packed; a const
   CHECK(bad_pairs == 0);
   compiles_everywhere(l64);
   compiles_everywhere(lower(12, true));
+}
+
+TEST_CASE(
+    "matmul_int4: the backend option int4-exact-zeros is declared, validated, and changes the "
+    "kernels and their cache key") {
+  Registry r;
+  Capabilities caps;
+  caps.plugin = "cuda-sm90";  // the Hopper plan
+  caps.targets = {"sm_90a"};
+  caps.max_smem_per_block = 232448;
+  REQUIRE(register_backend(r, caps).ok());
+  auto info = r.backend("cuda-sm90");
+  REQUIRE(info.ok());
+  const auto spec = std::find_if((*info)->options.begin(), (*info)->options.end(),
+                                 [](const OptionSpec& o) { return o.name == "int4-exact-zeros"; });
+  REQUIRE(spec != (*info)->options.end());
+  CHECK(spec->type == OptionType::kBool);
+  CHECK(spec->default_value == OptionValue(false));
+  CHECK(spec->help.find("bench/results/") != std::string::npos);  // says why it exists
+  auto bad = resolve_options((*info)->options, {{"int4-exact-zeros", std::string("yes")}},
+                             "backend 'cuda-sm90'");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() ==
+        "option 'int4-exact-zeros' for backend 'cuda-sm90' expects bool, got string \"yes\"");
+
+  // The backend's artifact source with and without it: asymmetric weights change, symmetric ones
+  // do not.
+  auto source = [&](bool exact, bool asym) {
+    auto o =
+        resolve_options((*info)->options, {{"int4-exact-zeros", exact}}, "backend 'cuda-sm90'");
+    REQUIRE(o.ok());
+    auto backend = (*info)->create(*o);
+    REQUIRE(backend.ok());
+    auto g = parse_graph(int4_graph(1, 37, 256, 64, asym, "bf16", "bf16", true));
+    REQUIRE(g.ok());
+    ArtifactContents art;
+    REQUIRE((*backend)->build_artifact(**g, {"sm_90a"}, art).ok());
+    return art.sources.at("sm_90a");
+  };
+  const std::string fma = source(false, true), exact = source(true, true);
+  CHECK(fma.find("constexpr bool POST = false, ASYM = true, AZFMA = true;") != std::string::npos);
+  CHECK(exact.find("constexpr bool POST = false, ASYM = true, AZFMA = false;") !=
+        std::string::npos);
+  CHECK(nvrtc_cache_key(fma, "sm_90a", "cuda-sm90@0.1.0").digest() !=
+        nvrtc_cache_key(exact, "sm_90a", "cuda-sm90@0.1.0").digest());
+  CHECK(source(true, false) == source(false, false));
+}
+
+TEST_CASE("an artifact for several generations compiles every image from the plan's own lowering") {
+  // At M = 16 the cuda-sm80 and cuda-sm90 plans launch the stream kernel with different shapes
+  // (64 rows of 4 x 4 warps; 128 rows of 8 x 2 warps as cluster pairs): the sm_90a image of an
+  // sm_80-first artifact must hold the sm_80 plan's kernel, and the other way round.
+  Registry r;
+  for (const auto& [plugin, target, smem] :
+       {std::tuple{"cuda-sm80", "sm_80", 166912}, {"cuda-sm90", "sm_90a", 232448}}) {
+    Capabilities caps;
+    caps.plugin = plugin;
+    caps.targets = {target};
+    caps.max_smem_per_block = smem;
+    REQUIRE(register_backend(r, caps).ok());
+  }
+  auto g = parse_graph(int4_graph(16, 8192, 8192, 128, false, "bf16", "bf16", false));
+  REQUIRE(g.ok());
+  auto build = [&](std::vector<std::pair<std::string, std::string>> order) {
+    ArtifactContents art;
+    for (const auto& [plugin, target] : order) {
+      auto info = r.backend(plugin);
+      REQUIRE(info.ok());
+      auto o = resolve_options((*info)->options, {}, plugin);
+      REQUIRE(o.ok());
+      auto backend = (*info)->create(*o);
+      REQUIRE(backend.ok());
+      Status s = (*backend)->build_artifact(**g, {target}, art);
+      REQUIRE_MESSAGE(s.ok(), s.message());
+    }
+    return art;
+  };
+  const ArtifactContents ampere_first = build({{"cuda-sm80", "sm_80"}, {"cuda-sm90", "sm_90a"}});
+  CHECK(ampere_first.meta.at("cuda_plan") == "cuda-sm80 smem=166912");
+  CHECK(ampere_first.sources.at("sm_90a") == ampere_first.sources.at("sm_80"));
+  CHECK(ampere_first.sources.at("sm_90a").find("constexpr int MT = 1, NW = 4, KW = 4,") !=
+        std::string::npos);
+  CHECK(steps(ampere_first.plan)[0].find("grid=128,1,1 block=512,1,1") != std::string::npos);
+  const ArtifactContents hopper_first = build({{"cuda-sm90", "sm_90a"}, {"cuda-sm80", "sm_80"}});
+  CHECK(hopper_first.meta.at("cuda_plan") == "cuda-sm90 smem=232448");
+  CHECK(hopper_first.sources.at("sm_80").find("constexpr int MT = 1, NW = 8, KW = 2,") !=
+        std::string::npos);
+  CHECK(steps(hopper_first.plan)[0].find("grid=64,2,1 block=512,1,1") != std::string::npos);
 }
 
 TEST_CASE("matmul_int4: f32 x takes the GEMV up to M = 8, dequantize + gemm above M = 64") {

@@ -2,7 +2,6 @@
 // indexed_pointwise) against the reference interpreter: f32/f16/bf16, element counts that are
 // and are not multiples of the vector width, broadcast inputs, an unaligned view, transposes
 // keeping and permuting the innermost dim, and RoPE-like indexed groups. Exits 77 without a GPU.
-#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -39,17 +38,9 @@ std::string rope(const std::string& t, int d) {
          "      return %y\n    }\n  }\n  return %y\n}\n";
 }
 
+/// assert_close's defaults per dtype; NaN and misplaced infinities fail (tensor_compare.h).
 std::string compare(const Tensor& want, const Tensor& got) {
-  if (want.type() != got.type()) return "type " + got.type().str() + ", expected " + want.type().str();
-  double rtol = 1.3e-6, atol = 1e-5;  // PyTorch assert_close defaults
-  if (want.dtype() == DType::kF16) rtol = 1e-3;
-  if (want.dtype() == DType::kBF16) rtol = 1.6e-2;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double w = want.get_f64(i), g = got.get_f64(i);
-    if (!(std::fabs(w - g) <= atol + rtol * std::fabs(w)))
-      return "element " + std::to_string(i) + ": got " + std::to_string(g) + ", expected " + std::to_string(w);
-  }
-  return "";
+  return test::assert_close(want, got).why;
 }
 
 std::string one_op(const std::string& in, const std::string& op, const std::string& out) {

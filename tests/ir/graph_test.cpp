@@ -169,6 +169,8 @@ TEST_CASE("every core op is complete") {
   for (const OpDef* op : ops) {
     CAPTURE(op->name);
     CHECK_FALSE(op->summary.empty());
+    CHECK_FALSE(op->result_rule.empty());
+    CHECK(op->library.empty());
     CHECK(static_cast<bool>(op->infer));
     CHECK(static_cast<bool>(op->reference));
   }
@@ -188,5 +190,27 @@ TEST_CASE("an incomplete op definition is refused by name") {
   def.name = "half_done";
   def.summary = "missing its kernels";
   Status s = r.add(def);
-  CHECK(s.message() == "op 'half_done' is incomplete; missing: infer reference");
+  CHECK(s.message() == "op 'half_done' is incomplete; missing: result_rule infer reference");
+}
+
+TEST_CASE("ops added while a library is current are stamped with it") {
+  OpRegistry r;
+  auto def = [](const char* name) {
+    return OpDef{.name = name,
+                 .summary = "test op",
+                 .inputs = {},
+                 .outputs = {"y"},
+                 .result_rule = "f32[]",
+                 .attrs = {},
+                 .infer = [](InferContext&) { return ok_status(); },
+                 .reference = [](KernelContext&) { return ok_status(); }};
+  };
+  REQUIRE(r.add(def("before")).ok());
+  r.set_current_library("/plugins/kiln-plugin-x.so");
+  REQUIRE(r.add(def("during")).ok());
+  r.set_current_library("");
+  REQUIRE(r.add(def("after")).ok());
+  CHECK(r.find("before")->library.empty());
+  CHECK(r.find("during")->library == "/plugins/kiln-plugin-x.so");
+  CHECK(r.find("after")->library.empty());
 }

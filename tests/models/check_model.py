@@ -4,7 +4,8 @@
     check_model.py KILN MODEL_DIR [--backend NAME] [--passes LIST | --pipeline P.toml] [--rtol R] [--atol A]
 
 MODEL_DIR holds model.onnx, input_<name>.npy and output_<name>.npy (written by
-bench/models/export.py on a machine with PyTorch and onnxruntime).
+bench/models/export.py on a machine with PyTorch and onnxruntime). A NaN, or an infinity that
+onnxruntime's output does not have in the same place, fails (compare.py).
 """
 import argparse
 import os
@@ -14,6 +15,7 @@ import tempfile
 
 import numpy as np
 
+from compare import allclose
 from model_dir import input_args, output_files, sym_args
 
 
@@ -44,17 +46,10 @@ def main():
             return 1
         ok = True
         for name, (want, got_path) in expected.items():
-            got = np.load(got_path)
-            if got.shape != want.shape:
-                print(f"FAIL {name}: shape {got.shape}, expected {want.shape}")
-                ok = False
-                continue
-            err = np.abs(got.astype(np.float64) - want.astype(np.float64))
-            bound = a.atol + a.rtol * np.abs(want.astype(np.float64))
-            worst = float(np.max(err - bound)) if err.size else 0.0
-            print(f"{name}: {want.dtype}{list(want.shape)} max abs err {float(err.max()):.3g}, "
-                  f"within rtol={a.rtol} atol={a.atol}: {worst <= 0}")
-            ok &= worst <= 0
+            v = allclose(want, np.load(got_path), a.rtol, a.atol)
+            print(f"{name}: {want.dtype}{list(want.shape)} max abs err {v.measure:.3g}, "
+                  f"within rtol={a.rtol} atol={a.atol}: {v.ok}" + ("" if v.ok else f": {v.why}"))
+            ok &= v.ok
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

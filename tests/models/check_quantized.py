@@ -10,12 +10,12 @@ kernels (fused quantize epilogues, FP8 GEMMs, INT4 dequantize-GEMMs) against the
 not the quantization error. A pipeline that reads static scales (scales=scales.json) gets them
 from `kiln calibrate` over the model's saved inputs first, in a scratch folder.
 A check that quantized nothing would pass trivially, so `kiln quant-report` counts the
-quantized contractions first and none is a failure. --min-size N replaces the pipeline's
+quantized contractions first and none is a failure. A NaN, or an infinity the reference does not
+have in the same place, fails (compare.py). --min-size N replaces the pipeline's
 min-size (the small test models' weights are under the example pipelines' 65536 elements).
 """
 import argparse
 import glob
-import math
 import os
 import re
 import subprocess
@@ -24,6 +24,7 @@ import tempfile
 
 import numpy as np
 
+from compare import sqnr_at_least
 from model_dir import input_args, output_files, sym_args
 
 
@@ -91,12 +92,10 @@ def main():
             got[backend] = {n: np.load(os.path.join(tmp, backend + "_" + n + ".npy")).astype(np.float64) for n in outputs}
     ok = True
     for name in outputs:
-        ref, out = got["reference"][name], got[a.backend][name]
-        noise = float(np.sum((ref - out) ** 2))
-        sqnr = math.inf if noise == 0 else 10 * math.log10(float(np.sum(ref ** 2)) / noise)
-        passed = out.shape == ref.shape and not np.isnan(out).any() and sqnr >= a.floor
-        print(f"{name}: {a.backend} vs reference SQNR {sqnr:.1f} dB (floor {a.floor}): {passed}")
-        ok &= passed
+        v = sqnr_at_least(got["reference"][name], got[a.backend][name], a.floor)
+        print(f"{name}: {a.backend} vs reference SQNR {v.measure:.1f} dB (floor {a.floor}): {v.ok}" +
+              ("" if v.ok else f": {v.why}"))
+        ok &= v.ok
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/skip.h"
 #include "quant_test_util.h"
 #include "kiln/core/driver.h"
 #include "kiln/ir/interpreter.h"
@@ -333,9 +334,9 @@ TEST_CASE("quantize-fp8 mode=delayed: cleanup, fusion and scheduling passes keep
 }
 
 TEST_CASE("quantize-fp8 mode=delayed runs on the cpu backend step for step like the reference") {
-  const std::string cpu = std::string(KILN_PLUGIN_DIR) + "/kiln-plugin-backend-cpu.so";
-  if (!std::filesystem::exists(cpu)) {
-    MESSAGE("cpu backend not built (needs LLVM 19 and OpenBLAS): skipped");
+  // Built when configure found LLVM 19 and OpenBLAS; then the plugin must load, else skip.
+  if (!KILN_HAVE_CPU_BACKEND) {
+    test::skip("the cpu backend plugin is not built (needs LLVM 19 and OpenBLAS: scripts/install-deps.sh)");
     return;
   }
   Registry& r = registry_with({"kiln-plugin-quantize-fp8.so", "kiln-plugin-backend-reference.so",

@@ -16,6 +16,7 @@
 #include "kiln/core/memory_estimate.h"
 #include "kiln/ir/op.h"
 #include "kiln/ir/verifier.h"
+#include "kiln/ir/walk.h"
 #include "kiln/plugin.h"
 
 namespace kiln::cli {
@@ -126,9 +127,21 @@ CompileFlags parse_compile(Args& args) {
   return f;
 }
 
+/// Every value of `g` and of the graphs nested in it: inputs, then node results, a graph
+/// before those nested in it.
+std::vector<Value*> all_values(const Graph& g) {
+  std::vector<Value*> out;
+  walk_graphs(g, [&](const Graph& sub) {
+    for (Value* v : sub.inputs()) out.push_back(v);
+    for (const auto& n : sub.nodes())
+      for (Value* v : n->results()) out.push_back(v);
+  });
+  return out;
+}
+
 /// Replaces bound symbols in every value's type, `g`'s regions included.
 void substitute(Graph& g, const std::map<std::string, int64_t>& symbols, std::set<std::string>& seen) {
-  auto fix = [&](Value* v) {
+  for (Value* v : all_values(g)) {
     TensorType t = v->type();
     for (Dim& d : t.shape) {
       if (d.is_static() || d.is_unknown()) continue;
@@ -136,24 +149,13 @@ void substitute(Graph& g, const std::map<std::string, int64_t>& symbols, std::se
       if (auto it = symbols.find(d.symbol_name()); it != symbols.end()) d = Dim(it->second);
     }
     v->set_type(std::move(t));
-  };
-  for (Value* v : g.inputs()) fix(v);
-  for (const auto& n : g.nodes()) {
-    for (int r = 0; r < n->num_regions(); ++r) substitute(n->region(r), symbols, seen);
-    for (Value* v : n->results()) fix(v);
   }
 }
 
 /// The first value whose shape is not static, or null.
 const Value* first_dynamic(const Graph& g) {
-  for (Value* v : g.inputs())
+  for (Value* v : all_values(g))
     if (!is_static(v->shape())) return v;
-  for (const auto& n : g.nodes()) {
-    for (int r = 0; r < n->num_regions(); ++r)
-      if (const Value* v = first_dynamic(n->region(r))) return v;
-    for (Value* v : n->results())
-      if (!is_static(v->shape())) return v;
-  }
   return nullptr;
 }
 
@@ -217,6 +219,23 @@ std::string memory_summary(int64_t imported, int64_t compiled, const std::string
   return out;
 }
 
+/// The options `info` builds its targets with: the pipeline's for the pipeline's backend; for
+/// another backend of the compile (they share one plan), the options the pipeline sets that it
+/// declares with the same type, the rest at its defaults.
+StatusOr<Options> backend_options(const BackendInfo& info, const Pipeline& p, const Registry& reg) {
+  const std::string who = "backend '" + info.name + "'";
+  if (info.name == p.backend.name) return p.backend.options;
+  std::map<std::string, OptionValue> given;
+  if (auto named = reg.backend(p.backend.name); named.ok())
+    for (const OptionSpec& set : (*named)->options) {
+      const auto v = p.backend.options.values().find(set.name);
+      if (v == p.backend.options.values().end() || v->second == set.default_value) continue;
+      for (const OptionSpec& own : info.options)
+        if (own.name == set.name && own.type == set.type) given.emplace(own.name, v->second);
+    }
+  return resolve_options(info.options, given, who);
+}
+
 /// Everything after loading the pipeline; returns the artifact's size, and in `summary` a
 /// line per target listing its images.
 StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry& reg, std::string* summary) {
@@ -271,12 +290,7 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
       plugins.push_back(plugin_id(reg, PluginKind::kPass, pass.name));
   for (const auto& [info, targets] : groups) {
     const std::string who = "backend '" + info->name + "'";
-    Options opts;
-    if (info->name == p.backend.name) {
-      opts = p.backend.options;
-    } else {
-      KILN_ASSIGN_OR_RETURN(opts, resolve_options(info->options, {}, who));
-    }
+    KILN_ASSIGN_OR_RETURN(Options opts, backend_options(*info, p, reg));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, info->create(opts));
     if (!be) return internal_error(who + " created nothing");
     Status s = be->build_artifact(*g, targets, contents);
@@ -286,9 +300,10 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
     plugins.push_back(plugin_id(reg, PluginKind::kBackend, info->name));
   }
 
-  // The recorded pipeline names the first backend used; `plugins` lists all of them.
+  // The recorded pipeline names the first backend used, with the options it built with (which
+  // every backend of the compile that declares them shared); `plugins` lists all of them.
   if (const BackendInfo* first = groups.front().first; first->name != p.backend.name) {
-    KILN_ASSIGN_OR_RETURN(Options opts, resolve_options(first->options, {}, "backend '" + first->name + "'"));
+    KILN_ASSIGN_OR_RETURN(Options opts, backend_options(*first, p, reg));
     p.backend = {first->name, std::move(opts), {}};
   }
   contents.meta["kiln_version"] = KILN_VERSION_STRING;

@@ -13,6 +13,7 @@ constexpr std::string_view kOverview = R"(usage: kiln <command> [options]
 
 commands:
   plugins   list the plugins found and the options each one declares
+  ops       list every op: operands, attributes, result rule, traits (--json, --markdown)
   import    read a model with a front end (e.g. .onnx) and write it as .kir
   opt       read a model, run passes on it, and print the resulting .kir
   run       read a model, run passes, compile it for a backend and run it
@@ -88,9 +89,12 @@ int cmd_calibrate(Args& args);       // calibrate_cmd.cpp
 std::string calibrate_usage();       // calibrate_cmd.cpp
 int cmd_quant_report(Args& args);    // quant_report_cmd.cpp
 std::string quant_report_usage();    // quant_report_cmd.cpp
+int cmd_ops(Args& args);             // ops_cmd.cpp
+std::string ops_usage();             // ops_cmd.cpp
 
 std::string usage_text(std::string_view command) {
   if (command == "plugins") return std::string(kPlugins);
+  if (command == "ops") return ops_usage();
   if (command == "import") return import_usage();
   if (command == "opt") return std::string(kOpt) + std::string(kCommon);
   if (command == "run") return std::string(kRun) + std::string(kCommon);
@@ -171,6 +175,7 @@ int dispatch(std::vector<std::string> argv) {
   }
   Args args(std::move(rest), command);
   if (command == "plugins") return cmd_plugins(args);
+  if (command == "ops") return cmd_ops(args);
   if (command == "import") return cmd_import(args);
   if (command == "opt") return cmd_opt(args);
   if (command == "run") return cmd_run(args);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -34,21 +35,26 @@ using namespace kiln;
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kiln-onnx-conformance DATA_DIR [--backend NAME] [--filter REGEX] [--report FILE.json]\n"
+    "usage: kiln-onnx-conformance DATA_DIR [--backend NAME[{OPTION=VALUE,...}]] [--filter REGEX]\n"
+    "                             [--report FILE.json]\n"
     "                             [--expected-failures FILE] [--tolerances FILE] [--jobs N]\n"
     "                             [--timeout SECONDS] [--memory-limit MIB] [--verbose]\n"
     "Runs every test folder of DATA_DIR (model.onnx + test_data_set_*/input_*.pb, output_*.pb):\n"
     "import, canonicalize,cse,dce, the backend (default reference), then compares outputs\n"
     "(rtol 1e-3, atol 1e-5; exact for integers and bools). With --expected-failures, exits\n"
-    "non-zero when a test outside the list fails or a listed one passes. Each test runs in its\n"
-    "own process under --timeout (default 60 s) and --memory-limit (default 8192 MiB, 0: none).\n";
+    "non-zero when a test outside the list fails or a listed one passes (on every backend);\n"
+    "given more than once, the lists are joined (e.g. reference's and a backend's exceptions).\n"
+    "Each test runs in its own process under --timeout (default 60 s) and --memory-limit\n"
+    "(default 8192 MiB, 0: none).\n";
 
 struct Tolerance {
   double rtol = 1e-3, atol = 1e-5;
 };
 
 struct Config {
-  std::string data_dir, backend = "reference", report, expected_path, tolerance_path;
+  std::string data_dir, backend = "reference", report, tolerance_path;
+  std::vector<std::string> expected_paths;  ///< --expected-failures, joined
+  StageSpec backend_stage;  ///< --backend parsed as a pipeline stage (name and options)
   std::optional<std::regex> filter;
   std::string filter_text;
   int jobs = 0;
@@ -197,10 +203,8 @@ Status run_data_set(const fs::path& test, const fs::path& set, const Config& cfg
     if (it == inputs.end()) return not_found("no test data for graph input '" + g->input(i)->name() + "'");
     args.push_back(it->second);
   }
-  KILN_ASSIGN_OR_RETURN(const BackendInfo* be, reg.backend(cfg.backend));
-  StageSpec backend{cfg.backend, {}, {}};
-  KILN_ASSIGN_OR_RETURN(backend.options, resolve_options(be->options, {}, "backend '" + cfg.backend + "'"));
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs, compile_and_run(*g, backend, reg, args));
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> outs,
+                        compile_and_run(*g, cfg.backend_stage, reg, args));
   if (outs.size() != out_files.size())
     return invalid_argument("the graph has " + std::to_string(outs.size()) + " outputs, the test expects " +
                             std::to_string(out_files.size()));
@@ -461,7 +465,8 @@ int main(int argc, char** argv) {
       try {
         if (a == "--backend") cfg.backend = *v;
         else if (a == "--report") cfg.report = *v;
-        else if (a == "--expected-failures") cfg.expected_path = *v;
+        else if (a == "--expected-failures")
+          cfg.expected_paths.push_back(*v);
         else if (a == "--tolerances") cfg.tolerance_path = *v;
         else if (a == "--jobs") cfg.jobs = std::stoi(*v);
         else if (a == "--timeout") cfg.timeout = std::stod(*v);
@@ -488,13 +493,35 @@ int main(int argc, char** argv) {
   Registry& reg = Registry::global();
   if (Status s = load_plugins_from({}, reg); !s.ok()) return fail(s.message());
   if (auto fe = reg.frontend("onnx"); !fe.ok()) return fail(fe.status().message());
-  if (auto be = reg.backend(cfg.backend); !be.ok()) return fail(be.status().message());
-  std::map<std::string, std::string> expected;
+  // The pipeline's backend stage syntax, e.g. cpu{threads=1}, validated against its options.
+  const std::string stage_form =
+      "--backend '" + cfg.backend + "': expected NAME or NAME{OPTION=VALUE,...}";
+  if (cfg.backend.find_first_of("|@") != std::string::npos) return fail(stage_form);
+  const std::string before = "| | ";
+  auto backend = parse_pipeline_string(before + cfg.backend, reg);
+  if (!backend.ok()) {
+    // The error's column counts from the start of the pipeline text: from --backend's instead.
+    std::string why = backend.status().message();
+    const std::string at = "<pipeline>:1:";
+    if (const size_t colon = why.find(':', at.size());
+        why.starts_with(at) && colon != std::string::npos) {
+      const int col = std::atoi(why.c_str() + at.size()) - static_cast<int>(before.size());
+      why = "column " + std::to_string(std::max(col, 1)) + why.substr(colon);
+    }
+    return fail("--backend '" + cfg.backend + "': " + why);
+  }
+  if (backend->backend.name.empty()) return fail(stage_form);
+  cfg.backend_stage = backend->backend;
+  std::map<std::string, std::string> expected, listed_in;
   std::map<std::string, Tolerance> tols;
-  if (!cfg.expected_path.empty()) {
-    auto e = read_expected(cfg.expected_path);
+  for (const std::string& path : cfg.expected_paths) {
+    auto e = read_expected(path);
     if (!e.ok()) return fail(e.status().message());
-    expected = *e;
+    for (const auto& [name, reason] : *e) {
+      if (auto [it, fresh] = listed_in.emplace(name, path); !fresh)
+        return fail("'" + name + "' is listed in both " + it->second + " and " + path);
+      expected[name] = reason;
+    }
   }
   if (!cfg.tolerance_path.empty()) {
     auto t = read_tolerances(cfg.tolerance_path);
@@ -529,7 +556,7 @@ int main(int argc, char** argv) {
     } else {
       ++failed;
       if (!listed) unexpected_fail.push_back(r.name);
-      if (!cfg.verbose && (!listed || cfg.expected_path.empty()))
+      if (!cfg.verbose && (!listed || cfg.expected_paths.empty()))
         std::cout << "FAIL " << r.name << ": " << r.message << "\n";
     }
   }
@@ -541,10 +568,12 @@ int main(int argc, char** argv) {
     return fail("cannot write report '" + cfg.report + "'");
 
   int rc = failed > 0 ? 1 : 0;
-  if (!cfg.expected_path.empty()) {
+  if (!cfg.expected_paths.empty()) {
     for (const auto& n : unexpected_fail) std::cout << "unexpected failure: " << n << "\n";
-    for (const auto& n : unexpected_pass) std::cout << "unexpected pass (remove it from the list): " << n << "\n";
-    for (const auto& n : stale) std::cout << "listed test does not exist: " << n << "\n";
+    for (const auto& n : unexpected_pass)
+      std::cout << "unexpected pass (remove it from " << listed_in[n] << "): " << n << "\n";
+    for (const auto& n : stale)
+      std::cout << "listed test does not exist: " << n << " (" << listed_in[n] << ")\n";
     rc = unexpected_fail.empty() && unexpected_pass.empty() && stale.empty() ? 0 : 1;
   }
   if (bound > 0)

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "kiln/core/artifact.h"
@@ -57,6 +58,35 @@ bool builds(const Capabilities& caps, const std::string& target) {
   return std::find(caps.targets.begin(), caps.targets.end(), target) != caps.targets.end();
 }
 
+/// The backend and shared memory per block the plan was lowered for: meta cuda_plan,
+/// "<plugin> smem=<bytes>" (nullopt when absent or malformed).
+std::optional<std::pair<std::string, int64_t>> plan_lowering(
+    const std::map<std::string, std::string>& meta) {
+  const auto it = meta.find("cuda_plan");
+  if (it == meta.end()) return std::nullopt;
+  const std::string& v = it->second;
+  const size_t sp = v.find(" smem=");
+  int64_t smem = 0;
+  if (sp == std::string::npos) return std::nullopt;
+  const auto [end, ec] = std::from_chars(v.data() + sp + 6, v.data() + v.size(), smem);
+  if (ec != std::errc() || end != v.data() + v.size()) return std::nullopt;
+  return std::pair{v.substr(0, sp), smem};
+}
+
+/// `plan` without the choices autotuning appended to its steps (" algo=..." to the line's end).
+std::string without_tuned_choices(const std::string& plan) {
+  std::string out;
+  for (size_t at = 0; at < plan.size();) {
+    size_t nl = plan.find('\n', at);
+    if (nl == std::string::npos) nl = plan.size();
+    const std::string line = plan.substr(at, nl - at);
+    out += line.substr(0, line.starts_with("step ") ? line.find(" algo=") : std::string::npos);
+    if (nl < plan.size()) out += '\n';
+    at = nl + 1;
+  }
+  return out;
+}
+
 /// The speedup of a choice over the library's own, for the summary.
 double speedup(const TunedChoice& c) { return c.best_ms > 0 ? c.heuristic_ms / c.best_ms : 1.0; }
 
@@ -100,6 +130,7 @@ class CudaBackend final : public Backend {
     opts_.allow_tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
     autotune_ = o.has("autotune") && o.get_bool("autotune");
     if (o.has("conv")) opts_.conv = o.get_string("conv");
+    opts_.int4_exact_zeros = o.has("int4-exact-zeros") && o.get_bool("int4-exact-zeros");
     opts_.fp8 = caps_.fp8;
     opts_.max_smem_per_block = caps_.max_smem_per_block;
     opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
@@ -116,7 +147,10 @@ class CudaBackend final : public Backend {
         return invalid_argument(caps_.plugin + ": cannot build for target '" + t + "'; it builds " +
                                 joined(caps_.targets, ", "));
     // One plan serves every target: a generation added after another follows that plan's FP8
-    // choice (a plan without FP8 GEMMs runs anywhere; one with them cannot run here without FP8).
+    // choice (a plan without FP8 GEMMs runs anywhere; one with them cannot run here without FP8)
+    // and lowers as the plan's backend did (its plan shapes and shared-memory limit, recorded in
+    // meta cuda_plan), so this generation's images define the kernels the plan launches, with
+    // the launch shapes it gives them.
     LoweringOptions opts = opts_;
     if (!out.plan.empty()) {
       const bool plan_fp8 = out.plan.find(" a_scale=") != std::string::npos;
@@ -125,11 +159,21 @@ class CudaBackend final : public Backend {
                                    "before it uses FP8 GEMMs; list this target first (a fallback=bf16 plan then "
                                    "serves every target)");
       opts.fp8 = plan_fp8;
+      const std::optional<std::pair<std::string, int64_t>> by = plan_lowering(out.meta);
+      if (!by)
+        return failed_precondition(opts_.target +
+                                   ": the plan built before is not a CUDA backend's "
+                                   "(no meta cuda_plan), so this backend cannot add images to it");
+      opts.target = by->first + ": target " + (targets.empty() ? "?" : targets[0]);
+      opts.max_smem_per_block = by->second;
     }
     KILN_ASSIGN_OR_RETURN(LoweredGraph lowered, lower_graph(g, opts));
     if (out.plan.empty()) {
       out.plan = std::move(lowered.plan);
       out.weights = std::move(lowered.weights);
+      out.meta["cuda_plan"] = caps_.plugin + " smem=" + std::to_string(opts.max_smem_per_block);
+    } else if (without_tuned_choices(out.plan) != lowered.plan) {
+      return internal_error(opts_.target + ": lowering the graph again gave another plan");
     }
     out.meta.emplace("cuda_version", cuda_version());
     out.meta.emplace("nvrtc_version", nvrtc_version());
@@ -364,7 +408,13 @@ Status register_backend(Registry& r, const Capabilities& caps) {
                    "convolutions through cudnn (needs libcudnn.so.9 at run time) or gemm (im2col + cuBLASLt)"},
                   {"images", OptionType::kStringList, std::vector<std::string>{},
                    "the kernel images `kiln run` builds, a subset of the plugin's targets (default all; the runtime "
-                   "loads the best one for the GPU): e.g. [compute_90] runs the portable PTX path"}};
+                   "loads the best one for the GPU): e.g. [compute_90] runs the portable PTX path"},
+                  {"int4-exact-zeros", OptionType::kBool, false,
+                   "asymmetric INT4 weights dequantize as (q - zero) * scale, as the reference does, "
+                   "instead of q * scale + (-zero * scale) with -zero * scale rounded once to the "
+                   "activations' half type (and packed with the scale at compile time): results closer "
+                   "to the reference, without the packed pairs' speed-up (with the reordered weights "
+                   "6-16% at M <= 64 on the H200, bench/results/2026-12-03-gpu-run15.md)"}};
   info.create = [caps](const Options& o) -> StatusOr<std::unique_ptr<Backend>> {
     if (o.has("conv") && o.get_string("conv") != "cudnn" && o.get_string("conv") != "gemm")
       return invalid_argument(caps.plugin + ": option conv='" + o.get_string("conv") + "' is not cudnn or gemm");

@@ -3,9 +3,6 @@
 // later), when the pipeline allows TF32. cuDNN ran ResNet-18's stem at 16 TFLOP/s on the H200
 // (its tensor-core kernels want more channels) and im2col + cuBLASLt writes 49 times the input
 // before the GEMM reads it back; this kernel reads the input once per band of output rows.
-#include <cstdio>
-#include <cstdlib>
-
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -179,16 +176,6 @@ StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   // The band: as many output rows as fit, at most 8 and at most P.
   int64_t bp = std::min<int64_t>(8, p);
   while (bp > 1 && !fits(bp)) --bp;
-  // Measurement knob for sweeps: KILN_STEM="BP:GRID" (band rows, persistent blocks; 0 keeps the
-  // default). A band that does not fit is ignored.
-  int64_t grid_cap = 264;
-  if (const char* e = std::getenv("KILN_STEM")) {
-    long long kb = 0, kg = 0;
-    if (std::sscanf(e, "%lld:%lld", &kb, &kg) == 2) {
-      if (kb >= 1 && kb <= p && fits(kb)) bp = kb;
-      if (kg > 0) grid_cap = kg;
-    }
-  }
   if (!fits(bp)) return false;
   const int64_t smem = band_bytes(bp) + w_bytes;
 
@@ -217,7 +204,7 @@ StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   // Blocks loop over the bands, so the weights are staged once per block: two per SM of a
   // 132-SM part, or one per band when there are fewer.
   const int w_buf = buf(n.operand(1));
-  launch_grid(name, {std::min<int64_t>(batch * pb, grid_cap)}, threads, smem,
+  launch_grid(name, {std::min<int64_t>(batch * pb, 264)}, threads, smem,
               {buf(x), w_buf, bias ? buf(n.operand(2)) : w_buf, out});
   return true;
 }

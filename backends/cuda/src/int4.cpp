@@ -7,9 +7,7 @@
 // 0x6400 (f16 1024) or 0x4300 (bf16 128) reads as 1024 + q or 128 + q, so one lop3 and one
 // subtraction dequantize two values at once. Signed nibbles become offset binary (q + 8) by an
 // XOR with 0x8 first.
-#include <cstdio>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -18,25 +16,6 @@
 
 namespace kiln::cuda::detail {
 namespace {
-
-/// Whether the measurement knob (environment variable) `name` is set to `value`.
-bool knob_is(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e != nullptr && std::string(e) == value;
-}
-
-/// A plan choice with a measured default that the measurement knob `name` overrides: "1" takes it
-/// wherever it fits, "0" never; unset (or anything else), the default where it fits.
-bool choose(const char* name, bool fits, bool by_default) {
-  return fits && (knob_is(name, "1") || (by_default && !knob_is(name, "0")));
-}
-
-/// The measurement knob `name` as one digit from lo to hi (both in 1..9), else 0 (unset or
-/// anything else).
-int knob_digit(const char* name, int lo, int hi) {
-  const char* e = std::getenv(name);
-  return e != nullptr && e[0] >= '0' + lo && e[0] <= '0' + hi && e[1] == '\0' ? e[0] - '0' : 0;
-}
 
 /// Replaces every `$KEY` in `text` by its value, in order (a key that prefixes a later one,
 /// like $N and $NAME, must come after it).
@@ -260,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(256) $NAME(const $XT* __restrict__ 
 // tiles, or not chosen) the dequantize applies (q - zero) * scale per pair, a lane's 32 values
 // being one group.
 const char* kStream = R"(
-extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
+extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, 1) $NAME(const $XT* __restrict__ x, const unsigned char* __restrict__ w,
     const $ST* __restrict__ scales, const $ST* __restrict__ zeros, const $XT* __restrict__ bias, $XT* __restrict__ y,
     float* __restrict__ part) {
   constexpr int M = $M, N = $N, K = $K, G = $G, MN = (M + 7) / 8, KC = $KC, D = KC / 128, RS = KC + 16;
@@ -341,7 +320,7 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
   // The weights, scales and zeros of super-chunk sc for this lane (zeros past K or N).
   // Whether k-block d of super-chunk sc holds this lane's k (K may end inside a super-chunk).
   auto k_in = [&](int sc, int d) { return KFULL || sc * SCK + kl + d * 128 < K; };
-  // (pinned: loads ptxas keeps in program order, for XFIRST's prologue below)
+  // (pinned: loads ptxas keeps in program order, for XALL's prologue below)
   auto load = [&](int sc, Group& q, bool pinned = false) {
     auto w16 = [&](const unsigned char* p) {
       return pinned ? kiln_i4_ld16_pinned(p) : __ldg(reinterpret_cast<const uint4*>(p));
@@ -407,15 +386,9 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
     }
   };
   // FOLD's per-k-block corrections (BASE + 8)·Σx for each column of each k-block of each x
-  // buffer, written by prep() (MP pads M to a whole n8 tile).
+  // buffer, written by prep() after the buffers (MP pads M to a whole n8 tile).
   constexpr int MP = MN * 8, KBS = SCK / 128;
-  // Where the lowering chose WG, its swizzled x regions (rows padded to MP, 1 KB alignment
-  // slack): all NB super-chunks in place of the buffers above when x is staged once, else one
-  // super-chunk after them. The images without wgmma of the same plan use the buffers alone;
-  // the corrections follow the larger layout in every image.
-  constexpr int XB_MMA = NB * KW * M * RS * (int)sizeof(E), XB_SWZ = 1024 + (XALL ? NB : 1) * KW * KC * MP * (int)sizeof(E);
-  constexpr int XBYTES = !$WG ? XB_MMA : XALL ? (XB_MMA > XB_SWZ ? XB_MMA : XB_SWZ) : XB_MMA + XB_SWZ;
-  float* corr = reinterpret_cast<float*>(kiln_i4_smem + XBYTES);
+  float* corr = reinterpret_cast<float*>(kiln_i4_smem + NB * KW * M * RS * (int)sizeof(E));
   // x[:, sc] landed in buffer buf (this thread's own cp.async copies): reorder each 16-byte chunk
   // to x0 x4 x1 x5 x2 x6 x3 x7, the B fragments of a word's two mma steps (the 4 N-warps then
   // read them without byte permutes), and for FOLD sum each k-block's 128 values per column (the
@@ -515,141 +488,6 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       }
     }
   };
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && $WG
-  // WG (sm_90 plans, KILN_INT4_WGMMA=1; their sm_90a image): each warpgroup (the four N-warps
-  // of one K-warp, 64 rows) issues wgmma m64n(8·MN)k16 with the dequantized weights as its
-  // register A operand (a warp's part of it is the mma.sync fragment above) and x^T as B from
-  // shared memory, so four warps' x fragment reads and 4·MN mma.sync per step become one
-  // warpgroup MMA. B is K-major in the 128B-swizzled layout (a 1 KB-aligned column block of
-  // MP rows per 64 k-slots of a (buffer, K-warp) region), its slots in the nibbles' order:
-  // slots 2t, 2t+1 of step 2v + h are x[32t + 8v + 2h, +4], slots 2t+8, 2t+9
-  // x[32t + 8v + 2h + 1, +5] (offsets in the k-block). With x staged once (XALL) the regions
-  // hold all of the block's super-chunks, filled before the loop; otherwise one region per
-  // K-warp is refilled each super-chunk from the cp.async buffer just landed.
-  constexpr bool WG = true;
-  static_assert(NW % 4 == 0 && MT == 1, "WG needs whole warpgroups of one row tile per warp");
-  constexpr int WCB = KC / 64;  // column blocks per region
-  const unsigned sbase = (unsigned)__cvta_generic_to_shared(kiln_i4_smem);
-  const unsigned xw = (sbase + (XALL ? 0 : XB_MMA) + 1023u) & ~1023u;
-  unsigned char* xwp = kiln_i4_smem + (xw - sbase);
-  // Lane (g, t)'s 16 bytes x[n][32t + 8v .. +7] of k-block d (n % 8 = g) into region rg: its
-  // pairs (x0, x4) (x1, x5) (x2, x6) (x3, x7) go to slots 2t, 2t+1 of chunks 0..3 of step
-  // 2v + h's 32 bytes. A store's 32 lanes (8 rows x 4 words) hit distinct banks: the swizzle
-  // spreads the rows.
-  auto wg_put = [&](int rg, int d, int v, int n, const uint4& q) {
-    const unsigned u[4] = {NAT ? q.x : __byte_perm(q.x, q.z, 0x5410), NAT ? q.y : __byte_perm(q.x, q.z, 0x7632),
-                           NAT ? q.z : __byte_perm(q.y, q.w, 0x5410), NAT ? q.w : __byte_perm(q.y, q.w, 0x7632)};
-    unsigned char* row = xwp + ((rg * WCB + 2 * d + v / 2) * MP + n) * 128;
-    #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // pair 2h + p -> chunk 2·(2·(v % 2) + h) + p
-      const int c = 2 * (2 * (v & 1) + (e >> 1)) + (e & 1);
-      *reinterpret_cast<unsigned*>(row + ((c ^ g) * 16) + 4 * t) = u[e];
-    }
-  };
-  // FOLD: the sum of a 16-byte chunk's 8 values, and the correction (BASE + 8)·Σx of a column's
-  // k-block at corr + co from the sums of lanes t = 0..3 (the k-block's 32 chunks of that column).
-  auto wg_sum8 = [&](const uint4& q) {
-    float s = 0.f;
-    #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = kiln_i4_f2(E(), (&q.x)[e]);
-      s += f.x + f.y;
-    }
-    return s;
-  };
-  auto wg_corr = [&](int co, float s) {
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    if (t == 0) corr[co] = ($BASE + 8.f) * s;
-  };
-  // XALL: stages all of the block's x from global memory, warp-item (buffer b, K-warp part wx,
-  // k-block d, n8 tile nb) per warp, every load issued before any store.
-  auto wg_stage = [&] {
-    constexpr int NI = NB * KW * D * MN, WARPS = NW * KW, IPW = (NI + WARPS - 1) / WARPS;
-    uint4 xv[IPW][4];
-    #pragma unroll
-    for (int i = 0; i < IPW; ++i) {
-      const int it = warp + WARPS * i, nb = it % MN, d = it / MN % D, wx = it / (MN * D) % KW, b = it / (MN * D * KW);
-      const int n = 8 * nb + g, k0 = (sc0 + b) * SCK + wx * KC + d * 128 + 32 * t;
-      #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const bool ok = it < NI && sc0 + b < sc1 && (MFULL || n < M) && (KFULL || k0 + 8 * v < K);
-        xv[i][v] = ok ? __ldg(reinterpret_cast<const uint4*>(x + n * K + k0 + 8 * v)) : make_uint4(0, 0, 0, 0);
-      }
-    }
-    #pragma unroll
-    for (int i = 0; i < IPW; ++i) {
-      const int it = warp + WARPS * i, nb = it % MN, d = it / MN % D, wx = it / (MN * D) % KW, b = it / (MN * D * KW);
-      if (it >= NI) break;  // warp-uniform
-      const int n = 8 * nb + g;
-      float s = 0.f;
-      #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        wg_put(b * KW + wx, d, v, n, xv[i][v]);
-        if (FOLD) s += wg_sum8(xv[i][v]);
-      }
-      if (FOLD) wg_corr((b * KBS + wx * D + d) * MP + n, s);
-    }
-    kiln_wg_proxy_fence();  // the stores went through the generic proxy, wgmma reads through the async one
-  };
-  // Not XALL: x of cp.async buffer buf (landed, the block past its barrier) into the K-warps'
-  // regions, the same warp-items without the buffer index (rows past M are zeros), and FOLD's
-  // corrections of the buffer (FOLD without XALL: M <= 8).
-  auto wg_permute = [&](int buf) {
-    constexpr int NI = KW * D * MN, WARPS = NW * KW;
-    #pragma unroll
-    for (int i = 0; i < (NI + WARPS - 1) / WARPS; ++i) {
-      const int it = warp + WARPS * i, nb = it % MN, d = it / MN % D, wx = it / (MN * D);
-      if (it >= NI) break;  // warp-uniform
-      const int n = 8 * nb + g;
-      float s = 0.f;
-      #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const int cc = d * 16 + 4 * t + v;  // the 16-byte chunk in the K-warp's part, stored swizzled
-        const E* src = xs + (buf * KW * M + wx * M + n) * RS + (cc ^ ((cc >> 3) & 1)) * 8;
-        const uint4 q = MFULL || n < M ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-        wg_put(wx, d, v, n, q);
-        if (FOLD) s += wg_sum8(q);
-      }
-      if (FOLD) wg_corr((buf * KBS + wx * D + d) * MP + n, s);  // one tile of x: M <= 8
-    }
-    kiln_wg_proxy_fence();
-  };
-  // k-block d of region rg in two batches of four steps, each issued once its A fragments are
-  // dequantized (the second batch's dequantize overlaps the first batch's MMAs), then waited
-  // for together. (Keeping a batch in flight across the wait, with POST sums alternating between
-  // two register sets, made ptxas serialize every wgmma: it cannot follow the groups across the
-  // super-chunk loop.)
-  auto wg_kblock = [&](int d, const Group& use, int rg, int co) {
-    unsigned af[8][4];
-    float sum[MN][4];  // POST: the k-block's unscaled sums (the first MMA overwrites them)
-    #pragma unroll
-    for (int j = 0; j < MN; ++j)
-      #pragma unroll
-      for (int e = 0; e < 4; ++e) sum[j][e] = 0.f;
-    float* dst = POST ? &sum[0][0] : &acc[0][0][0];
-    const unsigned xb = xw + (rg * WCB + 2 * d) * MP * 128;
-    kiln_wg_pin<MN * 4>(dst);
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      #pragma unroll
-      for (int s = 4 * half; s < 4 * half + 4; ++s) dequant(use, 0, d, s / 2, s % 2, af[s]);
-      kiln_wg_fence();
-      #pragma unroll
-      for (int s = 4 * half; s < 4 * half + 4; ++s)
-        kiln_wgmma_rs_kmajor<8 * MN, E>(dst, af[s], kiln_wg_desc(xb + (s / 4) * MP * 128 + (s % 4) * 32, 16, 1024), !POST || s > 0);
-      kiln_wg_commit();
-    }
-    kiln_wg_wait<0>();
-    kiln_wg_pin<MN * 4>(dst);
-    if (POST) post_scale(0, kiln_i4_f(use.sa[0][d]), kiln_i4_f(use.sb[0][d]), co, sum, sum, false);
-  };
-#else
-  constexpr bool WG = false;
-  auto wg_stage = [] {};
-  auto wg_permute = [](int) {};
-  auto wg_kblock = [](int, const Group&, int, int) {};
-#endif
   // One super-chunk: prefetch the weights of sc + PF into `fill` and x of sc + 1 into the next
   // buffer (buf is a constant: the loop below is unrolled by PF + 1), then compute on `use`.
   auto step = [&](int sc, const Group& use, Group& fill, int buf) {
@@ -660,22 +498,11 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
       if (sc + 1 < sc1) stage(sc + 1, (buf + 1) % NB);
       kiln_i4_commit();
       kiln_i4_wait<1>();
-      if (WG) {
-        // Every thread's copies of buffer buf have landed and every warpgroup is done with the
-        // regions (its MMAs were waited for): refill them.
-        __syncthreads();
-        wg_permute(buf);
-      } else {
-        prep(buf);
-      }
+      prep(buf);
       __syncthreads();
     }
     #pragma unroll
     for (int d = 0; d < D; ++d) {
-      if (WG) {
-        wg_kblock(d, use, XALL ? buf * KW + wk : wk, (buf * KBS + wk * D + d) * MP);
-        continue;
-      }
       float tmp[NA][MT][MN][4];  // POST: this k-block's unscaled sums
       #pragma unroll
       for (int a = 0; a < NA; ++a)
@@ -709,30 +536,25 @@ extern "C" __global__ void $CLUSTER__launch_bounds__($NW * $KW * 32, $MINB) $NAM
         for (int u = 0; u < MT; ++u)
           post_scale(u, kiln_i4_f(use.sa[u][d]), kiln_i4_f(use.sb[u][d]), (buf * KBS + wk * D + d) * MP, tmp[0][u], tmp[NA - 1][u], NA > 1);
     }
-    // The buffer is refilled PF + 1 super-chunks on (WG: its contents went to the regions
-    // before the barrier above).
-    if (!XALL && !WG) __syncthreads();
+    // The buffer is refilled PF + 1 super-chunks on.
+    if (!XALL) __syncthreads();
   };
-  // XFIRST (x staged once, mma.sync): x's copies go out before the first weights, so they do not
-  // queue behind the weights' requests in the memory system (with a cold L2 the wait for x was
-  // the top stall at M = 1, ncu: 17% of warp samples). Pinned plain loads and the barrier after
-  // them keep ptxas from sinking the weight loads below the wait for x. H200, 8192², cold L2:
-  // M = 1 0.0165 -> 0.0156 ms, M = 8 0.0177 -> 0.0164 (bench/results/2026-12-02-gpu-run10.md).
-  constexpr bool XFIRST = XALL && !WG;
-  if (XFIRST) {
+  // XALL: x's copies go out before the first weights, so they do not queue behind the weights'
+  // requests in the memory system (with a cold L2 the wait for x was the top stall at M = 1,
+  // ncu: 17% of warp samples). Pinned plain loads and the barrier after them keep ptxas from
+  // sinking the weight loads below the wait for x. H200, 8192², cold L2: M = 1 0.0165 -> 0.0156
+  // ms, M = 8 0.0177 -> 0.0164 (bench/results/2026-12-02-gpu-run10.md).
+  if (XALL) {
     for (int sc = sc0; sc < sc1; ++sc) stage(sc, sc - sc0);
     kiln_i4_commit();
   }
   Group gq[PF + 1];
   #pragma unroll
-  for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p], XFIRST);
-  if (XFIRST) {
+  for (int p = 0; p < PF; ++p) load(sc0 + p, gq[p], XALL);
+  if (XALL) {
     __syncthreads();
     kiln_i4_wait<0>();
     for (int sc = sc0; sc < sc1; ++sc) prep(sc - sc0);
-    __syncthreads();
-  } else if (XALL) {  // WG
-    wg_stage();
     __syncthreads();
   } else {
     stage(sc0, 0);
@@ -841,65 +663,52 @@ struct StreamInputs {
   int64_t smem_limit;   // shared memory one block may use
   bool const_zeros;     // asymmetric with constant scales and zeros (they can be packed)
   bool own_weights;     // the weights are a constant this node alone reads (they can be reordered)
+  bool exact_zeros;     // option int4-exact-zeros: (q - zero)·scale, never the fma form
 };
 
 /// The streaming kernel's launch shape and code paths (each a $KEY of kStream; see there).
 struct StreamPlan {
   // Launch shape: k per K-warp and super-chunk, K-warps, N-warps, 16-row tiles per warp,
-  // super-chunks of weights in flight, the blocks per SM the registers are bounded for.
-  int64_t kc, kw, nw, mt, pf, minb;
+  // super-chunks of weights in flight.
+  int64_t kc, kw, nw, mt, pf;
   // Row blocks (grid.x), super-chunks per block, and blocks per row block along K (grid.y).
   int64_t tiles, per, split;
-  bool post, spair, xall, wg, xrows, pair, perm, azfma, szp, wpre;
-  int64_t mp;        // M padded to whole n8 tiles
+  bool post, spair, xall, xrows, pair, perm, azfma, szp, wpre;
   int64_t smem;      // shared memory per block
   int64_t pair_off;  // where the cluster pair's hand-over starts in it
 };
 
-/// Chooses the plan by M, group, architecture and the measurement knobs (environment).
+/// Chooses the plan by M, group and architecture, from the H200 measurements cited below.
 StreamPlan plan_stream(const StreamInputs& in) {
   const int64_t m = in.m, nn = in.n, k = in.k, g = in.g;
   const bool asym = in.asym;
   // Launch shape by M, from the H200 sweep (bench/results/2026-12-01-int4-sweep.md): up to
   // M = 16 four K-warps (16 warps per SM hide each other's latency) with KC 256, and up to
   // M = 8 two super-chunks of weights in flight; above, the accumulators need the registers.
-  // sm_90 plans differ at M = 5..16 and above M = 16 (below).
-  // Above M = 16 on sm_90 (mma.sync path) each warp takes two m16 row tiles, so every x
-  // fragment it reads from shared memory feeds both: half the shared-memory reads per weight.
-  // H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run10.md), one tile at KC 512 / 256 ->
-  // two at 256: M = 32 0.0292 -> 0.0278 ms, M = 48 0.0364 -> 0.0326, M = 64 0.0413 -> 0.0369
-  // (cuBLAS bf16 0.0382). sm_80 plans keep one tile: with twice the rows per block N = 8192
-  // needs the K split, which there goes through the scratch and a second kernel (no cluster
-  // pair), unmeasured. KILN_INT4_MT=1 or 2 overrides, for comparisons.
-  int64_t mt = m > 16 && in.hopper && !knob_is("KILN_INT4_WGMMA", "1") ? 2 : 1;
-  if (const int v = knob_digit("KILN_INT4_MT", 1, 2)) mt = v;
-  int64_t kc = m > 32 || m <= 16 || mt == 2 ? 256 : 512, blocks = 132, minb = 1, kw = m <= 16 ? 4 : 2, pf = m <= 8 ? 2 : 1, nw = 4;
+  // sm_90 plans differ at M = 5..16 and above M = 16 (below). No other launch shape measured
+  // faster (bench/results/2026-12-02-gpu-run10.md, call B; 2026-12-02-gpu-run11.md, call A).
+  // Above M = 16 on sm_90 each warp takes two m16 row tiles, so every x fragment it reads from
+  // shared memory feeds both: half the shared-memory reads per weight. H200, 8192², cold L2
+  // (bench/results/2026-12-02-gpu-run10.md), one tile at KC 512 / 256 -> two at 256: M = 32
+  // 0.0292 -> 0.0278 ms, M = 48 0.0364 -> 0.0326, M = 64 0.0413 -> 0.0369 (cuBLAS bf16 0.0382).
+  // sm_80 plans keep one tile: with twice the rows per block N = 8192 needs the K split, which
+  // there goes through the scratch and a second kernel (no cluster pair), unmeasured.
+  const int64_t mt = m > 16 && in.hopper ? 2 : 1;
+  int64_t kc = m > 32 || m <= 16 || mt == 2 ? 256 : 512, blocks = 132, kw = m <= 16 ? 4 : 2,
+          pf = m <= 8 ? 2 : 1, nw = 4;
   // M = 5..16 on sm_90: blocks of 128 rows (8 N-warps x 2 K-warps) and K split in two, so
   // each block stages its half of x once (at M = 9..16 no barriers in the loop then) and the
   // halves meet as a cluster pair (below); x's L2 traffic halves as well. H200, 8192²:
   // M = 16 0.0286 -> 0.0248 ms, M = 8 0.0217 -> 0.0195 ms (2026-12-01-int4-weight-paths.md).
   if (in.hopper && m > 4 && m <= 16) kw = 2, nw = 8, blocks = 128;
-  // nb x buffers (super-chunks) of KC by w K-warps (with `wgl`, also the wgmma regions: rows
-  // padded to whole n8 tiles, 1 KB alignment slack; in place of the buffers when x is staged
-  // `once`, else one super-chunk's after them) and their per-k-block corrections; the final
-  // hand-over of w - 1 K-warps' sums (v N-warps of mt row tiles each) reuses them.
+  // nb x buffers (super-chunks) of KC by w K-warps and their per-k-block corrections (rows
+  // padded to whole n8 tiles); the final hand-over of w - 1 K-warps' sums (v N-warps of mt row
+  // tiles each) reuses them.
   const int64_t mp = (m + 7) / 8 * 8;
-  auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v, bool wgl = false, bool once = false) {
-    const int64_t raw = nb * w * m * (c + 16) * 2, swz = 1024 + (once ? nb : 1) * w * c * mp * 2;
-    const int64_t xb = !wgl ? raw : once ? std::max(raw, swz) : raw + swz;
-    return std::max<int64_t>(xb + nb * (w * c / 128) * mp * 4, (w - 1) * v * mt * 512 * ((m + 7) / 8));
+  auto smem_for = [&](int64_t c, int64_t w, int64_t nb, int64_t v) {
+    return std::max<int64_t>(nb * w * m * (c + 16) * 2 + nb * (w * c / 128) * mp * 4,
+                             (w - 1) * v * mt * 512 * ((m + 7) / 8));
   };
-  // Measurement knob for bench/peer/int4.py sweeps: KILN_INT4_STREAM="KC:BLOCKS:MINB[:KW[:PF[:NW]]]"
-  // (KC 256 or 512, the blocks split-K aims for, the blocks per SM the registers are bounded
-  // for, K-warps per block 2 or 4, super-chunks of weights in flight 1 to 4, N-warps per block
-  // 4 or 8, at most 16 warps). A shape whose shared memory does not fit is ignored.
-  if (const char* e = std::getenv("KILN_INT4_STREAM")) {
-    long long a = 0, b2 = 0, c = 0, w4 = 2, f = 1, v = 4;
-    const int got = std::sscanf(e, "%lld:%lld:%lld:%lld:%lld:%lld", &a, &b2, &c, &w4, &f, &v);
-    if (got >= 3 && (a == 256 || a == 512) && b2 > 0 && c >= 1 && c <= 4 && (w4 == 2 || w4 == 4) && f >= 1 && f <= 4 &&
-        (v == 4 || v == 8) && v * w4 <= 16 && smem_for(a, w4, f + 1, v) <= in.smem_limit)
-      kc = a, blocks = b2, minb = c, kw = w4, pf = f, nw = v;
-  }
   const int64_t rows = 16 * mt * nw;
   const int64_t nsc = (k + kw * kc - 1) / (kw * kc), tiles = (nn + rows - 1) / rows;
   const int64_t want = std::clamp<int64_t>(blocks / tiles, 1, nsc);
@@ -910,10 +719,8 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // k-block sums, Σx and the corrections cost more than the per-pair multiply. H200, 8192²,
   // cold L2 (bench/results/2026-12-02-gpu-run12.md, call D, two runs each): M = 9 0.0195 ->
   // 0.0184 ms, M = 12 0.0199 -> 0.0186, M = 16 0.0208 -> 0.0191; up to M = 8 post-scaling stays
-  // faster (M = 8 0.0167 vs 0.0173). KILN_INT4_POST=0 / 1 overrides (where it fits), for
-  // comparisons.
-  const bool post_fits = g == 128 && !asym && mt == 1;
-  const bool post = choose("KILN_INT4_POST", post_fits, !(in.hopper && m > 8));
+  // faster (M = 8 0.0167 vs 0.0173).
+  const bool post = g == 128 && !asym && mt == 1 && !(in.hopper && m > 8);
   // SPAIR in the kernel: symmetric group 128 with KC 256 reads a lane's two scales of a
   // super-chunk (one per k-block, adjacent entries) as one 4-byte load, where K is a whole
   // number of super-chunks (no entry past a row's end) and the scales are 2-byte entries,
@@ -921,32 +728,27 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // (2026-12-02-gpu-run12.md, call E, two runs each): M = 24 0.0253 -> 0.0250 ms, M = 32
   // 0.0272 -> 0.0266, M = 48 0.0319 -> 0.0308; M = 64 0.0360 -> 0.0363, M = 9..16 (scaled before
   // the mma) 0.0187 -> 0.0191 at M = 12, up to M = 8 (two super-chunks in flight) M = 1 0.0157
-  // -> 0.0168 (2026-12-02-gpu-run11.md). sm_80 plans unmeasured. KILN_INT4_SPAIR=0 / 1
-  // overrides, for comparisons.
+  // -> 0.0168 (2026-12-02-gpu-run11.md). sm_80 plans unmeasured.
   const bool spair_fits = g == 128 && !asym && in.scale_bytes == 2 && kc == 256 && k % (kw * kc) == 0 && (k / g) % 2 == 0 && in.scales_aligned;
-  const bool spair = choose("KILN_INT4_SPAIR", spair_fits, in.hopper && m > 16 && m <= 48);
+  const bool spair = spair_fits && in.hopper && m > 16 && m <= 48;
   // Up to M = 16 a block's whole x (per super-chunks) is staged once when it fits, so the loop
-  // runs without block-wide barriers (KILN_INT4_XALL=0 turns that off, for comparisons).
-  const bool xall = choose("KILN_INT4_XALL", m <= 16 && smem_for(kc, kw, per, nw) <= in.smem_limit, true);
-  // KILN_INT4_WGMMA=1 (sm_90 plans, their sm_90a image): warpgroup MMAs in place of mma.sync,
-  // for measurement. Off by default: no faster at M = 9..16 (H200, commit 5d4c262,
-  // bench/results/2026-12-02-gpu-run8.md), slower at M = 32 and 64 (2026-12-02-gpu-run9.md).
-  const int64_t nbuf = xall ? per : pf + 1;  // x buffers
-  const bool wg_fits = in.hopper && nw % 4 == 0 && mt == 1 && smem_for(kc, kw, nbuf, nw, true, xall) <= in.smem_limit;
-  const bool wg = choose("KILN_INT4_WGMMA", wg_fits, false);
-  int64_t smem = smem_for(kc, kw, nbuf, nw, wg, xall);
-  // XROWS in the kernel (mma.sync path, M > 8 off a multiple of 8): the last buffer's last
-  // tile reads up to mp - m rows past the buffers. Below M = 8 the one tile's row test is
-  // cheaper than the rows it would read. H200, 8192², cold L2
-  // (bench/results/2026-12-02-gpu-run11.md): M = 12 0.0221 -> 0.0211 ms, M = 13 0.0224 ->
-  // 0.0212, M = 33 0.0337 -> 0.0331; M = 3 0.0163 -> 0.0168, M = 5 0.0163 -> 0.0170.
+  // runs without block-wide barriers.
+  const bool xall = m <= 16 && smem_for(kc, kw, per, nw) <= in.smem_limit;
+  // (Warpgroup MMAs in place of mma.sync measured no faster at M = 9..16 and slower at M = 32
+  // and 64: bench/results/2026-12-02-gpu-run8.md, 2026-12-02-gpu-run9.md.)
+  int64_t smem = smem_for(kc, kw, xall ? per : pf + 1, nw);
+  // XROWS in the kernel (M > 8 off a multiple of 8): the last buffer's last tile reads up to
+  // mp - m rows past the buffers. Below M = 8 the one tile's row test is cheaper than the rows
+  // it would read. H200, 8192², cold L2 (bench/results/2026-12-02-gpu-run11.md): M = 12 0.0221
+  // -> 0.0211 ms, M = 13 0.0224 -> 0.0212, M = 33 0.0337 -> 0.0331; M = 3 0.0163 -> 0.0168,
+  // M = 5 0.0163 -> 0.0170.
   const int64_t xrows_slack = (mp - m) * (kc + 16) * 2;
-  const bool xrows = !wg && m > 8 && m % 8 != 0 && smem + xrows_slack <= in.smem_limit;
+  const bool xrows = m > 8 && m % 8 != 0 && smem + xrows_slack <= in.smem_limit;
   if (xrows) smem += xrows_slack;
-  // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory
-  // (KILN_INT4_PAIR=0 uses the scratch and the second kernel instead, for comparisons).
+  // K split in two on sm_90: the halves run as a cluster pair and meet in shared memory, in
+  // place of the f32 scratch and a second kernel.
   const int64_t pair_off = (smem + 15) / 16 * 16, pair_end = pair_off + nw * mt * ((m + 7) / 8) * 512;
-  const bool pair = choose("KILN_INT4_PAIR", split == 2 && in.hopper && pair_end <= in.smem_limit, true);
+  const bool pair = split == 2 && in.hopper && pair_end <= in.smem_limit;
   if (pair) smem = pair_end;
   // Up to M = 16 x is reordered in shared memory once per super-chunk (PERM) for the cheaper
   // nibble pairs j, j + 4; above, x is read as stored and each A fragment pairs a byte's two
@@ -960,23 +762,23 @@ StreamPlan plan_stream(const StreamInputs& in) {
   // sm_90 plans at M = 9..16 lose (g32 M = 16 0.0224 -> 0.0232), and so does group 64 above
   // M = 32 (M = 64 0.0417 -> 0.0428: the kernel spills 16 bytes with the fma, none without):
   // those keep the subtraction, and so does group 128 there (unmeasured; ptxas shows the same
-  // spill at M = 64). KILN_INT4_AZFMA=0 / 1 overrides, for comparisons.
+  // spill at M = 64). The option int4-exact-zeros keeps the subtraction everywhere.
   const bool azfma_loses = in.hopper && ((m > 8 && m <= 16) || (m > 32 && g >= 64));
-  const bool azfma = choose("KILN_INT4_AZFMA", asym, !azfma_loses);
+  const bool azfma = asym && !azfma_loses && !in.exact_zeros;
   // SZP: constant asymmetric scales and zeros packed at compile time as (scale, -zero·scale)
   // pairs in x's half type (the values AZFMA rounds in the kernel, so the same results): one
   // 4-byte load per group and row in place of two 2-byte ones and their conversions. H200,
   // 8192², cold L2, constant weights (bench/results/2026-12-03-gpu-run15.md, call A, with WPRE):
   // g32 M = 64 0.0416 -> 0.0365 ms, M = 16 0.0220 -> 0.0200, M = 1 0.0189 -> 0.0176. The stored
   // scales and zeros leave the artifact unless another step reads them (drop_unread_weights).
-  // KILN_INT4_SZP=0 / 1 overrides, for comparisons.
-  const bool szp = choose("KILN_INT4_SZP", asym && in.const_zeros && !post && !spair, true);
+  // Like AZFMA, not under int4-exact-zeros.
+  const bool szp = asym && in.const_zeros && !post && !spair && !in.exact_zeros;
   // WPRE (x as stored, above M = 16): a constant weight this node alone reads is reordered in
   // place at compile time so each byte's pair needs no byte permute in the kernel (run 15, call
-  // A: g128 M = 32 0.0271 -> 0.0258 ms, M = 64 0.0362 -> 0.0357). KILN_INT4_WPRE=0 / 1
-  // overrides, for comparisons.
-  const bool wpre = choose("KILN_INT4_WPRE", !perm && in.own_weights, true);
-  return StreamPlan{kc, kw, nw, mt, pf, minb, tiles, per, split, post, spair, xall, wg, xrows, pair, perm, azfma, szp, wpre, mp, smem, pair_off};
+  // A: g128 M = 32 0.0271 -> 0.0258 ms, M = 64 0.0362 -> 0.0357).
+  const bool wpre = !perm && in.own_weights;
+  return StreamPlan{kc,   kw,    nw,   mt,   pf,    tiles, per,  split, post,    spair,
+                    xall, xrows, pair, perm, azfma, szp,   wpre, smem,  pair_off};
 }
 
 }  // namespace
@@ -1061,8 +863,9 @@ Status Lowerer::matmul_int4(const Node& n) {
     const bool own_w = root(w) == w && bufs_[w].kind == "weight" && wv->producer() != nullptr &&
                        wv->producer()->op_name() == "constant" && wv->uses().size() == 1 &&
                        wv->uses()[0].user == &n;
-    const StreamPlan p = plan_stream(StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(),
-                                                  smem_limit(), st_t.has_value() && zt_t.has_value(), own_w});
+    const StreamPlan p = plan_stream(
+        StreamInputs{m, nn, k, g, asym, dtype_bits(st) / 8, aligned(s), hopper_plan(), smem_limit(),
+                     st_t.has_value() && zt_t.has_value(), own_w, opts_.int4_exact_zeros});
     int zarg = z;
     if (p.szp) {
       // Per group: (scale, -zero·scale) in x's half type, the f32 product rounded once, as the
@@ -1080,7 +883,6 @@ Status Lowerer::matmul_int4(const Node& n) {
     const int sarg = p.szp ? zarg : s;
     if (p.wpre) reorder_int4_words(w);
     const std::string name = kernel_name("matmul_int4_stream");
-    if (p.wg) add_wgmma(WgmmaForm::kRegsKMajorB, p.mp, xs);
     auto flag = [](bool v) -> std::string { return v ? "true" : "false"; };
     // (Keys that prefix later ones come after them: fill() replaces in order.)
     subs.insert(subs.begin(), {{"$NAME", name},
@@ -1091,11 +893,9 @@ Status Lowerer::matmul_int4(const Node& n) {
                                {"$PF", std::to_string(p.pf)},
                                {"$XALL", flag(p.xall)},
                                {"$PERM", flag(p.perm)},
-                               {"$MINB", std::to_string(p.minb)},
                                {"$CLUSTER", p.pair ? "KILN_I4_PAIR_DIMS " : ""},
                                {"$PAIROFF", std::to_string(p.pair_off)},
                                {"$PAIR", flag(p.pair)},
-                               {"$WG", p.wg ? "1" : "0"},
                                {"$XROWS", flag(p.xrows)},
                                {"$SPAIR", flag(p.spair)}});
     subs.insert(subs.end(), {{"$PER", std::to_string(p.per)},

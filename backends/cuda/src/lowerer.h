@@ -96,9 +96,9 @@ inline AxisRows rows_around_axis(const Sizes& xs, int64_t axis_attr) {
   return r;
 }
 
-/// The operand forms of the wgmma wrappers (wgmma.cpp): A and B from shared memory (K-major);
-/// A from registers with B MN-major (accumulates always) or K-major (zeroing flag).
-enum class WgmmaForm { kSharedShared, kRegsMnMajorB, kRegsKMajorB };
+/// The operand forms of the wgmma wrappers (wgmma.cpp): A and B from shared memory (K-major,
+/// zeroing flag); A from registers with B MN-major (accumulates always).
+enum class WgmmaForm { kSharedShared, kRegsMnMajorB };
 
 class Lowerer {
  public:

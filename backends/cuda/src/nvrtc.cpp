@@ -26,15 +26,23 @@ std::string image_form(const std::string& target) {
   return target.rfind("compute_", 0) == 0 ? "ptx" : "cubin";
 }
 
+KernelCacheKey nvrtc_cache_key(const std::string& source, const std::string& target,
+                               const std::string& producer) {
+  return KernelCacheKey{
+      source,
+      target,
+      "nvrtc " + nvrtc_version(),
+      {"--gpu-architecture=" + target, "--include-path=" + cuda_include_dir(), "--std=c++17"},
+      producer};
+}
+
 StatusOr<std::string> compile_cuda(const std::string& source, const std::string& target,
                                    const std::string& producer, bool* cache_hit) {
   const bool ptx = image_form(target) == "ptx";
   if (!ptx && target.rfind("sm_", 0) != 0)
     return invalid_argument("nvrtc: unknown target '" + target + "' (expected sm_XX or compute_XX)");
-  const std::vector<std::string> options = {"--gpu-architecture=" + target,
-                                            "--include-path=" + cuda_include_dir(),
-                                            "--std=c++17"};
-  KernelCacheKey key{source, target, "nvrtc " + nvrtc_version(), options, producer};
+  const KernelCacheKey key = nvrtc_cache_key(source, target, producer);
+  const std::vector<std::string>& options = key.options;
   KernelCache cache;
   if (cache_hit != nullptr) *cache_hit = false;
   if (std::optional<std::string> hit = cache.lookup(key)) {

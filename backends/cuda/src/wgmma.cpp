@@ -1,5 +1,5 @@
-// Hopper warpgroup-MMA (wgmma) device helpers, shared by the kernels that issue it (attention's
-// warp-specialized kernel, the INT4 streaming kernel). Everything here is sm_90a-only source:
+// Hopper warpgroup-MMA (wgmma) device helpers for the kernels that issue it (attention's
+// warp-specialized kernel). Everything here is sm_90a-only source:
 // it compiles to nothing in the other images of a plan, whose kernels take their mma.sync
 // paths there.
 #include "lowerer.h"
@@ -14,8 +14,6 @@ const char* kWgmmaCore = R"(
 template <int N, typename T> __device__ void kiln_wgmma_ss(float* d, unsigned long long da, unsigned long long db, int sd);
 // d += A·B; A from registers (4 x b32 per thread), B from shared memory, MN-major.
 template <int N, typename T> __device__ void kiln_wgmma_rs(float* d, const unsigned* a, unsigned long long db);
-// d = A·B (+ d when sd != 0); A from registers, B from shared memory, K-major.
-template <int N, typename T> __device__ void kiln_wgmma_rs_kmajor(float* d, const unsigned* a, unsigned long long db, int sd);
 __device__ __forceinline__ void kiln_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void kiln_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void kiln_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
@@ -47,7 +45,6 @@ const char* wrapper_name(WgmmaForm form) {
   switch (form) {
     case WgmmaForm::kSharedShared: return "kiln_wgmma_ss";
     case WgmmaForm::kRegsMnMajorB: return "kiln_wgmma_rs";
-    case WgmmaForm::kRegsKMajorB: return "kiln_wgmma_rs_kmajor";
   }
   return "";
 }
@@ -55,9 +52,8 @@ const char* wrapper_name(WgmmaForm form) {
 /// One wrapper specialization (the asm operand list has n/2 accumulators, which is why it is
 /// generated): m64nNk16 with f32 accumulators and st (__half or __nv_bfloat16) operands.
 std::string wgmma_wrapper(WgmmaForm form, int64_t n, const std::string& st) {
-  const bool rs = form != WgmmaForm::kSharedShared;
-  // The zeroing flag: an argument, except for the MN-major form, which always accumulates.
-  const bool flag_arg = form != WgmmaForm::kRegsMnMajorB;
+  // The register form always accumulates; the shared-memory form takes a zeroing flag.
+  const bool rs = form == WgmmaForm::kRegsMnMajorB, flag_arg = !rs;
   const std::string ab = st == "__half" ? "f16" : "bf16";
   const int64_t h = n / 2;
   std::string text = "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\ntemplate <> __device__ __forceinline__ void " +
@@ -69,9 +65,9 @@ std::string wgmma_wrapper(WgmmaForm form, int64_t n, const std::string& st) {
   for (int64_t i = 0; i < h; ++i) text += (i ? ", %" : "%") + std::to_string(i);
   if (rs)
     // scale-d, scale-a, scale-b, and B's transpose flag (1: MN-major).
-    text += "}, {%" + std::to_string(h) + ", %" + std::to_string(h + 1) + ", %" + std::to_string(h + 2) + ", %" +
-            std::to_string(h + 3) + "}, %" + std::to_string(h + 4) + ", p, 1, 1, " +
-            (form == WgmmaForm::kRegsMnMajorB ? "1" : "0") + ";\\n}\\n\"\n      : ";
+    text += "}, {%" + std::to_string(h) + ", %" + std::to_string(h + 1) + ", %" +
+            std::to_string(h + 2) + ", %" + std::to_string(h + 3) + "}, %" + std::to_string(h + 4) +
+            ", p, 1, 1, 1;\\n}\\n\"\n      : ";
   else
     text += "}, %" + std::to_string(h) + ", %" + std::to_string(h + 1) + ", p, 1, 1, 0, 0;\\n}\\n\"\n      : ";
   for (int64_t i = 0; i < h; ++i) text += (i ? ", \"+f\"(d[" : "\"+f\"(d[") + std::to_string(i) + "])";

@@ -128,6 +128,8 @@ void register_attention_ops(OpRegistry& r) {
                     .traits = kTraitContraction | kTraitReduction,
                     .inputs = {"q", "k", "v", "mask?"},
                     .outputs = {"y"},
+                    .result_rule = "[B, Hq, Sq, Dv] from q[B, Hq, Sq, D], k[B, Hkv, Skv, D], "
+                                   "v[B, Hkv, Skv, Dv]; dtype of q",
                     .attrs = {attr_required("scale", AttrKind::kFloat, "multiplies q·kᵀ"),
                               attr_default("causal", int64_t{0},
                                            "1: query i sees keys j <= i + (Skv - Sq)")},

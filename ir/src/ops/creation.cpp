@@ -60,6 +60,7 @@ void register_creation_ops(OpRegistry& r) {
                       .traits = kTraitConstant,
                       .inputs = {},
                       .outputs = {"y"},
+                      .result_rule = "the type of `value`",
                       .attrs = {attr_required("value", AttrKind::kTensor, "the tensor to produce")},
                       .infer = [](InferContext& ctx) -> Status {
                         const Attribute* value = ctx.node.attr("value");
@@ -80,6 +81,7 @@ void register_creation_ops(OpRegistry& r) {
                          .traits = kTraitNone,
                          .inputs = {},
                          .outputs = {"y"},
+                         .result_rule = "[max(0, ceil((limit - start) / delta))] of `dtype`",
                          .attrs = {attr_required("start", AttrKind::kFloat, "first value"),
                                    attr_required("limit", AttrKind::kFloat, "exclusive bound"),
                                    attr_required("delta", AttrKind::kFloat, "step, not zero"),

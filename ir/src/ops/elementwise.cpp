@@ -137,6 +137,7 @@ void register_unary(OpRegistry& r) {
                  .traits = kTraitElementwise,
                  .inputs = {"x"},
                  .outputs = {"y"},
+                 .result_rule = "same as x",
                  .attrs = {},
                  .infer = same_type_infer(classes),
                  .reference = [f, fi](KernelContext& ctx) { return apply_unary(ctx, f, fi); }});
@@ -148,6 +149,7 @@ void register_unary(OpRegistry& r) {
                .traits = kTraitElementwise,
                .inputs = {"x"},
                .outputs = {"y"},
+               .result_rule = "same as x",
                .attrs = {attr_default("approximate", "none",
                                       "\"none\": exact erf form; \"tanh\": tanh approximation")},
                .infer = same_type_infer(kFloatDTypes, check_gelu_approximate),
@@ -161,6 +163,7 @@ void register_unary(OpRegistry& r) {
                          .traits = kTraitElementwise,
                          .inputs = {"x"},
                          .outputs = {"y"},
+                         .result_rule = "same as x",
                          .attrs = {attr_default("alpha", 0.01, "slope for negative inputs")},
                          .infer = same_type_infer(kFloatDTypes),
                          .reference = [](KernelContext& ctx) {
@@ -195,6 +198,7 @@ void register_predicates(OpRegistry& r) {
                          .traits = kTraitElementwise,
                          .inputs = {"x"},
                          .outputs = {"y"},
+                         .result_rule = "bool, shape of x",
                          .attrs = {},
                          .infer = predicate_infer(kBoolDType),
                          .reference = predicate_kernel([](double x) { return x == 0; })});
@@ -203,6 +207,7 @@ void register_predicates(OpRegistry& r) {
                          .traits = kTraitElementwise,
                          .inputs = {"x"},
                          .outputs = {"y"},
+                         .result_rule = "bool, shape of x",
                          .attrs = {},
                          .infer = predicate_infer(kFloatDTypes),
                          .reference = predicate_kernel([](double x) { return std::isnan(x); })});
@@ -211,6 +216,7 @@ void register_predicates(OpRegistry& r) {
                          .traits = kTraitElementwise,
                          .inputs = {"x"},
                          .outputs = {"y"},
+                         .result_rule = "bool, shape of x",
                          .attrs = {},
                          .infer = predicate_infer(kFloatDTypes),
                          .reference = predicate_kernel([](double x) { return std::isinf(x); })});
@@ -338,6 +344,7 @@ void register_binary(OpRegistry& r) {
                            (d.commutative ? kTraitCommutative : kTraitNone),
                  .inputs = {"a", "b"},
                  .outputs = {"y"},
+                 .result_rule = "broadcast of a and b, dtype of a",
                  .attrs = {},
                  .infer = binary_infer(kNumericDTypes),
                  .reference = [f, fi](KernelContext& ctx) { return apply_binary(ctx, f, fi); }});
@@ -349,6 +356,7 @@ void register_binary(OpRegistry& r) {
             .traits = kTraitElementwise | kTraitBroadcast,
             .inputs = {"a", "b"},
             .outputs = {"y"},
+            .result_rule = "broadcast of a and b, dtype of a",
             .attrs = {attr_default("fmod", 0,
                                    "0: result has the divisor's sign (python %); 1: the "
                                    "dividend's (c fmod)")},
@@ -424,6 +432,7 @@ void register_comparisons(OpRegistry& r) {
                                   (d.commutative ? kTraitCommutative : kTraitNone),
                         .inputs = {"a", "b"},
                         .outputs = {"y"},
+                        .result_rule = "bool, broadcast of a and b",
                         .attrs = {},
                         .infer = binary_infer(kAnyDType, DType::kBool),
                         .reference = [c](KernelContext& ctx) { return compare_kernel(ctx, c); }});
@@ -446,6 +455,7 @@ void register_comparisons(OpRegistry& r) {
                            .traits = kTraitElementwise | kTraitBroadcast | kTraitCommutative,
                            .inputs = {"a", "b"},
                            .outputs = {"y"},
+                           .result_rule = "bool, broadcast of a and b",
                            .attrs = {},
                            .infer = binary_infer(kBoolDType),
                            .reference = [f](KernelContext& ctx) { return logic_kernel(ctx, f); }});
@@ -551,6 +561,7 @@ void register_misc(OpRegistry& r) {
                          .traits = kTraitElementwise,
                          .inputs = {"x"},
                          .outputs = {"y"},
+                         .result_rule = "dtype `to`, shape of x",
                          .attrs = {attr_required("to", AttrKind::kDType, "the result dtype"),
                                    attr_default("saturate", 1,
                                                 "f8 results: 1 clamps out-of-range values to the "
@@ -563,6 +574,7 @@ void register_misc(OpRegistry& r) {
                          .traits = kTraitElementwise | kTraitBroadcast,
                          .inputs = {"cond", "a", "b"},
                          .outputs = {"y"},
+                         .result_rule = "broadcast of cond, a and b, dtype of a",
                          .attrs = {},
                          .infer = where_infer,
                          .reference = where_kernel});
@@ -571,6 +583,7 @@ void register_misc(OpRegistry& r) {
                          .traits = kTraitElementwise,
                          .inputs = {"x"},
                          .outputs = {"y"},
+                         .result_rule = "same as x",
                          .attrs = {attr_optional("min", AttrKind::kFloat, "lower bound"),
                                    attr_optional("max", AttrKind::kFloat,
                                                  "upper bound; wins over min when min > max")},

@@ -132,6 +132,7 @@ void register_int4_ops(OpRegistry& r) {
           .traits = kTraitContraction,
           .inputs = {"x", "w", "scales", "zeros?", "bias?"},
           .outputs = {"y"},
+          .result_rule = "[.., N] from x[.., K] and w[N, K/2], dtype of x",
           .attrs = {attr_required("group_size", AttrKind::kInt, "input features per scale: 32, 64 or 128"),
                     attr_default("asymmetric", int64_t{0},
                                  "1: nibbles are unsigned with zero points in operand 3 (bias is operand 4); "

@@ -477,6 +477,8 @@ void register_linalg_ops(OpRegistry& r) {
                     .traits = kTraitContraction,
                     .inputs = {"a", "b"},
                     .outputs = {"y"},
+                    .result_rule = "[.., M, N] from a[.., M, K] x b[.., K, N] (batch dims "
+                                   "broadcast; a 1-D operand's dim is dropped), dtype of a",
                     .attrs = {},
                     .num_regions = 0,
                     .infer = infer_matmul,
@@ -486,6 +488,7 @@ void register_linalg_ops(OpRegistry& r) {
                     .traits = kTraitContraction,
                     .inputs = {"x", "w", "bias?"},
                     .outputs = {"y"},
+                    .result_rule = "[.., N] from x[.., K] and w[N, K], dtype of x",
                     .attrs = {},
                     .num_regions = 0,
                     .infer = infer_linear,
@@ -496,6 +499,8 @@ void register_linalg_ops(OpRegistry& r) {
           .traits = kTraitContraction,
           .inputs = {"x", "w", "bias?"},
           .outputs = {"y"},
+          .result_rule = "[N, C_out, out...] from x[N, C, in...] and w[C_out, C/groups, k...]; out "
+                         "= (in + pads - dilation * (k - 1) - 1) / stride + 1, rounded down",
           .attrs = {strides, pads, dilations, attr_default("groups", int64_t{1}, "channel groups")},
           .num_regions = 0,
           .infer = infer_conv,
@@ -506,6 +511,8 @@ void register_linalg_ops(OpRegistry& r) {
                  .traits = kTraitReduction,
                  .inputs = {"x"},
                  .outputs = {"y"},
+                 .result_rule = "[N, C, out...] from x[N, C, in...]; out = (in + pads - dilation * "
+                                "(k - 1) - 1) / stride + 1, rounded down (up with ceil_mode)",
                  .attrs = {kernel_shape, strides, pads, dilations, ceil_mode},
                  .num_regions = 0,
                  .infer = [](InferContext& ctx) { return infer_pool(ctx, true); },
@@ -515,6 +522,8 @@ void register_linalg_ops(OpRegistry& r) {
                     .traits = kTraitReduction,
                     .inputs = {"x"},
                     .outputs = {"y"},
+                    .result_rule = "[N, C, out...] from x[N, C, in...]; out = (in + pads - k) / "
+                                   "stride + 1, rounded down (up with ceil_mode)",
                     .attrs = {kernel_shape, strides, pads, ceil_mode,
                               attr_default("count_include_pad", int64_t{0},
                                            "divide by the window size including padding")},

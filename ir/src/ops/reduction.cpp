@@ -150,6 +150,7 @@ void register_reduce(OpRegistry& r) {
                  .traits = kTraitReduction,
                  .inputs = {"x"},
                  .outputs = {"y"},
+                 .result_rule = "dtype of x; x's shape without the reduced axes (1 each with keepdims)",
                  .attrs = {attr_optional("axes", AttrKind::kInts,
                                          "axes to reduce, negative from the end; absent or "
                                          "empty reduces all"),
@@ -247,6 +248,7 @@ void register_arg(OpRegistry& r) {
                  .traits = kTraitReduction,
                  .inputs = {"x"},
                  .outputs = {"indices"},
+                 .result_rule = "i64; x's shape without `axis` (1 with keepdims)",
                  .attrs = {attr_default("axis", 0, "the axis to search, negative from the end"),
                            attr_default("keepdims", 1, "1 keeps the axis with size 1"),
                            attr_default("select_last_index", 0,
@@ -293,6 +295,7 @@ void register_softmax(OpRegistry& r) {
                  .traits = kTraitReduction,
                  .inputs = {"x"},
                  .outputs = {"y"},
+                 .result_rule = "same as x",
                  .attrs = {attr_default("axis", -1, "the normalized axis, negative from the end")},
                  .infer = softmax_infer,
                  .reference = [log](KernelContext& ctx) { return softmax_kernel(ctx, log); }});

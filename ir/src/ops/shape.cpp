@@ -628,13 +628,14 @@ void register_shape_ops(OpRegistry& r) {
   using AK = AttrKind;
   // Every op here only moves data, so they share the View trait and a plain operand list.
   const auto view = [](std::string name, std::string summary, std::vector<std::string> inputs,
-                       std::vector<std::string> outputs, std::vector<AttrSpec> attrs, InferFn infer,
-                       ReferenceFn ref) {
+                       std::vector<std::string> outputs, std::string result_rule,
+                       std::vector<AttrSpec> attrs, InferFn infer, ReferenceFn ref) {
     return OpDef{.name = std::move(name),
                  .summary = std::move(summary),
                  .traits = kTraitView,
                  .inputs = std::move(inputs),
                  .outputs = std::move(outputs),
+                 .result_rule = std::move(result_rule),
                  .attrs = std::move(attrs),
                  .num_regions = 0,
                  .infer = std::move(infer),
@@ -643,14 +644,16 @@ void register_shape_ops(OpRegistry& r) {
   add_op_or_die(
       r,
       view("reshape", "same elements under a new shape (0 copies a dim, one -1 is inferred)", {"x"},
-           {"y"},
+           {"y"}, "dtype of x, shape `shape` (0 and -1 resolved)",
            {attr_required("shape", AK::kInts, "new shape; 0 copies the input dim, -1 is inferred")},
            infer_reshape, alias_kernel));
   add_op_or_die(r, view("transpose", "permutes dims: y.shape[i] = x.shape[perm[i]]", {"x"}, {"y"},
+                        "dtype of x, y.shape[i] = x.shape[perm[i]]",
                         {attr_optional("perm", AK::kInts, "dim order (default reversed)")},
                         infer_transpose, transpose_kernel));
   add_op_or_die(
       r, view("slice", "strided slice with ONNX clamping (negative steps allowed)", {"x"}, {"y"},
+              "dtype of x; each sliced axis ceil((end - start) / step) after clamping",
               {attr_required("starts", AK::kInts, "first index per sliced axis"),
                attr_required("ends", AK::kInts, "end index (exclusive) per sliced axis"),
                attr_optional("axes", AK::kInts, "sliced axes (default 0..n-1)"),
@@ -658,38 +661,45 @@ void register_shape_ops(OpRegistry& r) {
               infer_slice, slice_kernel));
   add_op_or_die(
       r, view("concat", "joins operands along an axis", {"xs..."}, {"y"},
+              "dtype of the xs; their shape with `axis` the sum of theirs",
               {attr_required("axis", AK::kInt, "joined axis")}, infer_concat, concat_kernel));
   add_op_or_die(
       r, view("split", "cuts x along an axis into pieces of the given sizes", {"x"}, {"ys..."},
+              "one result per entry of `sizes`: x's shape with `axis` that size",
               {attr_default("axis", int64_t{0}, "cut axis"),
                attr_required("sizes", AK::kInts, "size of each piece, one per result")},
               infer_split, split_kernel));
-  add_op_or_die(r,
-                view("gather", "picks slices of data along an axis by index (negative wraps)",
-                     {"data", "indices"}, {"y"}, {attr_default("axis", int64_t{0}, "indexed axis")},
-                     infer_gather, gather_kernel));
+  add_op_or_die(
+      r, view("gather", "picks slices of data along an axis by index (negative wraps)",
+              {"data", "indices"}, {"y"},
+              "data[:axis] + indices' shape + data[axis + 1:], dtype of data",
+              {attr_default("axis", int64_t{0}, "indexed axis")}, infer_gather, gather_kernel));
   add_op_or_die(r, view("expand", "broadcasts x numpy-style against a shape", {"x"}, {"y"},
+                        "dtype of x, broadcast of x's shape and `shape`",
                         {attr_required("shape", AK::kInts, "shape to broadcast against")},
                         infer_expand, expand_kernel));
   add_op_or_die(r, view("pad", "pads (or crops, for negative pads) every dim", {"x"}, {"y"},
+                        "dtype of x; each dim grows by its begin and end pads",
                         {attr_required("pads", AK::kInts, "all begin pads, then all end pads"),
                          attr_default("mode", "constant", "\"constant\", \"reflect\" or \"edge\""),
                          attr_default("value", 0.0, "fill value of constant mode")},
                         infer_pad, pad_kernel));
   add_op_or_die(r,
                 view("squeeze", "removes size-1 dims", {"x"}, {"y"},
+                     "dtype of x; x's shape without the size-1 `axes`",
                      {attr_optional("axes", AK::kInts, "dims to remove (default every static 1)")},
                      infer_squeeze, alias_kernel));
   add_op_or_die(r,
                 view("unsqueeze", "inserts size-1 dims", {"x"}, {"y"},
+                     "dtype of x; x's shape with size-1 dims at `axes`",
                      {attr_required("axes", AK::kInts, "positions of the new dims in the result")},
                      infer_unsqueeze, alias_kernel));
-  add_op_or_die(
-      r, view("flatten", "collapses dims [0, axis) and [axis, rank) into a 2-D result", {"x"},
-              {"y"}, {attr_default("axis", int64_t{1}, "first dim of the second group")},
-              infer_flatten, alias_kernel));
-  add_op_or_die(
-      r, view("identity", "returns x unchanged", {"x"}, {"y"}, {}, infer_identity, alias_kernel));
+  add_op_or_die(r, view("flatten", "collapses dims [0, axis) and [axis, rank) into a 2-D result",
+                        {"x"}, {"y"}, "dtype of x, [prod(x.shape[:axis]), prod(x.shape[axis:])]",
+                        {attr_default("axis", int64_t{1}, "first dim of the second group")},
+                        infer_flatten, alias_kernel));
+  add_op_or_die(r, view("identity", "returns x unchanged", {"x"}, {"y"}, "same as x", {},
+                        infer_identity, alias_kernel));
 }
 
 }  // namespace kiln

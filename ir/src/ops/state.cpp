@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kiln/ir/interpreter.h"
+#include "kiln/ir/walk.h"
 #include "ops/op_helpers.h"
 #include "ops/ops.h"
 
@@ -70,23 +71,21 @@ Status state_error(const Node& n, const std::string& message) {
   return error_at(n.loc(), StatusCode::kInvalidArgument, n.op_name() + ": " + message);
 }
 
-/// Refuses variable/assign nested in a region: fused bodies and the like are pure.
-Status no_state_in(const Graph& g) {
-  for (const auto& n : g.nodes()) {
-    if (n->op_name() == "variable" || n->op_name() == "assign")
-      return state_error(*n, "'" + n->get_string("name") + "' must be in the top-level graph, not in region @" +
-                                 g.name());
-    for (int r = 0; r < n->num_regions(); ++r) KILN_RETURN_IF_ERROR(no_state_in(n->region(r)));
-  }
-  return ok_status();
+/// Refuses variable/assign nested in a region of `g`: fused bodies and the like are pure.
+Status no_state_in_regions(const Graph& g) {
+  return walk(g, [&](const Node& n) -> Status {
+    if (n.graph() != &g && (n.op_name() == "variable" || n.op_name() == "assign"))
+      return state_error(n, "'" + n.get_string("name") + "' must be in the top-level graph, not in region @" +
+                                n.graph()->name());
+    return ok_status();
+  });
 }
 
 }  // namespace
 
 Status verify_state(const Graph& g) {
   std::map<std::string, const Node*> vars, assigns;
-  for (const auto& n : g.nodes())
-    for (int r = 0; r < n->num_regions(); ++r) KILN_RETURN_IF_ERROR(no_state_in(n->region(r)));
+  KILN_RETURN_IF_ERROR(no_state_in_regions(g));
   for (const auto& n : g.nodes())
     if (n->op_name() == "variable" && !vars.emplace(n->get_string("name"), n.get()).second)
       return state_error(*n, "name '" + n->get_string("name") + "' is used by another variable");
@@ -111,6 +110,7 @@ void register_state_ops(OpRegistry& r) {
                     .traits = kTraitSideEffects,
                     .inputs = {},
                     .outputs = {"y"},
+                    .result_rule = "the type of `init`",
                     .attrs = {attr_required("name", AttrKind::kString, "unique per graph; assign refers to it"),
                               attr_required("init", AttrKind::kTensor, "value on the first run (fixes dtype and shape)")},
                     .num_regions = 0,
@@ -121,6 +121,7 @@ void register_state_ops(OpRegistry& r) {
                     .traits = kTraitSideEffects,
                     .inputs = {"x"},
                     .outputs = {},
+                    .result_rule = "no results",
                     .attrs = {attr_required("name", AttrKind::kString, "the variable assigned")},
                     .num_regions = 0,
                     .infer = assign_infer,

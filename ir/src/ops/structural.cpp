@@ -105,6 +105,7 @@ void register_structural_ops(OpRegistry& r) {
                     .traits = kTraitHasRegions,
                     .inputs = {"xs..."},
                     .outputs = {"ys..."},
+                    .result_rule = "the types of the region's outputs, given the operands' types",
                     .attrs = {},
                     .num_regions = 1,
                     .infer = infer_fused,

@@ -25,6 +25,7 @@
 
 #include "../output_layers.h"
 #include "fp8.h"
+#include "kiln/ir/walk.h"
 
 namespace kiln::fp8 {
 namespace {
@@ -52,6 +53,19 @@ class QuantizeFp8 : public Pass {
 
   StatusOr<bool> run(Graph& g) override {
     if (c_.keep_output_layers && g.parent_node() == nullptr) kept_ = output_layers(g);
+    bool changed = false;
+    KILN_RETURN_IF_ERROR(walk_graphs(g, [&](Graph& sub) -> StatusOr<WalkAction> {
+      KILN_ASSIGN_OR_RETURN(bool c, quantize_graph(sub));
+      changed |= c;
+      // State lives only in the top-level graph: delayed mode leaves regions alone.
+      return c_.delayed ? WalkAction::kSkip : WalkAction::kAdvance;
+    }));
+    return changed;
+  }
+
+ private:
+  /// Quantizes the nodes of `g` itself (not those nested in its regions).
+  StatusOr<bool> quantize_graph(Graph& g) {
     quantized_.clear();
     step_ = nullptr;
     names_.clear();
@@ -59,18 +73,12 @@ class QuantizeFp8 : public Pass {
       if (n->op_name() == "variable") names_.insert(n->get_string("name"));
     bool changed = false;
     for (Node* n : g.node_list()) {
-      // State lives only in the top-level graph: delayed mode leaves regions alone.
-      for (int r = 0; r < n->num_regions() && !c_.delayed; ++r) {
-        KILN_ASSIGN_OR_RETURN(bool sub, run(n->region(r)));
-        changed |= sub;
-      }
       KILN_ASSIGN_OR_RETURN(bool done, rewrite(g, *n));
       changed |= done;
     }
     return changed;
   }
 
- private:
   bool selected(const Node& n) const {
     auto matches = [&](const std::vector<std::string>& list) {
       for (const std::string& s : list)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kiln/ir/op.h"
+#include "kiln/ir/walk.h"
 #include "kiln/plugin.h"
 #include "../output_layers.h"
 
@@ -108,14 +109,13 @@ class QuantizeInt4 : public Pass {
   StatusOr<bool> run(Graph& g) override {
     if (c_.keep_output_layers && g.parent_node() == nullptr) kept_ = output_layers(g);
     bool changed = false;
-    for (Node* n : g.node_list()) {
-      for (int r = 0; r < n->num_regions(); ++r) {
-        KILN_ASSIGN_OR_RETURN(bool sub, run(n->region(r)));
-        changed |= sub;
-      }
-      KILN_ASSIGN_OR_RETURN(bool done, rewrite(g, *n));
+    auto visit = [&](Node& n) -> Status {
+      KILN_ASSIGN_OR_RETURN(bool done, rewrite(*n.graph(), n));
       changed |= done;
-    }
+      return ok_status();
+    };
+    // Post-order: the nodes in a node's regions are rewritten before the node.
+    KILN_RETURN_IF_ERROR(walk(g, visit, {.order = WalkOrder::kPostOrder}));
     return changed;
   }
 

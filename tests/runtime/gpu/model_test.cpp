@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "artifact_builder.h"
+#include "common/compare.h"
 #include "kiln/runtime.h"
 
 namespace {
@@ -145,19 +146,25 @@ Outputs run_a(kiln_model* m, const std::vector<float>& x, const std::vector<floa
   return o;
 }
 
+/// Checks the outputs with the shared comparator (NaN and misplaced infinities fail): the copy
+/// and the kernels' z exactly, the f32 gemm + bias + relu against double host math.
 void check_a(const Outputs& o, const std::vector<float>& x, const std::vector<float>& y) {
-  std::vector<float> s(32);
+  std::vector<float> s(32), z(32);
   for (int i = 0; i < 32; ++i) s[i] = x[i] + y[i];
-  for (int i = 0; i < 32; ++i) {
-    CHECK(o.s_copy[i] == s[i]);
-    CHECK(o.z[i] == (i < 16 ? 0.5f * s[i] - 1 : 2 * s[i] + 1));
-  }
+  for (int i = 0; i < 32; ++i) z[i] = i < 16 ? 0.5f * s[i] - 1 : 2 * s[i] + 1;
+  std::vector<double> out(12);
   for (int r = 0; r < 4; ++r)
     for (int j = 0; j < 3; ++j) {
       double acc = weight_bias(j);
       for (int k = 0; k < 8; ++k) acc += static_cast<double>(s[r * 8 + k]) * weight_w(k, j);
-      CHECK(o.out[r * 3 + j] == doctest::Approx(std::max(acc, 0.0)).epsilon(1e-5));
+      out[r * 3 + j] = std::max(acc, 0.0);
     }
+  const kiln::test::Verdict copy = kiln::test::allclose(s, o.s_copy, kiln::test::kExact);
+  CHECK_MESSAGE(copy.ok(), ("s_copy: " + copy.why));
+  const kiln::test::Verdict zv = kiln::test::allclose(z, o.z, kiln::test::kExact);
+  CHECK_MESSAGE(zv.ok(), ("z: " + zv.why));
+  const kiln::test::Verdict gemm = kiln::test::allclose(out, o.out, {1e-5, 1e-5});
+  CHECK_MESSAGE(gemm.ok(), ("out: " + gemm.why));
 }
 
 std::vector<float> iota(float start, float step) {
@@ -307,14 +314,19 @@ TEST_CASE("a batched, transposed bf16 gemm matches host math; a plan without ker
     std::string err = message(kiln_model_run(m, in, 2, out, 1));
     INFO(err);
     REQUIRE(err.empty());
+    // Small integers: exact in bf16, so exact here (the shared comparator: NaN fails too).
+    std::vector<float> want(16), got(16);
     for (int bt = 0; bt < 2; ++bt)
       for (int i = 0; i < 2; ++i)
         for (int j = 0; j < 4; ++j) {
           float acc = 0;
           for (int k = 0; k < 3; ++k)
             acc += from_bf16(a[bt * 6 + k * 2 + i]) * from_bf16(b[bt * 12 + j * 3 + k]);
-          CHECK(from_bf16(d[bt * 8 + i * 4 + j]) == 2 * acc);
+          want[bt * 8 + i * 4 + j] = 2 * acc;
+          got[bt * 8 + i * 4 + j] = from_bf16(d[bt * 8 + i * 4 + j]);
         }
+    const kiln::test::Verdict v = kiln::test::allclose(want, got, kiln::test::kExact);
+    CHECK_MESSAGE(v.ok(), v.why);
     kiln_model_release(m);
     kiln_runtime_release(rt);
   }

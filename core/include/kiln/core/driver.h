@@ -34,7 +34,8 @@ Status load_plugins_from(const std::vector<std::string>& extra_dirs, Registry& r
 StatusOr<Pipeline> load_pipeline_with_plugins(const std::string& path, Registry& reg);
 
 /// Names what a pipeline may leave open: the front end by the model's file extension, and
-/// (when `need_backend`) the backend, "reference".
+/// (when `need_backend`) the backend, "reference". A backend that declares an int option
+/// `threads` and leaves it at 0 takes the pipeline's `[runtime] threads`.
 Status resolve_pipeline_defaults(Pipeline& p, const Registry& reg, const std::string& model_path,
                                  bool need_backend = true);
 

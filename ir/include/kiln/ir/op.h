@@ -86,10 +86,16 @@ struct OpDef {
   std::vector<std::string> inputs;
   /// Result names; "name..." means the node decides how many results (e.g. split).
   std::vector<std::string> outputs;
+  /// required; the shape rule in one line, for people: "same as x", "broadcast of a and b",
+  /// "[.., M, N] from a[.., M, K] x b[.., K, N]". Shown by `kiln ops` and docs/ops.md.
+  std::string result_rule;
   std::vector<AttrSpec> attrs;
   int num_regions = 0;
   InferFn infer;               ///< required: verify operands/attributes, compute result types
   ReferenceFn reference;       ///< required: the CPU oracle
+  /// The plugin library that registered the op ("" = Kiln's core set). Set by the registry;
+  /// the initializer lets definitions leave it out without a missing-initializer warning.
+  std::string library{};
 
   bool has(OpTrait t) const { return (traits & t) != 0; }
   const AttrSpec* find_attr(const std::string& n) const;
@@ -112,8 +118,13 @@ class OpRegistry {
   std::vector<const OpDef*> all() const;  ///< sorted by name
   size_t size() const { return ops_.size(); }
 
+  /// The library path stamped on ops added from now on ("" = core). Whoever loads a plugin
+  /// library sets it around the library's register function.
+  void set_current_library(std::string path) { current_library_ = std::move(path); }
+
  private:
   std::map<std::string, std::unique_ptr<OpDef>> ops_;
+  std::string current_library_;
 };
 
 /// Registers Kiln's core op set into `r` (called once by OpRegistry::global()).

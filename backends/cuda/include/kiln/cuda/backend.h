@@ -7,8 +7,8 @@
 
 namespace kiln::cuda {
 
-/// Registers a backend named caps.plugin with options allow-tf32, autotune, keep-source, conv and
-/// images.
+/// Registers a backend named caps.plugin with options allow-tf32, autotune, keep-source, conv,
+/// images and int4-exact-zeros.
 Status register_backend(Registry& r, const Capabilities& caps);
 
 }  // namespace kiln::cuda

@@ -37,6 +37,10 @@ struct LoweringOptions {
   /// Opt-in dynamic shared memory of the smallest device the plan targets (kernels needing
   /// more take a leaner variant); 0 assumes the sm_80 limit.
   int64_t max_smem_per_block = 0;
+  /// Asymmetric INT4 weights dequantize as (q - zero)·scale in every kernel, the reference's
+  /// form, never as q·scale + (-zero·scale) with -zero·scale rounded once to x's half type
+  /// (the backend option int4-exact-zeros).
+  bool int4_exact_zeros = false;
 };
 
 /// The result of lowering one graph: what an artifact needs besides the kernel images.

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "kiln/core/kernel_cache.h"
 #include "kiln/ir/status.h"
 
 namespace kiln::cuda {
@@ -13,6 +14,11 @@ std::string nvrtc_version();
 std::string cuda_include_dir();
 /// "cubin" for "sm_XX[a]" targets, "ptx" for "compute_XX[a]".
 std::string image_form(const std::string& target);
+
+/// The kernel cache key of compiling `source` for `target`: the source (and with it every
+/// option that changed the generated code), the target, NVRTC's version and options, `producer`.
+KernelCacheKey nvrtc_cache_key(const std::string& source, const std::string& target,
+                               const std::string& producer);
 
 /// Compiles `source` for `target` ("sm_90a" gives a cubin, "compute_90" PTX). Results are
 /// cached in the kernel cache (keyed by source, target, NVRTC version, options and
