@@ -35,6 +35,41 @@ std::string version_of(uint32_t major, uint32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
+/// The binary's own plugin folders: its folder and its ../lib/kiln/plugins.
+std::vector<std::string> own_plugin_dirs() {
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    dirs.push_back(exe.parent_path().string());
+    dirs.push_back(
+        (exe.parent_path() / ".." / "lib" / "kiln" / "plugins").lexically_normal().string());
+  }
+  return dirs;
+}
+
+/// What plugin_paths_used() returns; leaked like loaded().
+std::vector<std::string>& used_paths() {
+  static auto* paths = new std::vector<std::string>;
+  return *paths;
+}
+
+void note_used_path(const std::string& dir) {
+  // The binary's own folders are left out: every kiln loads its own, and a reproducer
+  // replayed by another build of kiln must load that build's plugins, not these.
+  static const std::vector<std::string> own = [] {
+    std::vector<std::string> out;
+    for (const auto& d : own_plugin_dirs()) out.push_back(canonical_path(d));
+    return out;
+  }();
+  std::error_code ec;
+  const std::string path = fs::absolute(dir, ec).lexically_normal().string();
+  if (ec || !fs::exists(path, ec)) return;
+  if (std::find(own.begin(), own.end(), canonical_path(path)) != own.end()) return;
+  auto& used = used_paths();
+  if (std::find(used.begin(), used.end(), path) == used.end()) used.push_back(path);
+}
+
 }  // namespace
 
 bool is_plugin_file_name(const std::string& file_name) {
@@ -44,13 +79,8 @@ bool is_plugin_file_name(const std::string& file_name) {
 }
 
 std::vector<std::string> default_plugin_dirs() {
-  std::vector<std::string> dirs;
+  std::vector<std::string> dirs = own_plugin_dirs();
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    dirs.push_back(exe.parent_path().string());
-    dirs.push_back((exe.parent_path() / ".." / "lib" / "kiln" / "plugins").lexically_normal().string());
-  }
   if (const char* env = std::getenv("KILN_PLUGIN_PATH")) {
     std::string_view rest = env;
     while (!rest.empty()) {
@@ -123,6 +153,7 @@ Status load_plugins(const std::vector<std::string>& dirs, Registry& reg) {
     errors += (errors.empty() ? "" : "\n") + s.message();
   };
   for (const auto& dir : dirs) {
+    note_used_path(dir);
     std::error_code ec;
     if (fs::is_regular_file(dir, ec)) {  // a plugin file named directly
       note(load_plugin(dir, reg));
@@ -138,6 +169,8 @@ Status load_plugins(const std::vector<std::string>& dirs, Registry& reg) {
   }
   return code == StatusCode::kOk ? ok_status() : Status(code, errors);
 }
+
+std::vector<std::string> plugin_paths_used() { return used_paths(); }
 
 std::vector<std::string> loaded_plugin_libraries() {
   std::vector<std::string> out;

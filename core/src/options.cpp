@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kiln/ir/spelling.h"
 #include "option_text.h"
 
 namespace kiln {
@@ -174,21 +175,6 @@ std::string Options::canonical(const std::vector<OptionSpec>& specs) const {
 
 namespace {
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1u : 0u)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 /// Converts `v` to `want` where that loses nothing: int to float, an empty list to either list.
 bool coerce(OptionValue& v, OptionType want) {
   const OptionType have = option_value_type(v);
@@ -215,15 +201,13 @@ StatusOr<Options> resolve_options(const std::vector<OptionSpec>& specs,
     for (const auto& s : specs)
       if (s.name == name) spec = &s;
     if (!spec) {
-      std::string known, best;
-      size_t best_d = 3;  // suggest only close misspellings
+      std::vector<std::string> names;
+      std::string known;
       for (const auto& s : specs) {
+        names.push_back(s.name);
         known += (known.empty() ? "" : ", ") + s.name;
-        const size_t d = edit_distance(name, s.name);
-        if (d < best_d) { best_d = d; best = s.name; }
       }
-      std::string msg = "unknown option '" + name + "' for " + owner;
-      if (!best.empty()) msg += " (did you mean '" + best + "'?)";
+      std::string msg = "unknown option '" + name + "' for " + owner + did_you_mean(name, names);
       msg += specs.empty() ? "; it takes no options" : "; known: " + known;
       return invalid_argument(msg);
     }

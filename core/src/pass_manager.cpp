@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <sstream>
 
+#include "kiln/core/loader.h"
 #include "kiln/ir/text.h"
 #include "kiln/ir/verifier.h"
 
@@ -21,11 +24,16 @@ namespace {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-/// Writes the IR that entered the pipeline, headed by the pipeline and the failure, to a
-/// fresh file in `dir`; returns its path.
+// A reproducer's header: `//` comments, so the file stays plain .kir (docs/reproducers.md).
+constexpr std::string_view kHeaderKey = "// kiln-reproducer: ";
+constexpr std::string_view kFailedKey = "// failed: ";
+
+/// Writes the IR that entered the pipeline, headed by the pipeline, the plugin paths and the
+/// failure, to a fresh file in `dir`; returns its path.
 StatusOr<std::string> write_reproducer(const std::string& dir, const Graph& input,
-                                       const std::string& pipeline, const std::string& pass,
-                                       const std::string& message) {
+                                       const std::string& pipeline,
+                                       const std::vector<std::string>& plugin_paths,
+                                       const std::string& pass, const std::string& message) {
   // One counter per process, so that several failures in one run never overwrite each other;
   // files left by an earlier process with a recycled pid are skipped too.
   static std::atomic<int> counter{0};
@@ -39,8 +47,11 @@ StatusOr<std::string> write_reproducer(const std::string& dir, const Graph& inpu
   } while (fs::exists(path, ec));
   std::ofstream out(path);
   if (!out) return io_error("cannot write reproducer '" + path.string() + "'");
-  out << "// kiln-reproducer: pipeline = \"" << pipeline << "\"\n"
-      << "// failed: " << pass << ": " << first_line(message) << "\n"
+  // The pipeline goes in raw: it is one line, and a reader takes all between the first and
+  // the last quote. The paths use the option syntax, quoted where they need it.
+  out << kHeaderKey << "pipeline = \"" << pipeline << "\"\n"
+      << kHeaderKey << "plugin-paths = " << option_value_str(plugin_paths) << "\n"
+      << kFailedKey << pass << ": " << first_line(message) << "\n"
       << print_graph(input);
   out.close();
   if (!out) return io_error("cannot write reproducer '" + path.string() + "'");
@@ -73,6 +84,47 @@ void print_timing(std::ostream& log, const std::vector<PassTiming>& timings) {
 }
 
 }  // namespace
+
+StatusOr<Reproducer> read_reproducer(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return io_error("cannot open reproducer '" + path + "': " + std::strerror(errno));
+  Reproducer r;
+  bool has_pipeline = false;
+  std::string line;
+  // The header is the run of `//` lines at the top; the first other line starts the IR.
+  for (int n = 1; std::getline(in, line) && line.starts_with("//"); ++n) {
+    if (line.starts_with(kFailedKey)) {
+      r.failure = line.substr(kFailedKey.size());
+      continue;
+    }
+    if (!line.starts_with(kHeaderKey)) continue;
+    const std::string entry = line.substr(kHeaderKey.size());
+    const size_t eq = entry.find(" = ");
+    const std::string key = entry.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : entry.substr(eq + 3);
+    const size_t col = eq == std::string::npos ? line.size() + 1 : kHeaderKey.size() + eq + 4;
+    const Location at{path, n, static_cast<int>(col)};  // where the value starts
+    if (key == "pipeline") {
+      if (value.size() < 2 || value.front() != '"' || value.back() != '"')
+        return error_at(at, StatusCode::kInvalidArgument, "expected pipeline = \"...\"");
+      r.pipeline = value.substr(1, value.size() - 2);
+      has_pipeline = true;
+    } else if (key == "plugin-paths") {
+      auto v = parse_option_value(value);
+      if (v.ok() && option_value_type(*v) == OptionType::kStringList) {
+        r.plugin_paths = std::get<std::vector<std::string>>(*v);
+      } else {
+        return error_at(at, StatusCode::kInvalidArgument,
+                        "plugin-paths must be a list of strings, like [/a, \"/b c\"]");
+      }
+    }
+  }
+  if (in.bad()) return io_error("cannot read reproducer '" + path + "'");
+  if (!has_pipeline)
+    return invalid_argument(path + ": not a kiln reproducer (no '" + std::string(kHeaderKey) +
+                            "pipeline = \"...\"' line at the top)");
+  return r;
+}
 
 PassManager::PassManager(const Registry& reg, PassManagerOptions opts)
     : reg_(reg), opts_(std::move(opts)) {}
@@ -109,7 +161,9 @@ Status PassManager::run(Graph& g, const std::vector<StageSpec>& passes,
   // `why` is the returned error; `detail` what the reproducer's header says after the name.
   auto fail = [&](const std::string& pass, const Status& why, const std::string& detail) {
     if (opts_.timing) print_timing(log, timings_);
-    auto path = write_reproducer(opts_.reproducer_dir, *input, canonical_pipeline, pass, detail);
+    auto path =
+        write_reproducer(opts_.reproducer_dir, *input, canonical_pipeline,
+                         opts_.reproducer_plugin_paths.value_or(plugin_paths_used()), pass, detail);
     const std::string suffix = path.ok() ? "; reproducer written to " + path.value()
                                          : "; could not write a reproducer: " +
                                                path.status().message();

@@ -574,4 +574,12 @@ StatusOr<std::vector<StageSpec>> parse_pass_list(std::string_view text, const Re
   return passes;
 }
 
+StatusOr<OptionValue> parse_option_value(std::string_view text) {
+  static const Registry none;  // a value names no plugin
+  LineParser lp(text, none, {"<value>", 1, 1});
+  KILN_ASSIGN_OR_RETURN(OptionValue v, lp.value());
+  KILN_RETURN_IF_ERROR(lp.expect_end());
+  return v;
+}
+
 }  // namespace kiln

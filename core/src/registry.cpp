@@ -5,6 +5,8 @@
 #include <cctype>
 #include <set>
 
+#include "kiln/ir/spelling.h"
+
 namespace kiln {
 
 const char* plugin_kind_name(PluginKind k) {
@@ -70,11 +72,18 @@ StatusOr<const Info*> lookup(const std::map<std::string, Info>& table, PluginKin
                              const std::string& name) {
   auto it = table.find(name);
   if (it != table.end()) return &it->second;
-  std::string msg = "unknown " + std::string(plugin_kind_name(kind)) + " '" + name + "'";
-  if (table.empty()) return not_found(msg + "; no " + plural(kind) + " are registered");
-  std::string names;
-  for (const auto& [n, info] : table) names += (names.empty() ? "" : ", ") + n;
-  return not_found(msg + "; registered " + plural(kind) + ": " + names);
+  std::vector<std::string> names;
+  for (const auto& [n, info] : table) names.push_back(n);
+  std::string msg = "unknown " + std::string(plugin_kind_name(kind)) + " '" + name + "'" +
+                    did_you_mean(name, names);
+  if (names.empty()) {
+    msg += "; no " + std::string(plural(kind)) + " are registered";
+  } else {
+    msg += "; registered " + std::string(plural(kind)) + ": " + names.front();
+    for (size_t i = 1; i < names.size(); ++i) msg += ", " + names[i];
+  }
+  // The name may well be right and its plugin simply not loaded: say how to load one.
+  return not_found(msg + "; " + std::string(kPluginHint));
 }
 
 }  // namespace
@@ -137,7 +146,8 @@ StatusOr<const FrontendInfo*> Registry::frontend_for_path(const std::string& pat
   if (best) return best;
   return not_found("no frontend reads '" + path + "'" +
                    (known.empty() ? std::string("; no frontends are registered")
-                                  : "; known extensions: " + known));
+                                  : "; known extensions: " + known) +
+                   "; " + std::string(kPluginHint));
 }
 
 StatusOr<const PluginEntry*> Registry::find(PluginKind kind, const std::string& name) const {

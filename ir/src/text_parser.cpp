@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "kiln/ir/op.h"
+#include "kiln/ir/spelling.h"
 #include "kiln/ir/text.h"
 #include "kiln/ir/verifier.h"
 #include "text_lexer.h"
@@ -259,7 +260,13 @@ class Parser {
     }
     const std::string op(tok_.text);
     const OpDef* def = OpRegistry::global().find(op);
-    if (!def) return error(tok_, "unknown op '" + op + "'", StatusCode::kNotFound);
+    if (!def) {
+      std::vector<std::string> ops;
+      for (const OpDef* d : OpRegistry::global().all()) ops.push_back(d->name);
+      return error(
+          tok_, "unknown op '" + op + "'" + did_you_mean(op, ops) + "; " + std::string(kPluginHint),
+          StatusCode::kNotFound);
+    }
     advance();
 
     KILN_RETURN_IF_ERROR(expect(Tok::kLParen, "'(' after the op name"));

@@ -1,8 +1,14 @@
 # Runs one kiln command for a CLI test and checks its exit status and output.
 #   cmake -DKILN=<kiln> -DARGS=<a@@b@@c> -DRC=<status> [-DOUT=<regex>] [-DERR=<regex>]
 #         [-DNOT_ERR=<regex>] [-DCOMPARE=<produced>@@<expected>] -P run_cli.cmake
+# A ';' in a regex comes as @semicolon@ (a ';' would split the -D argument).
 # ctest's own PASS_REGULAR_EXPRESSION ignores the exit status, hence this script.
 string(REPLACE "@@" ";" args "${ARGS}")
+foreach(key OUT ERR NOT_ERR)
+  if(DEFINED ${key})
+    string(REPLACE "@semicolon@" ";" ${key} "${${key}}")
+  endif()
+endforeach()
 if(DEFINED COMPARE)
   string(REPLACE "@@" ";" compare "${COMPARE}")
   list(GET compare 0 produced)

@@ -2,11 +2,13 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 
+#include "kiln/core/loader.h"
 #include "kiln/core/pass_manager.h"
 #include "kiln/ir/text.h"
 #include "kiln/ir/verifier.h"
@@ -197,7 +199,11 @@ TEST_CASE("a failing pass stops the pipeline and writes a reproducer of the inpu
   const std::string dir = temp_dir("fail");
   auto g = make_graph();
   const std::string input_ir = print_graph(*g);
-  PassManager pm(reg, with([&](auto& o) { o.reproducer_dir = dir; }));
+  PassManager pm(
+      reg, with([&](auto& o) {
+        o.reproducer_dir = dir;
+        o.reproducer_plugin_paths = {"/opt/kiln plugins", "/home/me/build/kiln-plugin-x.so"};
+      }));
   Status s = pm.run(*g, {stage("append-neg"), stage("fail"), stage("append-neg")},
                     "kir | append-neg,fail,append-neg | reference");
   REQUIRE_FALSE(s.ok());
@@ -211,16 +217,18 @@ TEST_CASE("a failing pass stops the pipeline and writes a reproducer of the inpu
   REQUIRE(fs::exists(path));
   CHECK(fs::path(path).extension() == ".kir");
   std::vector<std::string> lines = read_lines(path);
-  REQUIRE(lines.size() > 2);
+  REQUIRE(lines.size() > 3);
   CHECK(lines[0] == "// kiln-reproducer: pipeline = \"kir | append-neg,fail,append-neg | reference\"");
-  CHECK(lines[1] == "// failed: fail: told to fail");
+  CHECK(lines[1] ==
+        "// kiln-reproducer: plugin-paths = [\"/opt/kiln plugins\", "
+        "/home/me/build/kiln-plugin-x.so]");
+  CHECK(lines[2] == "// failed: fail: told to fail");
   // The rest is the IR as it entered the pipeline (before append-neg ran), and parses.
   std::ifstream in(path);
   std::stringstream all;
   all << in.rdbuf();
   const std::string text = all.str();
-  const size_t body = text.find('\n', text.find('\n') + 1) + 1;
-  CHECK(text.substr(body) == input_ir);
+  CHECK(text.substr(text.find("graph @")) == input_ir);
   auto parsed = parse_graph(text, path);
   REQUIRE_MESSAGE(parsed.ok(), parsed.status().message());
   CHECK(print_graph(**parsed) == input_ir);
@@ -239,8 +247,8 @@ TEST_CASE("a verifier failure after a pass names the pass and writes a reproduce
   const std::string path = reproducer_path(s);
   REQUIRE(fs::exists(path));
   std::vector<std::string> lines = read_lines(path);
-  REQUIRE(lines.size() > 2);
-  CHECK(lines[1].rfind("// failed: break-types: verifier failed: ", 0) == 0);
+  REQUIRE(lines.size() > 3);
+  CHECK(lines[2].rfind("// failed: break-types: verifier failed: ", 0) == 0);
 
   // Two failures in one process get two files.
   auto g2 = make_graph();
@@ -279,7 +287,9 @@ TEST_CASE("unknown passes, bad options and failed creation fail before any pass 
 
   Status unknown = pm.run(*g, {stage("append-neg"), stage("nosuchpass")}, "p");
   CHECK(unknown.code() == StatusCode::kNotFound);
-  CHECK(unknown.message().find("unknown pass 'nosuchpass'") != std::string::npos);
+  CHECK(unknown.message().find("unknown pass 'nosuchpass'; registered passes: append-neg, ") == 0);
+  CHECK(unknown.message().find("; a plugin may provide it: load plugins with --plugin-path DIR") !=
+        std::string::npos);
 
   Status bad_opt = pm.run(*g, {stage("append-neg", {{"cuont", int64_t{2}}})}, "p");
   CHECK(bad_opt.code() == StatusCode::kInvalidArgument);
@@ -305,4 +315,86 @@ TEST_CASE("an input graph that does not verify is refused up front") {
   CHECK(s.message().rfind("verifier failed on the input graph: ", 0) == 0);
   CHECK(reproducer_path(s).empty());
   CHECK(pm.timings().empty());
+}
+
+TEST_CASE("read_reproducer reads back what the pass manager wrote") {
+  Registry reg = make_registry();
+  const std::string dir = temp_dir("read");
+  auto g = make_graph();
+  const std::vector<std::string> paths = {"/a/plugins", "/b c/kiln-plugin-\"q\".so", "true"};
+  PassManager pm(reg, with([&](auto& o) {
+                   o.reproducer_dir = dir;
+                   o.reproducer_plugin_paths = paths;
+                 }));
+  const std::string pipeline =
+      "kir | noop,fail{label=\"x | y\"} | reference | plugins{paths=[/a/plugins]}";
+  const std::string path = reproducer_path(pm.run(*g, {stage("noop"), stage("fail")}, pipeline));
+  auto r = read_reproducer(path);
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->pipeline == pipeline);
+  CHECK(r->plugin_paths == paths);
+  CHECK(r->failure == "fail: told to fail");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a reproducer records the plugin paths this process loaded from by default") {
+  Registry reg = make_registry();
+  const std::string dir = temp_dir("used");
+  const std::string fixture = std::string(KILN_BINARY_DIR) + "/fixtures/good";
+  Registry plugins;
+  REQUIRE(load_plugins({fixture, fixture + "/../no-such-folder"}, plugins).ok());
+  const std::vector<std::string> used = plugin_paths_used();
+  CHECK(std::find(used.begin(), used.end(), fs::path(fixture).lexically_normal().string()) !=
+        used.end());
+  // Folders that did not exist are left out, and nothing is listed twice.
+  for (const auto& p : used) CHECK(p.find("no-such-folder") == std::string::npos);
+  REQUIRE(load_plugins({fixture}, plugins).ok());
+  CHECK(plugin_paths_used() == used);
+
+  auto g = make_graph();
+  PassManager pm(reg, with([&](auto& o) { o.reproducer_dir = dir; }));
+  auto r = read_reproducer(reproducer_path(pm.run(*g, {stage("fail")}, "fail")));
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  CHECK(r->plugin_paths == used);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("read_reproducer refuses what is not a reproducer, naming the file") {
+  const std::string dir = temp_dir("bad");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const std::string graph = "graph @g(%x: f32[2]) -> (f32[2]) {\n  return %x\n}\n";
+  CHECK(read_reproducer(dir + "/missing.kir").status().message() ==
+        "cannot open reproducer '" + dir + "/missing.kir': No such file or directory");
+  const std::string plain = write("plain.kir", "// just a comment\n" + graph);
+  CHECK(
+      read_reproducer(plain).status().message() ==
+      plain +
+          ": not a kiln reproducer (no '// kiln-reproducer: pipeline = \"...\"' line at the top)");
+  // Header lines below the IR do not count.
+  CHECK_FALSE(
+      read_reproducer(write("late.kir", graph + "// kiln-reproducer: pipeline = \"cse\"\n")).ok());
+  const std::string unquoted =
+      write("unquoted.kir", "// kiln-reproducer: pipeline = cse\n" + graph);
+  CHECK(read_reproducer(unquoted).status().message() ==
+        unquoted + ":1:32: expected pipeline = \"...\"");
+  const std::string bad_paths = write("paths.kir",
+                                      "// kiln-reproducer: pipeline = \"cse\"\n"
+                                      "// kiln-reproducer: plugin-paths = [1, 2]\n" +
+                                          graph);
+  CHECK(read_reproducer(bad_paths).status().message() ==
+        bad_paths + ":2:36: plugin-paths must be a list of strings, like [/a, \"/b c\"]");
+  // Without plugin-paths (older reproducers) and with keys it does not know, it still reads.
+  auto old = read_reproducer(write("old.kir",
+                                   "// kiln-reproducer: pipeline = \"kir | cse |\"\n"
+                                   "// kiln-reproducer: from-the-future = 1\n"
+                                   "// failed: cse: boom\n" +
+                                       graph));
+  REQUIRE_MESSAGE(old.ok(), old.status().message());
+  CHECK(old->pipeline == "kir | cse |");
+  CHECK(old->plugin_paths.empty());
+  CHECK(old->failure == "cse: boom");
+  fs::remove_all(dir);
 }

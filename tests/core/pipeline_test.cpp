@@ -8,11 +8,15 @@
 #include <memory>
 
 #include "kiln/core/pipeline.h"
+#include "kiln/ir/spelling.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
 
 namespace {
+
+/// What every unknown-plugin message ends with.
+const std::string hint = "; " + std::string(kPluginHint);
 
 class NoOpPass final : public Pass {
  public:
@@ -173,9 +177,12 @@ TEST_CASE("pipeline TOML: errors point at file:line:col") {
   CHECK(toml_error("[[passes]]\nname = \"canonicalize\"\noptions = { max-iterations = \"4\" }\n") ==
         "p.toml:3:30: option 'max-iterations' for pass 'canonicalize' expects int, got string \"4\"");
   CHECK(toml_error("passes = [\"cse\", \"csee\"]") ==
-        "p.toml:1:19: unknown pass 'csee'; registered passes: all-types, canonicalize, cse, dce");
+        "p.toml:1:19: unknown pass 'csee' (did you mean 'cse'?); registered passes: all-types, "
+        "canonicalize, cse, dce" +
+            hint);
   CHECK(toml_error("[[passes]]\nname = \"nope\"") ==
-        "p.toml:2:8: unknown pass 'nope'; registered passes: all-types, canonicalize, cse, dce");
+        "p.toml:2:8: unknown pass 'nope'; registered passes: all-types, canonicalize, cse, dce" +
+            hint);
   CHECK(toml_error("passes = [\"cse{x=1}\"]") == "p.toml:1:16: unknown option 'x' for pass 'cse'; it takes no options");
   CHECK(toml_error("frontend = \"kir\"\npass = [\"cse\"]\n") ==
         "p.toml:2:1: unknown key 'pass' in the pipeline; expected one of: frontend, passes, backend, runtime, plugins");
@@ -283,9 +290,13 @@ TEST_CASE("one-line form: round trips exactly") {
 
 TEST_CASE("one-line form: errors give the column") {
   CHECK(line_error("kir | csee | reference") ==
-        "<pipeline>:1:7: unknown pass 'csee'; registered passes: all-types, canonicalize, cse, dce");
-  CHECK(line_error("onnx | cse | reference") == "<pipeline>:1:1: unknown frontend 'onnx'; registered frontends: kir");
-  CHECK(line_error("kir | cse | ref") == "<pipeline>:1:13: unknown backend 'ref'; registered backends: cuda, reference");
+        "<pipeline>:1:7: unknown pass 'csee' (did you mean 'cse'?); registered passes: all-types, "
+        "canonicalize, cse, dce" +
+            hint);
+  CHECK(line_error("onnx | cse | reference") ==
+        "<pipeline>:1:1: unknown frontend 'onnx'; registered frontends: kir" + hint);
+  CHECK(line_error("kir | cse | ref") ==
+        "<pipeline>:1:13: unknown backend 'ref'; registered backends: cuda, reference" + hint);
   CHECK(line_error("kir | cse,,dce | reference") == "<pipeline>:1:11: expected a name, found ','");
   CHECK(line_error("kir | cse dce | reference") == "<pipeline>:1:11: expected ',' or '|' after the passes, found 'd'");
   CHECK(line_error("kir | canonicalize{max-iterations=x} | reference") ==
@@ -329,6 +340,22 @@ TEST_CASE("parse_pass_list") {
   CHECK(empty->empty());
   CHECK(parse_pass_list("cse|dce", test_registry()).status().message() == "<pipeline>:1:4: unexpected '|'");
   CHECK(parse_pass_list("canonicalize,csee", test_registry()).status().message() ==
-        "<pipeline>:1:14: unknown pass 'csee'; registered passes: all-types, canonicalize, cse, dce");
+        "<pipeline>:1:14: unknown pass 'csee' (did you mean 'cse'?); registered passes: all-types, "
+        "canonicalize, cse, dce" +
+            hint);
   CHECK(parse_pass_list("cse{", test_registry()).status().message() == "<pipeline>:1:5: expected a name, found end of text");
+}
+
+TEST_CASE("parse_option_value reads what option_value_str prints") {
+  for (const OptionValue& v :
+       {OptionValue(true), OptionValue(int64_t{-3}), OptionValue(0.5),
+        OptionValue(std::string("text")), OptionValue(std::string("a \"b\"\n")),
+        OptionValue(std::vector<std::string>{"/abs/dir", "with space", "3"}),
+        OptionValue(std::vector<std::string>{}), OptionValue(std::vector<int64_t>{1, 2})}) {
+    auto back = parse_option_value(option_value_str(v));
+    REQUIRE_MESSAGE(back.ok(), back.status().message());
+    CHECK(*back == v);
+  }
+  CHECK(parse_option_value("[a, b] x").status().message() == "<value>:1:8: unexpected 'x'");
+  CHECK(parse_option_value("\"open").status().message() == "<value>:1:1: unterminated string");
 }

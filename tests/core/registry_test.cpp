@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "kiln/core/registry.h"
+#include "kiln/ir/spelling.h"
 
 using namespace kiln;
 
@@ -61,20 +62,47 @@ TEST_CASE("registry lookups and the unknown-name message") {
   auto bad = reg.pass("csee");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.status().code() == StatusCode::kNotFound);
-  CHECK(bad.status().message() == "unknown pass 'csee'; registered passes: canonicalize, cse, dce");
+  // A close name is suggested; every unknown name says how to load a plugin that may add it.
+  CHECK(bad.status().message() ==
+        "unknown pass 'csee' (did you mean 'cse'?); registered passes: canonicalize, cse, dce; "
+        "a plugin may provide it: load plugins with --plugin-path DIR, "
+        "KILN_PLUGIN_PATH=DIR1:DIR2 or [plugins] paths in the pipeline");
+  const std::string hint = "; " + std::string(kPluginHint);
+  CHECK(reg.pass("fold").status().message() ==
+        "unknown pass 'fold'; registered passes: canonicalize, cse, dce" + hint);
   auto none = reg.backend("cuda");
   REQUIRE_FALSE(none.ok());
-  CHECK(none.status().message() == "unknown backend 'cuda'; no backends are registered");
+  CHECK(none.status().message() == "unknown backend 'cuda'; no backends are registered" + hint);
   auto nofe = reg.frontend("onnx");
-  CHECK(nofe.status().message() == "unknown frontend 'onnx'; no frontends are registered");
+  CHECK(nofe.status().message() == "unknown frontend 'onnx'; no frontends are registered" + hint);
   auto nopar = reg.parallel("tp");
-  CHECK(nopar.status().message() == "unknown parallel 'tp'; no parallel strategies are registered");
+  CHECK(nopar.status().message() ==
+        "unknown parallel 'tp'; no parallel strategies are registered" + hint);
 
   auto found = reg.find(PluginKind::kPass, "dce");
   REQUIRE(found.ok());
   CHECK((*found)->name == "dce");
   auto missing = reg.find(PluginKind::kBackend, "x");
-  CHECK(missing.status().message() == "unknown backend 'x'; no backends are registered");
+  CHECK(missing.status().message() == "unknown backend 'x'; no backends are registered" + hint);
+  REQUIRE(reg.add_backend(backend_info("reference")).ok());
+  CHECK(reg.find(PluginKind::kBackend, "refrence").status().message() ==
+        "unknown backend 'refrence' (did you mean 'reference'?); registered backends: reference" +
+            hint);
+}
+
+TEST_CASE("did-you-mean suggests only close misspellings") {
+  const std::vector<std::string> known = {"canonicalize", "cse", "dce", "fuse-rows"};
+  CHECK(closest_name("csee", known) == "cse");
+  CHECK(closest_name("fuse_rows", known) == "fuse-rows");
+  CHECK(closest_name("canonicalise", known) == "canonicalize");
+  CHECK(closest_name("fuse-rowz-x", known) == "");  // three edits away
+  CHECK(closest_name("ce", known) == "cse");        // ties go to the first known name
+  CHECK(closest_name("x", {"y"}) == "");            // replacing every letter is no misspelling
+  CHECK(closest_name("cse", {}) == "");
+  CHECK(did_you_mean("dse", known) == " (did you mean 'cse'?)");
+  CHECK(did_you_mean("nothing-like-it", known) == "");
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("", "abc") == 3);
 }
 
 TEST_CASE("duplicates name both libraries") {
@@ -120,9 +148,14 @@ TEST_CASE("frontend_for_path picks by extension") {
   CHECK((*reg.frontend_for_path("a.tar.gz"))->name == "tarball");  // longest match wins
   auto none = reg.frontend_for_path("model.onnx");
   REQUIRE_FALSE(none.ok());
-  CHECK(none.status().message() == "no frontend reads 'model.onnx'; known extensions: gz (.gz), kir (.kir), tarball (.tar.gz)");
+  const std::string hint = "; " + std::string(kPluginHint);
+  CHECK(
+      none.status().message() ==
+      "no frontend reads 'model.onnx'; known extensions: gz (.gz), kir (.kir), tarball (.tar.gz)" +
+          hint);
   Registry empty;
-  CHECK(empty.frontend_for_path("a.kir").status().message() == "no frontend reads 'a.kir'; no frontends are registered");
+  CHECK(empty.frontend_for_path("a.kir").status().message() ==
+        "no frontend reads 'a.kir'; no frontends are registered" + hint);
 }
 
 TEST_CASE("rows are sorted by kind then name, with the library stamped") {

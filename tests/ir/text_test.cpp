@@ -13,6 +13,7 @@
 
 #include "kiln/ir/graph.h"
 #include "kiln/ir/op.h"
+#include "kiln/ir/spelling.h"
 #include "kiln/ir/text.h"
 #include "kiln/ir/verifier.h"
 
@@ -535,7 +536,12 @@ TEST_CASE("kir text: error on a bad token") {
 }
 
 TEST_CASE("kir text: error on an unknown op") {
-  CHECK(parse_error(body("  %y = frobnicate(%x) : f32[2]")) == "t.kir:2:8: unknown op 'frobnicate'");
+  // Ops may come from plugins, so the message says how to load one; a close name is suggested.
+  CHECK(parse_error(body("  %y = frobnicate(%x) : f32[2]")) ==
+        "t.kir:2:8: unknown op 'frobnicate'; a plugin may provide it: load plugins with "
+        "--plugin-path DIR, KILN_PLUGIN_PATH=DIR1:DIR2 or [plugins] paths in the pipeline");
+  CHECK(parse_error(body("  %y = sofmax(%x) {axis = 0} : f32[2]")) ==
+        "t.kir:2:8: unknown op 'sofmax' (did you mean 'softmax'?); " + std::string(kPluginHint));
 }
 
 TEST_CASE("kir text: error on an unknown or duplicate attribute") {

@@ -1,5 +1,6 @@
 // `kiln opt` and `kiln run`: import a model, run a pipeline's passes, then print or execute it.
 #include <charconv>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -23,6 +24,7 @@ struct Flags {
   PassManagerOptions pm;
   // opt
   std::string output_file;
+  std::string reproducer;  ///< --reproducer FILE: replay it instead of reading a model
   // run
   std::string backend;
   std::vector<std::pair<std::string, std::string>> inputs, outputs;  // name, file
@@ -68,10 +70,37 @@ void check_common(const Flags& f, const std::string& command) {
   if (!f.pipeline_file.empty() && f.passes) throw UsageError{command + ": give --pipeline or --passes, not both"};
 }
 
+/// Loads the plugins a reproducer names, then its pipeline, into `p`. The IR below the header
+/// is the model: its front end is picked by the file's extension (.kir), whichever front end
+/// read the original model.
+Status load_reproducer(const Flags& f, Pipeline& p) {
+  KILN_ASSIGN_OR_RETURN(Reproducer r, read_reproducer(f.reproducer));
+  for (const auto& d : r.plugin_paths) {
+    std::error_code ec;
+    if (!std::filesystem::exists(d, ec))
+      return not_found(f.reproducer + ": plugin path '" + d +
+                       "' recorded in the reproducer does not exist; restore it, or edit the "
+                       "reproducer's plugin-paths line");
+  }
+  std::vector<std::string> dirs = r.plugin_paths;
+  dirs.insert(dirs.end(), f.plugin_paths.begin(), f.plugin_paths.end());
+  Registry& reg = Registry::global();
+  KILN_RETURN_IF_ERROR(load_plugins_from(dirs, reg));
+  auto recorded = parse_pipeline_string(r.pipeline, reg);
+  if (!recorded.ok()) return recorded.status().with_context(f.reproducer + ": its pipeline");
+  p = std::move(*recorded);
+  p.frontend = {};
+  return ok_status();
+}
+
 /// Loads plugins and the pipeline, imports the model and runs the passes.
 StatusOr<std::unique_ptr<Graph>> optimize(const Flags& f, Pipeline& p, bool need_backend) {
   Registry& reg = Registry::global();
-  KILN_RETURN_IF_ERROR(load_plugins_from(f.plugin_paths, reg));
+  if (!f.reproducer.empty()) {
+    KILN_RETURN_IF_ERROR(load_reproducer(f, p));  // cmd_opt refused --pipeline and --passes
+  } else {
+    KILN_RETURN_IF_ERROR(load_plugins_from(f.plugin_paths, reg));
+  }
   if (!f.pipeline_file.empty()) {
     KILN_ASSIGN_OR_RETURN(p, load_pipeline_with_plugins(f.pipeline_file, reg));
   } else if (f.passes) {
@@ -111,13 +140,28 @@ int cmd_opt(Args& args) {
     const std::string flag = args.option();
     if (common_flag(flag, args, f)) continue;
     if (flag == "-o" || flag == "--output") f.output_file = args.value(flag);
+    else if (flag == "--reproducer") f.reproducer = args.value(flag);
     else args.unknown(flag);
+  }
+  if (!f.reproducer.empty()) {
+    // The reproducer is the model and names its own pipeline.
+    if (!f.model.empty()) throw UsageError{"opt: give IN or --reproducer, not both"};
+    if (!f.pipeline_file.empty() || f.passes || !f.frontend.empty())
+      throw UsageError{
+          "opt: --reproducer replays the pipeline it records; drop --pipeline, --passes and "
+          "--frontend"};
+    f.model = f.reproducer;
   }
   check_common(f, "opt");
 
   Pipeline p;
   auto g = optimize(f, p, /*need_backend=*/false);
   if (!g.ok()) return report(g.status());
+  if (!f.reproducer.empty()) {
+    auto r = read_reproducer(f.reproducer);
+    if (r.ok() && !r->failure.empty())
+      note("the reproducer recorded a failure (" + r->failure + "); this run passed");
+  }
   if (f.output_file.empty()) {
     std::cout << print_graph(**g);
     std::cout.flush();

@@ -56,11 +56,14 @@ pass manager:
 )";
 
 constexpr std::string_view kOpt = R"(usage: kiln opt IN [--pipeline FILE.toml | --passes LIST] [-o OUT.kir] [options]
+       kiln opt --reproducer FILE [-o OUT.kir] [options]
 
 Read the model IN, run the pipeline's passes, and print the result as .kir to OUT (large
 constants then go to OUT.bin) or to stdout.
 
   -o, --output OUT.kir      write the result here instead of stdout
+  --reproducer FILE         replay a reproducer a failing pass wrote: load the plugin paths it
+                            records, then run its pipeline's passes on its IR
 )";
 
 constexpr std::string_view kRun = R"(usage: kiln run IN [--pipeline FILE.toml | --passes LIST] [--backend NAME]

@@ -24,6 +24,12 @@ Status load_plugin(const std::string& path, Registry& reg);
 /// Loads every plugin file in each folder (sorted by name; missing folders are skipped).
 Status load_plugins(const std::vector<std::string>& dirs, Registry& reg);
 
+/// The plugin folders and files given to load_plugins so far that exist, other than the
+/// binary's own folders: what --plugin-path, $KILN_PLUGIN_PATH and a pipeline's `[plugins]
+/// paths` named. Absolute, each once, in first-use order. Crash reproducers record them so
+/// that a replay loads the same plugins.
+std::vector<std::string> plugin_paths_used();
+
 /// Canonical paths of every library loaded so far.
 std::vector<std::string> loaded_plugin_libraries();
 

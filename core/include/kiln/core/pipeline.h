@@ -59,4 +59,8 @@ StatusOr<Pipeline> parse_pipeline_string(std::string_view text, const Registry& 
 /// "canonicalize{max-iterations=2},cse" → resolved pass stages.
 StatusOr<std::vector<StageSpec>> parse_pass_list(std::string_view text, const Registry& reg);
 
+/// One option value in the one-line syntax, as option_value_str prints it: true, 3, 0.5,
+/// text, "quoted text", [a, "b c"]. Errors give the column.
+StatusOr<OptionValue> parse_option_value(std::string_view text);
+
 }  // namespace kiln

@@ -98,7 +98,8 @@ class Registry {
   Status add_backend(BackendInfo info);
   Status add_parallel(ParallelInfo info);
 
-  /// Lookups; an unknown name's error lists what is registered of that kind.
+  /// Lookups. An unknown name's error suggests a close registered name, lists what is
+  /// registered of that kind and says how to load a plugin that may provide it (kPluginHint).
   StatusOr<const FrontendInfo*> frontend(const std::string& name) const;
   StatusOr<const PassInfo*> pass(const std::string& name) const;
   StatusOr<const BackendInfo*> backend(const std::string& name) const;
