@@ -246,6 +246,27 @@ std::unique_ptr<Graph> Graph::clone() const {
   return g;
 }
 
+void Graph::take_contents(Graph& other) {
+  if (&other == this) return;
+  set_outputs({});
+  while (!nodes_.empty()) nodes_.pop_back();
+  inputs_ = std::move(other.inputs_);
+  nodes_ = std::move(other.nodes_);  // list iterators (Node::self_) stay valid
+  outputs_ = std::move(other.outputs_);
+  output_names_ = std::move(other.output_names_);
+  mesh_ = std::move(other.mesh_);
+  per_rank_ = other.per_rank_;
+  other.inputs_.clear();
+  other.nodes_.clear();
+  other.outputs_.clear();
+  other.output_names_.clear();
+  for (auto& in : inputs_) in->graph_ = this;
+  for (auto& n : nodes_) {
+    n->graph_ = this;
+    for (auto& r : n->results_) r->graph_ = this;
+  }
+}
+
 int64_t Graph::total_node_count() const {
   int64_t n = 0;
   for (const auto& node : nodes_) {

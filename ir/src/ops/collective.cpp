@@ -1,5 +1,6 @@
 // Collective core ops of per-rank programs: all_reduce, all_gather, reduce_scatter, all_to_all,
-// broadcast over one mesh axis, and point-to-point send/recv. Types are per-rank (local). The
+// broadcast over one mesh axis, point-to-point send/recv, and local_shard (a rank's block of a
+// replicated value, no communication). Types are per-rank (local). The
 // reference kernels meet the other ranks through the in-process exchange of run_mesh; outside a
 // mesh run they are refused.
 #include "kiln/ir/interpreter.h"
@@ -197,6 +198,31 @@ void register_collective_ops(OpRegistry& r) {
       .reference = [](KernelContext& ctx) -> Status {
         KILN_ASSIGN_OR_RETURN(auto got, gather_group(ctx, ctx.input(0)));
         ctx.output() = got.first[static_cast<size_t>(ctx.node.get_int("root"))];
+        return ok_status();
+      }});
+
+  add_op_or_die(r, OpDef{
+      .name = "local_shard",
+      .summary = "this rank's block of a replicated x along dim (no communication): block k for group rank k",
+      .traits = kTraitNone,
+      .inputs = {"x"},
+      .outputs = {"y"},
+      .attrs = {axis_attr(), attr_default("dim", Attribute(int64_t{0}), "dim to split")},
+      .infer = [](InferContext& ctx) -> Status {
+        KILN_ASSIGN_OR_RETURN(auto axis, mesh_axis(ctx));
+        KILN_ASSIGN_OR_RETURN(int64_t d, dim_attr(ctx, "dim"));
+        KILN_ASSIGN_OR_RETURN(TensorType t, rescale_dim(ctx, ctx.operand(0), d, axis.second, true));
+        ctx.results = {t};
+        return ok_status();
+      },
+      .reference = [](KernelContext& ctx) -> Status {
+        KILN_ASSIGN_OR_RETURN(MeshContext * m, mesh_of(ctx));
+        const int a = m->mesh->axis_index(ctx.node.get_string("axis"));
+        if (a < 0) return ctx.error("the mesh has no axis '" + ctx.node.get_string("axis") + "'");
+        const int64_t k = m->mesh->coords(m->rank)[static_cast<size_t>(a)];
+        const int64_t d = ctx.node.get_int("dim") < 0 ? ctx.node.get_int("dim") + ctx.input(0).rank() : ctx.node.get_int("dim");
+        const int64_t block = ctx.output().shape()[static_cast<size_t>(d)];
+        KILN_ASSIGN_OR_RETURN(ctx.output(), slice_dim(ctx.input(0), d, k * block, (k + 1) * block));
         return ok_status();
       }});
 

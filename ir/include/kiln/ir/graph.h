@@ -193,6 +193,9 @@ class Graph {
 
   /// Deep copy (values, nodes, attributes, regions). Tensor storage is shared.
   std::unique_ptr<Graph> clone() const;
+  /// Replaces this graph's inputs, nodes, outputs, mesh and per-rank flag with `other`'s,
+  /// leaving `other` empty; the name stays. For passes that rebuild a graph wholesale.
+  void take_contents(Graph& other);
 
   /// Total number of nodes including those inside regions.
   int64_t total_node_count() const;
