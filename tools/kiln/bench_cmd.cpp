@@ -394,6 +394,9 @@ std::string step_label(const artifact::PlanStep& s) {
     case artifact::PlanStep::Kind::kConv:
       return "conv " + attr("n") + "x" + attr("c") + "x" + attr("spatial") + " k " + attr("k") + " kernel " +
              attr("kernel") + " " + attr("dtype") + " " + attr("activation");
+    case artifact::PlanStep::Kind::kCollective:
+      return "collective " + attr("op") + " " + attr("count") + " " + attr("dtype") +
+             (s.attrs.count("axis") ? " over " + attr("axis") : " peer " + attr("peer"));
   }
   return "?";
 }
