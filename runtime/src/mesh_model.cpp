@@ -145,3 +145,23 @@ kiln_status* all_gather_host(kiln_model* m, const void* send, uint64_t bytes, vo
 }
 
 }  // namespace kiln::rt
+
+namespace kiln::dist {
+
+int launch_device(std::string* error) {
+  LaunchInfo info;
+  switch (find_launch(&info, error)) {
+    case LaunchFound::kError: return -1;
+    case LaunchFound::kNone: return 0;
+    case LaunchFound::kFound: break;
+  }
+  if (info.world_size == 1) return 0;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return info.local_rank;  // no device: the runtime reports that when it starts
+  }
+  return device_for_rank(info, count, error);
+}
+
+}  // namespace kiln::dist

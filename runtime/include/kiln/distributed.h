@@ -42,6 +42,11 @@ LaunchFound find_launch(LaunchInfo* out, std::string* error, const EnvLookup& en
 /// (each rank restricted by CUDA_VISIBLE_DEVICES). -1, with `error` set, when it sees fewer.
 int device_for_rank(const LaunchInfo& info, int device_count, std::string* error);
 
+/// The CUDA device this process runs on: device_for_rank of the launcher's rank on this
+/// machine's devices, or 0 without a launcher. -1, with `error` set, when the launcher's
+/// variables are malformed or the rank has no device. (Implemented with the CUDA runtime.)
+int launch_device(std::string* error);
+
 /// The hand-off of NCCL's unique id (ncclUniqueId is 128 bytes).
 using UniqueId = std::array<char, 128>;
 
