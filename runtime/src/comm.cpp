@@ -267,7 +267,9 @@ kiln_status* CollectiveStep::enqueue(Communicators& comms, cudaStream_t stream,
     if (r == ncclSuccess) r = end;
   }
   KILN_RT_TRY(comms.settle(comm_, r, deadline, label_));
-  KILN_CUDA_TRY(cudaEventRecord(done_, stream));
+  // External: inside a captured plan the record is a node of the graph, re-recorded each replay,
+  // so the watchdog sees how far a replay got.
+  KILN_CUDA_TRY(cudaEventRecordWithFlags(done_, stream, cudaEventRecordExternal));
   return nullptr;
 }
 

@@ -617,7 +617,7 @@ kiln_model::~kiln_model() {
   if (aborted && stream) {
     // The abort let the NCCL kernels exit; should the device still be busy after a while, the
     // model's memory is left to the process's exit rather than freed under running work.
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (cudaStreamQuery(stream) == cudaErrorNotReady && std::chrono::steady_clock::now() < give_up)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (cudaStreamQuery(stream) == cudaErrorNotReady) {

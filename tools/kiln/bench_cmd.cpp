@@ -240,11 +240,7 @@ struct ModeResult {
 };
 
 /// The message of a failed status, which it releases ("" for success).
-std::string take(kiln_status* st) {
-  std::string m = st ? kiln_status_get_message(st) : "";
-  kiln_status_release(st);
-  return m;
-}
+std::string take(kiln_status* st) { return take_status(st); }
 
 /// Loads f.model on a fresh runtime (CUDA graphs as asked, device timing or not). Returns "" or
 /// the failure; *fatal is set when no other runtime could do better: the runtime itself failed

@@ -74,6 +74,11 @@ struct LoadedModel {
   }
 };
 
+/// The message of a runtime status, which it releases; "" for success. After a failed
+/// collective (KILN_STATUS_COLLECTIVE_FAILED) the device may still be busy with aborted work
+/// and other ranks may be gone: it prints the error and exits the process at once.
+std::string take_status(kiln_status* st);
+
 /// `kiln launch` (launch_cmd.cpp) and its help.
 int cmd_launch(Args& args);
 std::string launch_usage_text();

@@ -74,22 +74,6 @@ StatusOr<std::vector<Tensor>> put_together(const Graph& g,
   return outs;
 }
 
-/// The message of a runtime status, which it releases; "" for success. A failed collective
-/// leaves the device busy with aborted work, so the process reports it and exits at once.
-std::string take(kiln_status* st) {
-  if (!st) return "";
-  const std::string m = kiln_status_get_message(st);
-  const bool collective = kiln_status_get_code(st) == KILN_STATUS_COLLECTIVE_FAILED;
-  kiln_status_release(st);
-  if (collective) {
-    std::cout.flush();
-    std::cerr << "kiln: error: " << m << "\n";
-    std::cerr.flush();
-    std::_Exit(kExitError);
-  }
-  return m;
-}
-
 /// One rank of a CUDA run: compile the program, load it as rank `info.rank`, run this rank's
 /// piece, and gather every rank's outputs (returned on every rank; rank 0 prints them).
 StatusOr<std::vector<std::vector<Tensor>>> run_rank(const Graph& g, const Pipeline& p,
@@ -125,13 +109,13 @@ StatusOr<std::vector<std::vector<Tensor>>> run_rank(const Graph& g, const Pipeli
   kiln_runtime_options_initialize(&ro);
   ro.device_ordinal = dist::launch_device(&error);
   if (ro.device_ordinal < 0) return invalid_argument(error);
-  if (std::string e = take(kiln_runtime_create(&ro, &l.rt)); !e.empty())
+  if (std::string e = take_status(kiln_runtime_create(&ro, &l.rt)); !e.empty())
     return failed_precondition(e);
   kiln_distributed_options o;
   kiln_distributed_options_initialize(&o);
   o.collective_timeout_s = timeout_s;
-  if (std::string e =
-          take(kiln_model_load_memory_distributed(l.rt, bytes.data(), bytes.size(), &o, &l.m));
+  if (std::string e = take_status(
+          kiln_model_load_memory_distributed(l.rt, bytes.data(), bytes.size(), &o, &l.m));
       !e.empty())
     return failed_precondition(who + ": " + e);
   std::vector<kiln_host_tensor> in, out;
@@ -139,14 +123,16 @@ StatusOr<std::vector<std::vector<Tensor>>> run_rank(const Graph& g, const Pipeli
   std::vector<Tensor> mine;
   for (const Value* v : bound->outputs()) mine.emplace_back(v->dtype(), static_sizes(v->shape()));
   for (Tensor& t : mine) out.push_back({t.mutable_data(), t.nbytes()});
-  if (std::string e = take(kiln_model_run(l.m, in.data(), in.size(), out.data(), out.size()));
+  if (std::string e =
+          take_status(kiln_model_run(l.m, in.data(), in.size(), out.data(), out.size()));
       !e.empty())
     return failed_precondition(who + ": " + e);
   // Every rank's pieces, through the model's world communicator.
   std::vector<std::vector<Tensor>> by_rank(static_cast<size_t>(info.world_size));
   for (const Tensor& t : mine) {
     std::string all(t.nbytes() * static_cast<size_t>(info.world_size), '\0');
-    if (std::string e = take(kiln_model_all_gather_host(l.m, t.data(), t.nbytes(), all.data()));
+    if (std::string e =
+            take_status(kiln_model_all_gather_host(l.m, t.data(), t.nbytes(), all.data()));
         !e.empty())
       return failed_precondition(e);
     auto storage = std::make_shared<std::string>(std::move(all));
@@ -159,6 +145,21 @@ StatusOr<std::vector<std::vector<Tensor>>> run_rank(const Graph& g, const Pipeli
 }
 
 }  // namespace
+
+// A failed collective leaves the device busy with aborted work: report it and exit at once (cli.h).
+std::string take_status(kiln_status* st) {
+  if (!st) return "";
+  const std::string m = kiln_status_get_message(st);
+  const bool collective = kiln_status_get_code(st) == KILN_STATUS_COLLECTIVE_FAILED;
+  kiln_status_release(st);
+  if (collective) {
+    std::cout.flush();
+    std::cerr << "kiln: error: " << m << "\n";
+    std::cerr.flush();
+    std::_Exit(kExitError);
+  }
+  return m;
+}
 
 int run_per_rank(const Graph& g, const Pipeline& p, const InputBindings& b,
                  const std::map<std::string, std::string>& files, double collective_timeout_s) {
