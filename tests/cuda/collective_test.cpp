@@ -221,6 +221,13 @@ TEST_CASE("collectives are never folded, and need a per-rank program") {
   CHECK(has(lowered.status().message(),
             "cuda: all_reduce: collective ops run only in a per-rank program (a graph over a mesh, "
             "marked per_rank)"));
+  auto i16 = parse_graph(
+      "graph @g(%x: i16[2]) -> (i16[2]) mesh<tp = 2> per_rank {\n"
+      "  %y = all_reduce(%x) {axis = \"tp\"} : i16[2]\n  return %y\n}\n");
+  REQUIRE(i16.ok());
+  auto refused = lower_graph(**i16);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(has(refused.status().message(), "cuda: all_reduce: NCCL cannot reduce i16"));
   // A single-device plan has no mesh line and no placements.
   l = lower_text("graph @s(%x: f32[2]) -> (f32[2]) {\n  %y = neg(%x) : f32[2]\n  return %y\n}\n");
   CHECK_FALSE(has(l.plan, "\nmesh"));

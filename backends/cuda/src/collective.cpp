@@ -94,8 +94,14 @@ Status Lowerer::collective(const Node& n) {
   const auto ref = [](const char* key, int id) {
     return std::string(" ") + key + "=b" + std::to_string(id);
   };
-  const std::string reduce =
-      op == "all_reduce" || op == "reduce_scatter" ? " reduce=" + n.get_string("reduce") : "";
+  const bool reduces = op == "all_reduce" || op == "reduce_scatter";
+  static const std::set<DType> kReducible = {
+      DType::kF64,    DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3FN,
+      DType::kF8E5M2, DType::kI64, DType::kI32, DType::kI8,   DType::kU8};
+  if (reduces && !kReducible.count(xv->dtype()))
+    return unsupported(n, "NCCL cannot reduce " + dtype +
+                              " (f64, f32, f16, bf16, f8e4m3fn, f8e5m2, i64, i32, i8 or u8)");
+  const std::string reduce = reduces ? " reduce=" + n.get_string("reduce") : "";
   if (op == "all_reduce" || op == "broadcast") {
     const int y = activation_for(n.result());
     const std::string root = op == "broadcast" ? " root=" + std::to_string(n.get_int("root")) : "";
