@@ -117,34 +117,29 @@ TensorType interface_type(const Graph& g, const Value* v) {
   return TensorType{v->dtype(), global_shape(v->shape(), v->sharding(), g.mesh())};
 }
 
-namespace {
-
-/// Runs a per-rank program for every rank of its mesh in this process (the reference
-/// interpreter, one thread per rank): whole inputs are cut into each rank's pieces and the
-/// pieces of each output put back together.
-StatusOr<std::vector<Tensor>> run_whole_mesh(const Graph& g, std::span<const Tensor> inputs) {
+StatusOr<std::vector<std::vector<Tensor>>> split_inputs_by_rank(const Graph& g, std::span<const Tensor> whole) {
   const DeviceMesh& mesh = g.mesh();
-  std::vector<std::vector<Tensor>> per_rank(static_cast<size_t>(mesh.num_ranks()));
-  for (int i = 0; i < g.num_inputs(); ++i)
-    for (int64_t r = 0; r < mesh.num_ranks(); ++r) {
-      auto piece = local_piece(inputs[static_cast<size_t>(i)], g.input(i)->sharding(), mesh, r);
+  std::vector<std::vector<Tensor>> pieces(static_cast<size_t>(mesh.num_ranks()));
+  for (int64_t r = 0; r < mesh.num_ranks(); ++r)
+    for (int i = 0; i < g.num_inputs(); ++i) {
+      auto piece = local_piece(whole[static_cast<size_t>(i)], g.input(i)->sharding(), mesh, r);
       if (!piece.ok()) return piece.status().with_context("input '" + graph_input_name(g, i) + "'");
-      per_rank[static_cast<size_t>(r)].push_back(std::move(*piece));
+      pieces[static_cast<size_t>(r)].push_back(std::move(*piece));
     }
-  const Graph* program[] = {&g};
-  KILN_ASSIGN_OR_RETURN(auto outs, run_mesh(mesh, program, per_rank));
+  return pieces;
+}
+
+StatusOr<std::vector<Tensor>> assemble_outputs(const Graph& g, const std::vector<std::vector<Tensor>>& by_rank) {
   std::vector<Tensor> whole;
   for (int i = 0; i < g.num_outputs(); ++i) {
     std::vector<Tensor> pieces;
-    for (auto& rank_outs : outs) pieces.push_back(rank_outs[static_cast<size_t>(i)]);
-    auto t = assemble(pieces, g.output(i)->sharding(), mesh);
+    for (const auto& rank_outs : by_rank) pieces.push_back(rank_outs[static_cast<size_t>(i)]);
+    auto t = assemble(pieces, g.output(i)->sharding(), g.mesh());
     if (!t.ok()) return t.status().with_context("output '" + graph_output_name(g, i) + "'");
     whole.push_back(std::move(*t));
   }
   return whole;
 }
-
-}  // namespace
 
 StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,
                                               const Registry& reg, std::span<const Tensor> inputs) {
@@ -155,7 +150,11 @@ StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& b
                            ": in one process it runs on backend 'reference' (every rank simulated); on '" +
                            backend.name + "' start one process per rank (kiln launch -n " +
                            std::to_string(g.mesh().num_ranks()) + " -- kiln run ..., or torchrun/srun/mpirun)");
-    return run_whole_mesh(g, inputs);
+    // Every rank in this process: the reference interpreter, one thread per rank.
+    KILN_ASSIGN_OR_RETURN(auto pieces, split_inputs_by_rank(g, inputs));
+    const Graph* program[] = {&g};
+    KILN_ASSIGN_OR_RETURN(auto outs, run_mesh(g.mesh(), program, pieces));
+    return assemble_outputs(g, outs);
   }
   KILN_ASSIGN_OR_RETURN(const BackendInfo* info, reg.backend(backend.name));
   const std::string who = "backend '" + info->name + "'";

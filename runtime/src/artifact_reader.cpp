@@ -3,6 +3,7 @@
 #include "kiln/artifact_reader.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -11,11 +12,20 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "kiln/artifact_format.h"
 
 namespace kiln::artifact {
+
+int dtype_bits(std::string_view name) {
+  static const std::map<std::string_view, int> bits = {
+      {"f64", 64}, {"f32", 32}, {"f16", 16}, {"bf16", 16}, {"f8e4m3fn", 8}, {"f8e5m2", 8}, {"i64", 64},
+      {"i32", 32}, {"i16", 16}, {"i8", 8},   {"u8", 8},    {"i4", 4},     {"bool", 8}};
+  auto it = bits.find(name);
+  return it == bits.end() ? 0 : it->second;
+}
 
 namespace {
 
@@ -25,15 +35,6 @@ uint64_t get_le(const std::string& s, uint64_t at, int size) {
   uint64_t v = 0;
   for (int i = size - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<uint64_t>(i)]);
   return v;
-}
-
-/// Bits per element of a Kiln dtype name (the runtime may not link the IR); 0 when unknown.
-int dtype_bits(std::string_view name) {
-  static const std::map<std::string_view, int> bits = {
-      {"f64", 64}, {"f32", 32}, {"f16", 16}, {"bf16", 16}, {"f8e4m3fn", 8}, {"f8e5m2", 8}, {"i64", 64},
-      {"i32", 32}, {"i16", 16}, {"i8", 8},   {"u8", 8},    {"i4", 4},     {"bool", 8}};
-  auto it = bits.find(name);
-  return it == bits.end() ? 0 : it->second;
 }
 
 template <typename T>
@@ -87,15 +88,15 @@ class PlanParser {
 
   /// Lines must come in the documented order; each kind has its rank.
   bool parse_line(const std::vector<std::string_view>& toks) {
-    static const std::vector<std::string_view> order = {"kiln-plan", "arena", "workspace", "buffer",
-                                                        "input",     "output", "kernel",   "step"};
+    static const std::vector<std::string_view> order = {"kiln-plan", "arena",  "workspace", "mesh", "buffer",
+                                                        "input",     "output", "kernel",    "step"};
     const auto it = std::find(order.begin(), order.end(), toks[0]);
     if (it == order.end()) return fail("unknown line '" + std::string(toks[0]) + "'");
     const int rank = static_cast<int>(it - order.begin());
     if (stage_ < 0 && rank != 0) return fail("expected 'kiln-plan 1' first");
-    if (rank < stage_ || (rank == stage_ && rank <= 2))
-      return fail("'" + std::string(toks[0]) + "' out of order (lines go: kiln-plan, arena, workspace, buffer, input, "
-                  "output, kernel, step)");
+    if (rank < stage_ || (rank == stage_ && rank <= 3))
+      return fail("'" + std::string(toks[0]) + "' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, "
+                  "input, output, kernel, step)");
     if (rank > 1 && stage_ < 1) return fail("missing 'arena' line");
     if (rank > 2 && stage_ < 2) return fail("missing 'workspace' line");
     stage_ = rank;
@@ -110,10 +111,11 @@ class PlanParser {
         if (!attrs(toks, 1, &a, {"bytes"}, {})) return false;
         return num(a, "bytes", rank == 1 ? &p_.arena_bytes : &p_.workspace_bytes);
       }
-      case 3: return buffer(toks);
-      case 4:
-      case 5: return io(toks, rank == 4);
-      case 6:
+      case 3: return mesh(toks);
+      case 4: return buffer(toks);
+      case 5:
+      case 6: return io(toks, rank == 5);
+      case 7:
         if (toks.size() != 2) return fail("expected 'kernel NAME'");
         if (std::find(p_.kernels.begin(), p_.kernels.end(), toks[1]) != p_.kernels.end())
           return fail("kernel '" + std::string(toks[1]) + "' declared twice");
@@ -167,7 +169,8 @@ class PlanParser {
     if (b.id != static_cast<int>(p_.buffers.size()))
       return fail(what + ": expected id " + std::to_string(p_.buffers.size()) + " (ids are 0..count-1 in order)");
     Attrs a;
-    if (!attrs(toks, 2, &a, {"kind", "dtype", "shape", "bytes", "offset"}, {"base", "name"})) return false;
+    if (!attrs(toks, 2, &a, {"kind", "dtype", "shape", "bytes", "offset"}, {"base", "name", "rank_axis", "rank_stride"}))
+      return false;
     static const std::map<std::string, PlanBuffer::Kind, std::less<>> kinds = {
         {"input", PlanBuffer::Kind::kInput},           {"output", PlanBuffer::Kind::kOutput},
         {"activation", PlanBuffer::Kind::kActivation}, {"weight", PlanBuffer::Kind::kWeight},
@@ -204,6 +207,7 @@ class PlanParser {
     } else if (a.count("base")) {
       return fail(what + ": base= is only for kind=alias");
     }
+    if (!rank_dependent(a, what, &b)) return false;
     const bool in_arena = b.kind == PlanBuffer::Kind::kInput || b.kind == PlanBuffer::Kind::kOutput ||
                           b.kind == PlanBuffer::Kind::kActivation;
     if (in_arena && !fits(b.offset, b.bytes, p_.arena_bytes))
@@ -213,11 +217,90 @@ class PlanParser {
     return true;
   }
 
+  /// The mesh axis called `name`, or null.
+  const MeshAxis* axis(std::string_view name) const {
+    for (const MeshAxis& a : p_.mesh)
+      if (a.name == name) return &a;
+    return nullptr;
+  }
+
+  /// `mesh AXIS=SIZE ...`: names are identifiers, each once; sizes >= 1.
+  bool mesh(const std::vector<std::string_view>& toks) {
+    if (toks.size() < 2) return fail("expected 'mesh AXIS=SIZE ...'");
+    for (size_t i = 1; i < toks.size(); ++i) {
+      const size_t eq = toks[i].find('=');
+      MeshAxis ax;
+      ax.name = std::string(toks[i].substr(0, eq == std::string_view::npos ? toks[i].size() : eq));
+      const bool ident = !ax.name.empty() && !std::isdigit(static_cast<unsigned char>(ax.name[0])) &&
+                         std::all_of(ax.name.begin(), ax.name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+      if (eq == std::string_view::npos || !ident || !parse_num(toks[i].substr(eq + 1), &ax.size) || ax.size < 1)
+        return fail("mesh: expected AXIS=SIZE with an identifier and a size >= 1, got '" + std::string(toks[i]) + "'");
+      if (axis(ax.name)) return fail("mesh: axis '" + ax.name + "' is named twice");
+      p_.mesh.push_back(std::move(ax));
+    }
+    int64_t ranks = 1;
+    for (const MeshAxis& ax : p_.mesh)
+      if (__builtin_mul_overflow(ranks, ax.size, &ranks) || ranks > (int64_t{1} << 24))
+        return fail("mesh: " + mesh_text(p_) + " has too many ranks");
+    return true;
+  }
+
+  /// A buffer's rank_axis= and rank_stride=: this rank's bytes start rank_stride * coord further.
+  bool rank_dependent(Attrs& a, const std::string& what, PlanBuffer* b) {
+    if (!a.count("rank_axis") && !a.count("rank_stride")) return true;
+    if (!a.count("rank_axis") || !a.count("rank_stride")) return fail(what + ": rank_axis= and rank_stride= go together");
+    if (b->kind != PlanBuffer::Kind::kWeight && b->kind != PlanBuffer::Kind::kAlias)
+      return fail(what + ": rank_axis= is only for kind=weight or kind=alias");
+    const MeshAxis* ax = axis(a["rank_axis"]);
+    if (!ax)
+      return fail(what + ": rank_axis '" + a["rank_axis"] + "' is not an axis of the plan's mesh" +
+                  (p_.mesh.empty() ? " (it has no 'mesh' line)" : " (" + mesh_text(p_) + ")"));
+    if (!num(a, "rank_stride", &b->rank_stride)) return false;
+    b->rank_axis = ax->name;
+    uint64_t last = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(ax->size - 1), b->rank_stride, &last) ||
+        __builtin_add_overflow(last, b->offset, &last))
+      return fail(what + ": rank_stride " + std::to_string(b->rank_stride) + " is too large");
+    if (b->kind == PlanBuffer::Kind::kAlias) {
+      const PlanBuffer& base = p_.buffers[static_cast<size_t>(b->base)];
+      if (!fits(last, b->bytes, base.bytes))
+        return fail(what + ": the last rank's bytes [" + std::to_string(last) + ", +" + std::to_string(b->bytes) +
+                    ") lie outside its base buffer " + std::to_string(b->base) + " of " + std::to_string(base.bytes) +
+                    " bytes");
+    }
+    return true;
+  }
+
+  /// "R", "S(1)", "P(sum)" per mesh axis, comma-separated.
+  bool placement(std::string_view text, const std::string& what, int rank, std::vector<PlanPlacement>* out) {
+    if (p_.mesh.empty()) return fail(what + ": placement= needs a 'mesh' line");
+    for (std::string_view t : split(text, ',')) {
+      PlanPlacement pl;
+      if (t == "R") {
+        pl.kind = PlanPlacement::Kind::kReplicate;
+      } else if (t.size() > 3 && t.starts_with("S(") && t.ends_with(")") && parse_num(t.substr(2, t.size() - 3), &pl.dim)) {
+        pl.kind = PlanPlacement::Kind::kShard;
+        if (pl.dim < 0 || pl.dim >= rank)
+          return fail(what + ": placement " + std::string(t) + " names a dim outside rank " + std::to_string(rank));
+      } else if (t == "P(sum)" || t == "P(max)") {
+        pl.kind = PlanPlacement::Kind::kPartial;
+        pl.reduce = std::string(t.substr(2, 3));
+      } else {
+        return fail(what + ": expected placement R, S(dim) or P(sum|max), got '" + std::string(t) + "'");
+      }
+      out->push_back(std::move(pl));
+    }
+    if (out->size() != p_.mesh.size())
+      return fail(what + ": placement '" + std::string(text) + "' has " + std::to_string(out->size()) +
+                  " entries for a mesh of " + std::to_string(p_.mesh.size()) + " axes");
+    return true;
+  }
+
   bool io(const std::vector<std::string_view>& toks, bool input) {
     const std::string what = input ? "input" : "output";
-    if (toks.size() != 3) return fail("expected '" + what + " NAME buffer=ID'");
+    if (toks.size() != 3 && toks.size() != 4) return fail("expected '" + what + " NAME buffer=ID [placement=...]'");
     Attrs a;
-    if (!attrs(toks, 2, &a, {"buffer"}, {})) return false;
+    if (!attrs(toks, 2, &a, {"buffer"}, {"placement"})) return false;
     int id = -1;
     if (!parse_num(a["buffer"], &id) || id < 0 || static_cast<size_t>(id) >= p_.buffers.size())
       return fail(what + " '" + std::string(toks[1]) + "': buffer '" + a["buffer"] + "' is not declared");
@@ -226,7 +309,13 @@ class PlanParser {
     auto& list = input ? p_.inputs : p_.outputs;
     for (const auto& [name, b] : list)
       if (name == toks[1]) return fail(what + " '" + name + "' declared twice");
+    std::vector<PlanPlacement> pl;
+    if (a.count("placement") &&
+        !placement(a["placement"], what + " '" + std::string(toks[1]) + "'",
+                   static_cast<int>(p_.buffers[static_cast<size_t>(id)].shape.size()), &pl))
+      return false;
     list.emplace_back(std::string(toks[1]), id);
+    (input ? p_.input_placements : p_.output_placements).push_back(std::move(pl));
     return true;
   }
 
@@ -273,6 +362,9 @@ class PlanParser {
     } else if (toks[1] == "conv") {
       s.kind = PlanStep::Kind::kConv;
       if (!conv(toks, &s.attrs)) return false;
+    } else if (toks[1] == "collective") {
+      s.kind = PlanStep::Kind::kCollective;
+      if (!collective(toks, &s.attrs)) return false;
     } else if (toks[1] == "copy" || toks[1] == "memset") {
       const bool copy = toks[1] == "copy";
       s.kind = copy ? PlanStep::Kind::kCopy : PlanStep::Kind::kMemset;
@@ -295,6 +387,82 @@ class PlanParser {
       return fail("unknown step '" + std::string(toks[1]) + "'");
     }
     p_.steps.push_back(std::move(s));
+    return true;
+  }
+
+  /// Checks a collective step: the op and its attributes, the mesh axis or peer, the dtype (a
+  /// reduction needs one NCCL can add), and that x and y hold what the op reads and writes.
+  bool collective(const std::vector<std::string_view>& toks, std::map<std::string, std::string>* out) {
+    Attrs a;
+    if (!attrs(toks, 2, &a, {"op", "count", "dtype"}, {"axis", "x", "y", "reduce", "root", "peer", "tag"})) return false;
+    const std::string op = a["op"];
+    if (std::find(std::begin(kCollectiveOps), std::end(kCollectiveOps), op) == std::end(kCollectiveOps))
+      return fail("collective: unknown op '" + op + "' (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, "
+                  "send or recv)");
+    const std::string what = "collective " + op;
+    if (p_.mesh.empty()) return fail(what + ": a collective step needs a 'mesh' line");
+    const bool p2p = op == "send" || op == "recv";
+    const bool reduces = op == "all_reduce" || op == "reduce_scatter";
+    // Each op's attributes, beyond op, count and dtype.
+    std::vector<std::string> need = p2p ? std::vector<std::string>{"peer", op == "send" ? "x" : "y"}
+                                        : std::vector<std::string>{"axis", "x", "y"};
+    if (reduces) need.push_back("reduce");
+    if (op == "broadcast") need.push_back("root");
+    std::vector<std::string> allowed = need;
+    if (p2p) allowed.push_back("tag");
+    for (const std::string& k : need)
+      if (!a.count(k)) return fail(what + " needs " + k + "=");
+    for (const auto& [k, v] : a)
+      if (k != "op" && k != "count" && k != "dtype" && std::find(allowed.begin(), allowed.end(), k) == allowed.end())
+        return fail(what + ": attribute '" + k + "' does not apply");
+    uint64_t count = 0;
+    if (!num(a, "count", &count)) return false;
+    const int bits = dtype_bits(a["dtype"]);
+    if (bits == 0) return fail(what + ": unknown dtype '" + a["dtype"] + "'");
+    static const std::set<std::string, std::less<>> kReducible = {"f64", "f32", "f16", "bf16", "f8e4m3fn",
+                                                                  "f8e5m2", "i64", "i32", "i8", "u8"};
+    if (reduces && !kReducible.count(a["dtype"]))
+      return fail(what + ": NCCL cannot reduce " + a["dtype"] + " (f64, f32, f16, bf16, f8e4m3fn, f8e5m2, i64, i32, "
+                  "i8 or u8)");
+    if (reduces && a["reduce"] != "sum" && a["reduce"] != "max")
+      return fail(what + ": reduce='" + a["reduce"] + "' is not sum or max");
+    int64_t group = 1;
+    if (p2p) {
+      int64_t peer = -1;
+      if (!num(a, "peer", &peer)) return false;
+      if (peer < 0 || peer >= mesh_ranks(p_))
+        return fail(what + ": peer " + a["peer"] + " is not a rank of mesh " + mesh_text(p_));
+      int64_t tag = 0;
+      if (a.count("tag") && !num(a, "tag", &tag)) return false;
+    } else {
+      const MeshAxis* ax = axis(a["axis"]);
+      if (!ax) return fail(what + ": the plan's mesh " + mesh_text(p_) + " has no axis '" + a["axis"] + "'");
+      group = ax->size;
+      if (op == "broadcast") {
+        int64_t root = -1;
+        if (!num(a, "root", &root)) return false;
+        if (root < 0 || root >= group)
+          return fail(what + ": root " + a["root"] + " is outside a group of " + std::to_string(group));
+      }
+    }
+    // Elements each buffer holds, in units of count: the gathered or scattered side holds the group's.
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(count, static_cast<uint64_t>(bits), &bytes) || bytes % 8)
+      return fail(what + ": count " + a["count"] + " of " + a["dtype"] + " is not a whole number of bytes");
+    bytes /= 8;
+    const int64_t x_times = op == "reduce_scatter" || op == "all_to_all" ? group : 1;
+    const int64_t y_times = op == "all_gather" || op == "all_to_all" ? group : 1;
+    for (const auto& [key, times] : {std::pair{"x", x_times}, std::pair{"y", y_times}}) {
+      if (!a.count(key)) continue;
+      int id = -1;
+      if (!buffer_ref(a[key], &id)) return false;
+      uint64_t need_bytes = 0;
+      const uint64_t have = p_.buffers[static_cast<size_t>(id)].bytes;
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(times), &need_bytes) || need_bytes > have)
+        return fail(what + ": " + key + " (buffer " + std::to_string(id) + ", " + std::to_string(have) +
+                    " bytes) cannot hold " + std::to_string(times) + " x " + a["count"] + " " + a["dtype"]);
+    }
+    out->insert(a.begin(), a.end());
     return true;
   }
 
@@ -528,6 +696,31 @@ bool parse_plan(std::string_view text, Plan* out, std::string* error) {
   return PlanParser(out, error).parse(text);
 }
 
+int64_t mesh_ranks(const Plan& plan) {
+  int64_t n = 1;
+  for (const MeshAxis& a : plan.mesh) n *= a.size;
+  return n;
+}
+
+std::string mesh_text(const Plan& plan) {
+  std::string s;
+  for (const MeshAxis& a : plan.mesh) s += (s.empty() ? "" : ",") + a.name + ":" + std::to_string(a.size);
+  return s;
+}
+
+std::string placement_text(const std::vector<PlanPlacement>& placement) {
+  std::string s;
+  for (const PlanPlacement& p : placement) {
+    s += s.empty() ? "" : ",";
+    switch (p.kind) {
+      case PlanPlacement::Kind::kReplicate: s += "R"; break;
+      case PlanPlacement::Kind::kShard: s += "S(" + std::to_string(p.dim) + ")"; break;
+      case PlanPlacement::Kind::kPartial: s += "P(" + p.reduce + ")"; break;
+    }
+  }
+  return s;
+}
+
 std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& name, std::string* error) {
   auto a = std::make_unique<Artifact>();
   a->storage = std::make_shared<const std::string>(std::move(bytes));
@@ -639,6 +832,18 @@ std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& na
     if (!fits(buf.offset, buf.bytes, a->weights.size()))
       return fail(what + ": bytes [" + std::to_string(buf.offset) + ", +" + std::to_string(buf.bytes) +
                   ") outside the weights section of " + std::to_string(a->weights.size()) + " bytes");
+    if (buf.rank_axis.empty()) continue;
+    // One block per position along the axis, each aligned like a weight of its own.
+    int64_t group = 1;
+    for (const MeshAxis& ax : a->plan.mesh)
+      if (ax.name == buf.rank_axis) group = ax.size;
+    const uint64_t last = buf.offset + static_cast<uint64_t>(group - 1) * buf.rank_stride;  // no overflow: parsed
+    if (buf.rank_stride % kTensorAlign || buf.rank_stride < buf.bytes)
+      return fail(what + ": rank_stride " + std::to_string(buf.rank_stride) + " is not a multiple of " +
+                  std::to_string(kTensorAlign) + " holding its " + std::to_string(buf.bytes) + " bytes");
+    if (!fits(last, buf.bytes, a->weights.size()))
+      return fail(what + ": the last rank's bytes [" + std::to_string(last) + ", +" + std::to_string(buf.bytes) +
+                  ") lie outside the weights section of " + std::to_string(a->weights.size()) + " bytes");
   }
   return a;
 }
@@ -697,7 +902,7 @@ std::string describe(const Artifact& a, bool json) {
       for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + json_string(v[i]);
       return s + "]";
     };
-    auto io = [&](const std::vector<std::pair<std::string, int>>& v) {
+    auto io = [&](const std::vector<std::pair<std::string, int>>& v, const std::vector<std::vector<PlanPlacement>>& pl) {
       std::string s = "[";
       for (size_t i = 0; i < v.size(); ++i) {
         const PlanBuffer& b = p.buffers[static_cast<size_t>(v[i].second)];
@@ -705,7 +910,8 @@ std::string describe(const Artifact& a, bool json) {
         for (size_t d = 0; d < b.shape.size(); ++d) shape += (d ? ", " : "") + std::to_string(b.shape[d]);
         s += std::string(i ? ", " : "") + "{\"name\": " + json_string(v[i].first) + ", \"buffer\": " +
              std::to_string(b.id) + ", \"dtype\": " + json_string(b.dtype) + ", \"shape\": [" + shape + "], \"bytes\": " +
-             std::to_string(b.bytes) + "}";
+             std::to_string(b.bytes) +
+             (p.mesh.empty() ? "" : ", \"placement\": " + json_string(placement_text(pl[i]))) + "}";
       }
       return s + "]";
     };
@@ -726,7 +932,8 @@ std::string describe(const Artifact& a, bool json) {
     for (const Section& s : a.sections)
       o << (std::exchange(first, false) ? "" : ", ") << "{\"kind\": " << json_string(section_kind_name(s.kind))
         << ", \"name\": " << json_string(s.name) << ", \"offset\": " << s.offset << ", \"size\": " << s.size << "}";
-    o << "], \"inputs\": " << io(p.inputs) << ", \"outputs\": " << io(p.outputs) << ", \"steps\": " << p.steps.size()
+    o << "], \"mesh\": " << json_string(mesh_text(p)) << ", \"inputs\": " << io(p.inputs, p.input_placements)
+      << ", \"outputs\": " << io(p.outputs, p.output_placements) << ", \"steps\": " << p.steps.size()
       << ", \"kernels\": " << p.kernels.size() << ", \"weights_bytes\": " << a.weights.size()
       << ", \"arena_bytes\": " << p.arena_bytes << ", \"workspace_bytes\": " << p.workspace_bytes << "}\n";
     return o.str();
@@ -744,12 +951,21 @@ std::string describe(const Artifact& a, bool json) {
     << "images and sources:\n";
   for (const Section& s : a.sections)
     if (s.kind == kSectionImage || s.kind == kSectionSource) o << "  " << s.name << ": " << s.size << " bytes\n";
-  for (const auto& [label, list] : {std::pair{"inputs", &p.inputs}, std::pair{"outputs", &p.outputs}}) {
+  if (!p.mesh.empty())
+    o << "mesh: " << mesh_text(p) << " (" << mesh_ranks(p) << " ranks; each runs this plan on its own piece of the "
+      << "inputs)\n";
+  for (const auto& [label, list, pl] : {std::tuple{"inputs", &p.inputs, &p.input_placements},
+                                        std::tuple{"outputs", &p.outputs, &p.output_placements}}) {
     o << label << ":\n";
-    for (const auto& [name, id] : *list) o << "  " << name << ": " << buffer_type(p.buffers[static_cast<size_t>(id)]) << "\n";
+    for (size_t i = 0; i < list->size(); ++i) {
+      const auto& [name, id] = (*list)[i];
+      o << "  " << name << ": " << buffer_type(p.buffers[static_cast<size_t>(id)]);
+      if (!p.mesh.empty()) o << " " << ((*pl)[i].empty() ? std::string("replicated") : placement_text((*pl)[i]));
+      o << "\n";
+    }
   }
   std::map<std::string, int> step_kinds;
-  static const char* kStepNames[] = {"launch", "gemm", "copy", "memset", "conv"};
+  static const char* kStepNames[] = {"launch", "gemm", "copy", "memset", "conv", "collective"};
   for (const PlanStep& s : p.steps) ++step_kinds[kStepNames[static_cast<int>(s.kind)]];
   std::vector<std::string> counts;
   for (const auto& [k, n] : step_kinds) counts.push_back(std::to_string(n) + " " + k);

@@ -1,7 +1,9 @@
 // The C API (include/kiln/runtime.h): argument checks, exception barriers, the function table.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 
 #include "model.h"
@@ -35,6 +37,88 @@ kiln_status* tensor_info(const std::vector<kiln_model::Binding>& binds, size_t i
                                                          std::to_string(index) + " out of range: the model has " +
                                                          std::to_string(binds.size()));
   *out = binds[index].info;
+  return nullptr;
+}
+
+/// Reads and validates the artifact at `path`.
+kiln_status* read_artifact_at(const char* path, std::unique_ptr<kiln::artifact::Artifact>* out) {
+  std::FILE* f = std::fopen(path, "rb");
+  if (!f)
+    return make_status(errno == ENOENT ? KILN_STATUS_NOT_FOUND : KILN_STATUS_INVALID_ARGUMENT,
+                       std::string("cannot open '") + path + "': " + std::strerror(errno));
+  std::string bytes;
+  char chunk[1 << 16];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) bytes.append(chunk, n);
+  bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) return make_status(KILN_STATUS_INVALID_ARGUMENT, std::string("cannot read '") + path + "'");
+  std::string error;
+  *out = kiln::artifact::read_artifact(std::move(bytes), path, &error);
+  if (!*out) return make_status(KILN_STATUS_INVALID_ARGUMENT, error);
+  return nullptr;
+}
+
+/// Loads `artifact` as one rank of a distributed run (`options` NULL: the defaults).
+kiln_status* load_distributed(kiln_runtime* runtime, std::unique_ptr<kiln::artifact::Artifact> artifact,
+                              const kiln_distributed_options* options, const char* function, kiln_model** out) {
+  kiln_distributed_options opts;
+  kiln_distributed_options_initialize(&opts);
+  if (options) {
+    if (options->struct_size < sizeof(uint32_t))
+      return make_status(KILN_STATUS_INVALID_ARGUMENT,
+                         std::string(function) + ": options.struct_size is " + std::to_string(options->struct_size) +
+                             "; fill the options with kiln_distributed_options_initialize first");
+    std::memcpy(&opts, options, std::min<size_t>(options->struct_size, sizeof opts));
+  }
+  kiln::rt::DistributedSetup setup;
+  if (kiln_status* st = kiln::rt::distributed_setup(runtime, artifact->plan, opts, &setup)) {
+    st->message = std::string(function) + ": " + st->message;
+    return st;
+  }
+  return kiln::rt::load_model(runtime, std::move(artifact), out, &setup);
+}
+
+/// A model's input or output placement (kiln_model_input_placement).
+kiln_status* tensor_placement(const kiln_model* m, bool input, size_t index, const char* function,
+                              kiln_tensor_placement* out) {
+  if (!m) return null_argument(function, "model");
+  if (!out) return null_argument(function, "out_placement");
+  if (out->struct_size < sizeof(kiln_tensor_placement))
+    return make_status(KILN_STATUS_INVALID_ARGUMENT, std::string(function) + ": out_placement->struct_size is " +
+                                                         std::to_string(out->struct_size) +
+                                                         "; set it to sizeof(kiln_tensor_placement)");
+  const auto& binds = input ? m->inputs : m->outputs;
+  kiln_tensor_info info;
+  KILN_RT_TRY(tensor_info(binds, index, function, &info));
+  const kiln::artifact::Plan& plan = m->artifact->plan;
+  if (plan.mesh.size() > KILN_MAX_MESH_AXES)
+    return make_status(KILN_STATUS_UNSUPPORTED, std::string(function) + ": the mesh has more than " +
+                                                    std::to_string(KILN_MAX_MESH_AXES) + " axes");
+  const auto& placement = (input ? plan.input_placements : plan.output_placements)[index];
+  const std::vector<int64_t> local(info.dims, info.dims + info.rank);
+  const kiln::rt::Piece piece = kiln::rt::piece_of(local, placement, plan.mesh, m->coords);
+  kiln_tensor_placement r{};
+  r.struct_size = sizeof r;
+  r.num_axes = static_cast<int32_t>(plan.mesh.size());
+  for (size_t a = 0; a < plan.mesh.size(); ++a) {
+    r.kinds[a] = KILN_PLACEMENT_REPLICATE;
+    if (a >= placement.size()) continue;
+    using Kind = kiln::artifact::PlanPlacement::Kind;
+    if (placement[a].kind == Kind::kShard) {
+      r.kinds[a] = KILN_PLACEMENT_SHARD;
+      r.shard_dims[a] = placement[a].dim;
+    } else if (placement[a].kind == Kind::kPartial) {
+      r.kinds[a] = placement[a].reduce == "max" ? KILN_PLACEMENT_PARTIAL_MAX : KILN_PLACEMENT_PARTIAL_SUM;
+    }
+  }
+  r.rank = info.rank;
+  for (int d = 0; d < info.rank; ++d) {
+    r.global_dims[d] = piece.global_dims[static_cast<size_t>(d)];
+    r.offsets[d] = piece.offsets[static_cast<size_t>(d)];
+  }
+  r.partial = piece.partial ? 1 : 0;
+  *out = r;
   return nullptr;
 }
 
@@ -101,26 +185,95 @@ kiln_status* kiln_model_load_memory(kiln_runtime* runtime, const void* data, siz
   });
 }
 
+
+void kiln_distributed_options_initialize(kiln_distributed_options* options) {
+  if (!options) return;
+  *options = {};
+  options->struct_size = sizeof(kiln_distributed_options);
+  options->from_environment = 1;
+  options->world_size = 1;
+  options->collective_timeout_s = 300;
+  options->bootstrap_timeout_s = 300;
+}
+
+kiln_status* kiln_model_load_file_distributed(kiln_runtime* runtime, const char* path,
+                                              const kiln_distributed_options* options, kiln_model** out_model) {
+  return guarded("kiln_model_load_file_distributed", [&]() -> kiln_status* {
+    if (!out_model) return null_argument("kiln_model_load_file_distributed", "out_model");
+    *out_model = nullptr;
+    if (!runtime) return null_argument("kiln_model_load_file_distributed", "runtime");
+    if (!path) return null_argument("kiln_model_load_file_distributed", "path");
+    std::unique_ptr<kiln::artifact::Artifact> artifact;
+    KILN_RT_TRY(read_artifact_at(path, &artifact));
+    return load_distributed(runtime, std::move(artifact), options, "kiln_model_load_file_distributed", out_model);
+  });
+}
+
+kiln_status* kiln_model_load_memory_distributed(kiln_runtime* runtime, const void* data, size_t size,
+                                                const kiln_distributed_options* options, kiln_model** out_model) {
+  return guarded("kiln_model_load_memory_distributed", [&]() -> kiln_status* {
+    if (!out_model) return null_argument("kiln_model_load_memory_distributed", "out_model");
+    *out_model = nullptr;
+    if (!runtime) return null_argument("kiln_model_load_memory_distributed", "runtime");
+    if (!data && size) return null_argument("kiln_model_load_memory_distributed", "data");
+    std::string error;
+    auto artifact = kiln::artifact::read_artifact(std::string(static_cast<const char*>(data), size), "<memory>", &error);
+    if (!artifact) return make_status(KILN_STATUS_INVALID_ARGUMENT, error);
+    return load_distributed(runtime, std::move(artifact), options, "kiln_model_load_memory_distributed", out_model);
+  });
+}
+
+kiln_status* kiln_model_mesh_info(const kiln_model* model, kiln_mesh_info* out_info) {
+  if (!model) return null_argument("kiln_model_mesh_info", "model");
+  if (!out_info) return null_argument("kiln_model_mesh_info", "out_info");
+  if (out_info->struct_size < sizeof(kiln_mesh_info))
+    return make_status(KILN_STATUS_INVALID_ARGUMENT, "kiln_model_mesh_info: out_info->struct_size is " +
+                                                         std::to_string(out_info->struct_size) +
+                                                         "; set it to sizeof(kiln_mesh_info)");
+  const auto& mesh = model->artifact->plan.mesh;
+  if (mesh.size() > KILN_MAX_MESH_AXES)
+    return make_status(KILN_STATUS_UNSUPPORTED, "kiln_model_mesh_info: the mesh has more than " +
+                                                    std::to_string(KILN_MAX_MESH_AXES) + " axes");
+  kiln_mesh_info r{};
+  r.struct_size = sizeof r;
+  r.num_axes = static_cast<int32_t>(mesh.size());
+  for (size_t a = 0; a < mesh.size(); ++a) {
+    r.axis_names[a] = mesh[a].name.c_str();
+    r.axis_sizes[a] = mesh[a].size;
+    r.coords[a] = model->coords[a];
+  }
+  r.rank = model->rank;
+  r.world_size = model->world_size;
+  *out_info = r;
+  return nullptr;
+}
+
+kiln_status* kiln_model_input_placement(const kiln_model* model, size_t index, kiln_tensor_placement* out_placement) {
+  return tensor_placement(model, true, index, "kiln_model_input_placement", out_placement);
+}
+
+kiln_status* kiln_model_output_placement(const kiln_model* model, size_t index, kiln_tensor_placement* out_placement) {
+  return tensor_placement(model, false, index, "kiln_model_output_placement", out_placement);
+}
+
+kiln_status* kiln_model_all_gather_host(kiln_model* model, const void* send, uint64_t bytes, void* recv) {
+  return guarded("kiln_model_all_gather_host", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_all_gather_host", "model");
+    if (bytes && !send) return null_argument("kiln_model_all_gather_host", "send");
+    if (bytes && !recv) return null_argument("kiln_model_all_gather_host", "recv");
+    return kiln::rt::all_gather_host(model, send, bytes, recv);
+  });
+}
+
+
 kiln_status* kiln_model_load_file(kiln_runtime* runtime, const char* path, kiln_model** out_model) {
   return guarded("kiln_model_load_file", [&]() -> kiln_status* {
     if (!out_model) return null_argument("kiln_model_load_file", "out_model");
     *out_model = nullptr;
     if (!runtime) return null_argument("kiln_model_load_file", "runtime");
     if (!path) return null_argument("kiln_model_load_file", "path");
-    std::FILE* f = std::fopen(path, "rb");
-    if (!f)
-      return make_status(errno == ENOENT ? KILN_STATUS_NOT_FOUND : KILN_STATUS_INVALID_ARGUMENT,
-                         std::string("cannot open '") + path + "': " + std::strerror(errno));
-    std::string bytes;
-    char chunk[1 << 16];
-    size_t n;
-    while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) bytes.append(chunk, n);
-    bool failed = std::ferror(f);
-    std::fclose(f);
-    if (failed) return make_status(KILN_STATUS_INVALID_ARGUMENT, std::string("cannot read '") + path + "'");
-    std::string error;
-    auto artifact = kiln::artifact::read_artifact(std::move(bytes), path, &error);
-    if (!artifact) return make_status(KILN_STATUS_INVALID_ARGUMENT, error);
+    std::unique_ptr<kiln::artifact::Artifact> artifact;
+    KILN_RT_TRY(read_artifact_at(path, &artifact));
     return kiln::rt::load_model(runtime, std::move(artifact), out_model);
   });
 }
@@ -230,7 +383,7 @@ kiln_status* kiln_model_memory_report(const kiln_model* model, kiln_memory_repor
                            std::to_string(out_report->struct_size) + "; set it to sizeof(kiln_memory_report)");
   kiln::rt::CachingAllocator::Stats stats = model->runtime->allocator->stats();
   kiln_memory_report r{};
-  r.weights = model->artifact->weights.size();
+  r.weights = model->weights_bytes;
   r.activations = model->artifact->plan.arena_bytes;
   r.workspace = model->workspace_bytes;
   r.staging = model->staging_bytes;
@@ -269,6 +422,13 @@ const kiln_api* kiln_get_api(uint32_t version) {
       kiln_model_profile_steps,
       kiln_model_step_problem,
       kiln_model_tune_step,
+      kiln_distributed_options_initialize,
+      kiln_model_load_file_distributed,
+      kiln_model_load_memory_distributed,
+      kiln_model_mesh_info,
+      kiln_model_input_placement,
+      kiln_model_output_placement,
+      kiln_model_all_gather_host,
   };
   // One table serves every version: older hosts read only the prefix they know.
   return version >= 1 && version <= KILN_RUNTIME_API_VERSION ? &api : nullptr;

@@ -2,8 +2,10 @@
 #include "model.h"
 #include "timing_kernels.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <thread>
 #include <cstring>
 #include <map>
 #include <string>
@@ -81,14 +83,15 @@ kiln_status* load_image(kiln_model* m) {
   return nullptr;
 }
 
-/// Points every plan buffer at device memory: arena, weights, or its alias base.
+/// Points every plan buffer at device memory: arena, weights, or its alias base. Weights and
+/// aliases that differ by rank point at this rank's bytes (rank_axis, rank_stride).
 kiln_status* resolve_buffers(kiln_model* m) {
   const artifact::Plan& plan = m->artifact->plan;
   for (const PlanBuffer& b : plan.buffers) {
     if (b.id != static_cast<int>(m->buffers.size()))
       return invalid("plan: buffer ids must be 0..N-1 in order, found " + std::to_string(b.id));
     char* base = nullptr;
-    uint64_t limit = 0;
+    uint64_t limit = 0, offset = rank_offset(b, plan.mesh, m->coords);
     switch (b.kind) {
       case PlanBuffer::Kind::kInput:
       case PlanBuffer::Kind::kOutput:
@@ -96,7 +99,8 @@ kiln_status* resolve_buffers(kiln_model* m) {
         base = static_cast<char*>(m->arena), limit = plan.arena_bytes;
         break;
       case PlanBuffer::Kind::kWeight:
-        base = static_cast<char*>(m->weights), limit = m->artifact->weights.size();
+        base = static_cast<char*>(m->weights), limit = m->weights_bytes;
+        offset = m->weight_layout.device_offset(offset);
         break;
       case PlanBuffer::Kind::kAlias:
         if (b.base < 0 || b.base >= b.id) return invalid("plan: alias buffer " + std::to_string(b.id) + " has no earlier base");
@@ -104,12 +108,21 @@ kiln_status* resolve_buffers(kiln_model* m) {
         limit = m->buffers[static_cast<size_t>(b.base)].bytes;
         break;
     }
-    if (b.offset > limit || b.bytes > limit - b.offset)
+    if (offset > limit || b.bytes > limit - offset)
       return invalid("plan: buffer " + std::to_string(b.id) + " (" + std::to_string(b.bytes) +
-                     " bytes at offset " + std::to_string(b.offset) + ") lies outside its " +
+                     " bytes at offset " + std::to_string(offset) + ") lies outside its " +
                      std::to_string(limit) + "-byte storage");
-    m->buffers.push_back({base ? base + b.offset : nullptr, b.bytes, b.dtype});
+    m->buffers.push_back({base ? base + offset : nullptr, b.bytes, b.dtype});
   }
+  return nullptr;
+}
+
+/// Uploads the weights this rank keeps (all of them, unless some differ by rank).
+kiln_status* upload_weights(kiln_model* m) {
+  const std::string_view w = m->artifact->weights;
+  for (const auto& [at, bytes] : m->weight_layout.kept())
+    KILN_CUDA_TRY(cudaMemcpy(static_cast<char*>(m->weights) + m->weight_layout.device_offset(at), w.data() + at, bytes,
+                             cudaMemcpyHostToDevice));
   return nullptr;
 }
 
@@ -164,6 +177,11 @@ kiln_status* prepare_steps(kiln_model* m) {
     kiln_model::Step s;
     s.kind = ps.kind;
     switch (ps.kind) {
+      case PlanStep::Kind::kCollective:
+        if (!m->comms) return make_status(KILN_STATUS_INTERNAL, "plan:" + std::to_string(ps.line) + ": no communicators");
+        KILN_RT_TRY(CollectiveStep::create(ps, m->steps.size(), buffer_of, *m->comms, plan.mesh, &s.collective));
+        m->collectives.push_back(s.collective.get());
+        break;
       case PlanStep::Kind::kLaunch: {
         s.kernel = kernels.at(ps.kernel);
         s.grid = dim3(ps.grid[0], ps.grid[1], ps.grid[2]);
@@ -245,6 +263,9 @@ kiln_status* enqueue_step(kiln_model* m, kiln_model::Step& s) {
     case PlanStep::Kind::kMemset:
       if (s.bytes) KILN_CUDA_TRY(cudaMemsetAsync(s.dst, 0, s.bytes, m->stream));
       break;
+    case PlanStep::Kind::kCollective:
+      KILN_RT_TRY(s.collective->enqueue(*m->comms, m->stream, std::chrono::steady_clock::now() + m->collective_timeout));
+      break;
   }
   return nullptr;
 }
@@ -303,11 +324,11 @@ kiln_status* launch(kiln_model* m) {
 /// warm-up before graph capture.
 kiln_status* reset_state(kiln_model* m) {
   const auto* base = static_cast<const unsigned char*>(m->weights);
-  const uint64_t size = m->artifact->weights.size();
+  const uint64_t size = m->weights_bytes;
   for (const kiln_model::Step& s : m->steps) {
     const auto* dst = static_cast<const unsigned char*>(s.dst);
     if (s.kind != PlanStep::Kind::kCopy || !s.bytes || !dst || dst < base || dst >= base + size) continue;
-    const uint64_t offset = static_cast<uint64_t>(dst - base);
+    const uint64_t offset = m->weight_layout.section_offset(static_cast<uint64_t>(dst - base));
     KILN_CUDA_TRY(cudaMemcpy(s.dst, m->artifact->weights.data() + offset, s.bytes, cudaMemcpyHostToDevice));
   }
   return nullptr;
@@ -363,12 +384,42 @@ bool dtype_from_name(const std::string& name, kiln_dtype* out) {
   return false;
 }
 
+kiln_status* finish_stream(kiln_model* m, const std::string& what) {
+  if (!m->watchdog) return context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), what);
+  KILN_CUDA_TRY(cudaEventRecord(m->run_done, m->stream));
+  m->watchdog->arm(m->run_done, &m->collectives, m->rank_text);
+  return m->watchdog->wait(what);
+}
+
 kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifact> artifact,
-                        kiln_model** out) {
+                        kiln_model** out, const DistributedSetup* dist) {
   auto m = std::make_unique<kiln_model>();
   runtime->references.fetch_add(1);
   m->runtime = runtime;
   m->artifact = std::move(artifact);
+  const artifact::Plan& mesh_plan = m->artifact->plan;
+  const bool has_collectives = std::any_of(mesh_plan.steps.begin(), mesh_plan.steps.end(),
+                                           [](const PlanStep& s) { return s.kind == PlanStep::Kind::kCollective; });
+  if (!dist && (artifact::mesh_ranks(mesh_plan) > 1 || has_collectives))
+    return make_status(KILN_STATUS_UNSUPPORTED,
+                       "the plan runs on a mesh of " + std::to_string(artifact::mesh_ranks(mesh_plan)) + " rank" +
+                           (artifact::mesh_ranks(mesh_plan) == 1 ? "" : "s") + " (" + artifact::mesh_text(mesh_plan) +
+                           ")" + (has_collectives ? " with collective steps" : "") +
+                           ": load it with kiln_model_load_file_distributed, one process per rank "
+                           "(docs/parallel-runtime.md)");
+  if (dist) {
+    m->rank = dist->launch.rank;
+    m->world_size = dist->launch.world_size;
+    m->collective_timeout = dist->collective_timeout;
+  }
+  m->rank_text = "rank " + std::to_string(m->rank) + " of " + std::to_string(m->world_size);
+  m->coords = mesh_coords(mesh_plan.mesh, m->rank);
+  {
+    std::string error;
+    if (!WeightLayout::build(mesh_plan, m->artifact->weights.size(), m->coords, &m->weight_layout, &error))
+      return invalid(error);
+    m->weights_bytes = m->weight_layout.device_bytes();
+  }
   // The timing variables (see kiln_runtime_options.enable_timing), checked before any allocation.
   bool flush_l2 = false;
   if (runtime->options.enable_timing) {
@@ -382,20 +433,23 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   }
   const artifact::Plan& plan = m->artifact->plan;
   KILN_CUDA_TRY(cudaSetDevice(runtime->device.ordinal));
+  // The communicators first: a rank that cannot join fails before the uploads.
+  if (dist && (dist->launch.world_size > 1 || has_collectives)) {
+    KILN_RT_TRY(Communicators::create(dist->launch, plan.mesh, runtime->device.ordinal, dist->bootstrap_timeout,
+                                      &m->comms));
+    KILN_CUDA_TRY(cudaEventCreateWithFlags(&m->run_done, cudaEventDisableTiming));
+    m->watchdog = std::make_unique<Watchdog>(*m->comms, runtime->device.ordinal, dist->collective_timeout);
+  }
   if (!plan.kernels.empty()) KILN_RT_TRY(load_image(m.get()));
 
   CachingAllocator& alloc = *runtime->allocator;
   bool has_gemm = false;
   for (const PlanStep& s : plan.steps) has_gemm |= s.kind == PlanStep::Kind::kGemm || s.kind == PlanStep::Kind::kConv;
   m->workspace_bytes = plan.workspace_bytes ? plan.workspace_bytes : has_gemm ? kDefaultGemmWorkspace : 0;
-  KILN_RT_TRY(alloc.allocate(m->artifact->weights.size(), MemoryCategory::kWeights, &m->weights));
+  KILN_RT_TRY(alloc.allocate(m->weights_bytes, MemoryCategory::kWeights, &m->weights));
   KILN_RT_TRY(alloc.allocate(plan.arena_bytes, MemoryCategory::kActivations, &m->arena));
   KILN_RT_TRY(alloc.allocate(m->workspace_bytes, MemoryCategory::kWorkspace, &m->workspace));
-  if (!m->artifact->weights.empty())
-    KILN_RT_TRY(context(cuda_status(cudaMemcpy(m->weights, m->artifact->weights.data(),
-                                               m->artifact->weights.size(), cudaMemcpyHostToDevice),
-                                    "cudaMemcpy"),
-                        "uploading weights"));
+  KILN_RT_TRY(context(upload_weights(m.get()), "uploading weights"));
 
   KILN_RT_TRY(resolve_buffers(m.get()));
   KILN_RT_TRY(make_bindings(m.get(), plan.inputs, &m->inputs));
@@ -440,7 +494,7 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
     // here with its own error rather than inside a graph.
     if (plan.arena_bytes) KILN_CUDA_TRY(cudaMemsetAsync(m->arena, 0, plan.arena_bytes, m->stream));
     KILN_RT_TRY(context(enqueue(m.get()), "warm-up run"));
-    KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), "warm-up run"));
+    KILN_RT_TRY(finish_stream(m.get(), "warm-up run"));
     KILN_RT_TRY(context(reset_state(m.get()), "warm-up run"));  // the first real run sees the initial state
     KILN_RT_TRY(capture_graph(m.get()));
   }
@@ -470,14 +524,21 @@ kiln_status* enqueue_model(kiln_model* m, const kiln_host_tensor* inputs, size_t
   KILN_RT_TRY(check("output", m->outputs, outputs, num_outputs));
   // Staging holds one run's inputs and outputs: the previous run must be done with it.
   KILN_RT_TRY(synchronize_model(m, function));
+  if (m->watchdog && !m->watchdog->failure().empty())
+    return make_status(KILN_STATUS_COLLECTIVE_FAILED, fn + ": " + m->watchdog->failure());
   KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
   for (size_t i = 0; i < num_inputs; ++i)
     if (inputs[i].bytes) std::memcpy(m->staging + m->inputs[i].staging_offset, inputs[i].data, inputs[i].bytes);
   if (kiln_status* st = launch(m)) {
-    // Drain what was launched, so the next call starts from an idle stream.
-    (void)cudaStreamSynchronize(m->stream);
+    // Drain what was launched, so the next call starts from an idle stream (under the watchdog:
+    // a collective already queued may wait for ranks that are gone).
+    kiln_status_release(finish_stream(m, fn));
     (void)cudaGetLastError();
     return context(st, fn);
+  }
+  if (m->watchdog) {
+    KILN_CUDA_TRY(cudaEventRecord(m->run_done, m->stream));
+    m->watchdog->arm(m->run_done, &m->collectives, m->rank_text);
   }
   m->pending_outputs.assign(outputs, outputs + num_outputs);
   m->pending = true;
@@ -488,8 +549,9 @@ kiln_status* synchronize_model(kiln_model* m, const char* function) {
   if (!m->pending) return nullptr;
   m->pending = false;
   KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
-  // Faults inside kernels surface here.
-  KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), function));
+  // Faults inside kernels surface here; with communicators, so do stalled collectives.
+  if (m->watchdog) KILN_RT_TRY(m->watchdog->wait(function));
+  else KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), function));
   for (size_t i = 0; i < m->pending_outputs.size(); ++i) {
     const kiln_host_tensor& out = m->pending_outputs[i];
     if (out.bytes) std::memcpy(out.data, m->staging + m->outputs[i].staging_offset, out.bytes);
@@ -533,7 +595,7 @@ kiln_status* profile_steps(kiln_model* m, int iterations, double* out_step_ms, s
       st = enqueue_step(m, m->steps[i]);
       if (!st) st = cuda_status(cudaEventRecord(events[i + 1], m->stream), "cudaEventRecord");
     }
-    if (!st) st = cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize");
+    if (!st) st = finish_stream(m, "kiln_model_profile_steps");
     for (size_t i = 0; i < m->steps.size() && !st; ++i) {
       float ms = 0;
       st = cuda_status(cudaEventElapsedTime(&ms, events[i], events[i + 1]), "cudaEventElapsedTime");
@@ -550,13 +612,31 @@ kiln_status* profile_steps(kiln_model* m, int iterations, double* out_step_ms, s
 
 kiln_model::~kiln_model() {
   if (runtime) (void)cudaSetDevice(runtime->device.ordinal);
+  const bool aborted = comms && comms->aborted();
+  watchdog.reset();
+  if (aborted && stream) {
+    // The abort let the NCCL kernels exit; should the device still be busy after a while, the
+    // model's memory is left to the process's exit rather than freed under running work.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (cudaStreamQuery(stream) == cudaErrorNotReady && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (cudaStreamQuery(stream) == cudaErrorNotReady) {
+      // Freeing device memory would wait for the device: the memory, and the runtime holding
+      // the allocator, stay until the process exits.
+      (void)cudaGetLastError();
+      return;
+    }
+  }
   if (stream) (void)cudaStreamSynchronize(stream);
   if (graph) (void)cudaGraphExecDestroy(graph);
+  if (run_done) (void)cudaEventDestroy(run_done);
   if (steps_begin) (void)cudaEventDestroy(steps_begin);
   if (steps_end) (void)cudaEventDestroy(steps_end);
   steps.clear();  // gemm and conv descriptors before their handles
   cudnn.reset();
   if (cublas) (void)cublasLtDestroy(cublas);
+  collectives.clear();
+  comms.reset();
   if (stream) (void)cudaStreamDestroy(stream);
   if (library) (void)cudaLibraryUnload(library);
   if (timing_library) (void)cudaLibraryUnload(timing_library);

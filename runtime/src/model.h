@@ -4,16 +4,20 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "allocator.h"
+#include "comm.h"
 #include "conv.h"
 #include "device.h"
 #include "gemm.h"
 #include "kiln/artifact_reader.h"
+#include "kiln/distributed.h"
 #include "kiln/runtime.h"
+#include "rank_layout.h"
 
 /// One device and its caching allocator; shared by the models loaded on it (thread-safe).
 /// Each model holds a reference, so the host may release runtime and models in any order.
@@ -45,6 +49,8 @@ struct kiln_model {
     std::unique_ptr<kiln::rt::GemmStep> gemm;
     // conv
     std::unique_ptr<kiln::rt::ConvStep> conv;
+    // collective
+    std::unique_ptr<kiln::rt::CollectiveStep> collective;
     // copy, memset
     void* dst = nullptr;
     const void* src = nullptr;
@@ -93,6 +99,21 @@ struct kiln_model {
   std::vector<kiln_host_tensor> pending_outputs;
   bool pending = false;
 
+  /// Per-rank plans (docs/artifact.md "mesh"): this process's rank, its coordinates on the
+  /// mesh (empty for a single-device plan), and the weights it keeps on the device.
+  int rank = 0, world_size = 1;
+  std::vector<int64_t> coords;
+  kiln::rt::WeightLayout weight_layout;
+  uint64_t weights_bytes = 0;  ///< device bytes of `weights`
+  /// Distributed loads: the communicators, the watchdog of every run, the event that ends a
+  /// run, and the plan's collective steps in order (the watchdog names the one a run stalls in).
+  std::unique_ptr<kiln::rt::Communicators> comms;
+  std::unique_ptr<kiln::rt::Watchdog> watchdog;
+  cudaEvent_t run_done = nullptr;
+  std::vector<const kiln::rt::CollectiveStep*> collectives;
+  std::chrono::milliseconds collective_timeout{0};
+  std::string rank_text;  ///< "rank 1 of 2" for messages
+
   ~kiln_model();
 };
 
@@ -115,9 +136,26 @@ class DeviceGuard {
   bool saved_ = false;
 };
 
-/// Loads a validated artifact onto the runtime's device (see kiln_model_load_file).
+/// How a distributed load joins its run (see kiln_model_load_file_distributed).
+struct DistributedSetup {
+  dist::LaunchInfo launch;
+  std::chrono::milliseconds collective_timeout{300'000}, bootstrap_timeout{300'000};
+};
+
+/// Who this process is for `plan`: from the launcher's environment or the options' fields,
+/// checked against the plan's mesh (world size) and the runtime's device (the local rank's).
+kiln_status* distributed_setup(const kiln_runtime* runtime, const artifact::Plan& plan,
+                               const kiln_distributed_options& options, DistributedSetup* out);
+
+/// Loads a validated artifact onto the runtime's device (see kiln_model_load_file); with
+/// `dist`, as one rank of a distributed run (kiln_model_load_file_distributed).
 kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifact> artifact,
-                        kiln_model** out);
+                        kiln_model** out, const DistributedSetup* dist = nullptr);
+/// Waits for the work queued on the model's stream: under the watchdog when the model has
+/// communicators (so a stalled collective fails instead of hanging), else by synchronizing.
+kiln_status* finish_stream(kiln_model* model, const std::string& what);
+/// See kiln_model_all_gather_host.
+kiln_status* all_gather_host(kiln_model* model, const void* send, uint64_t bytes, void* recv);
 /// Starts a run (see kiln_model_enqueue).
 kiln_status* enqueue_model(kiln_model* model, const kiln_host_tensor* inputs, size_t num_inputs,
                            kiln_host_tensor* outputs, size_t num_outputs, const char* function);

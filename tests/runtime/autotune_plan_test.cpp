@@ -93,7 +93,7 @@ TEST_CASE("tuned algo fields: a malformed choice is refused with the step's line
 }
 
 TEST_CASE("the version-4 table appends step_problem and tune_step and both check their arguments") {
-  CHECK(KILN_RUNTIME_API_VERSION == 4);
+  CHECK(KILN_RUNTIME_API_VERSION >= 4);
   const kiln_api* v4 = kiln_get_api(4);
   REQUIRE(v4 != nullptr);
   CHECK((v4->model_profile_steps == &kiln_model_profile_steps));

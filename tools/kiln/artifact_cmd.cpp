@@ -159,30 +159,6 @@ const Value* first_dynamic(const Graph& g) {
   return nullptr;
 }
 
-/// Makes every shape static: artifacts are compiled for fixed sizes. Symbols in `taken` were
-/// already bound by the front end (its `dims` option), so they need not appear in `g`.
-Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& symbols, const std::set<std::string>& taken) {
-  std::set<std::string> seen;
-  substitute(g, symbols, seen);
-  for (const auto& [name, size] : symbols)
-    if (!seen.count(name) && !taken.count(name))
-      return invalid_argument("--sym " + name + ": the model has no symbolic dimension '" + name + "'" +
-                              (seen.empty() ? "" : "; its symbols: " + join({seen.begin(), seen.end()})));
-  KILN_RETURN_IF_ERROR(infer_types(g));
-  KILN_RETURN_IF_ERROR(verify(g));
-  const Value* v = first_dynamic(g);
-  if (!v) return ok_status();
-  std::string sym;
-  for (const Dim& d : v->shape())
-    if (!d.is_static() && !d.is_unknown()) sym = d.symbol_name();
-  const std::string what = v->is_graph_input() ? "input '" + graph_input_name(*v->graph(), v->index()) + "'"
-                           : "value '%" + v->name() + "' (result of '" + v->producer()->op_name() + "')";
-  if (!sym.empty())
-    return invalid_argument(what + " has symbolic dimension '" + sym + "' (" + v->type().str() +
-                            "); artifacts need static shapes: give --sym " + sym + "=N");
-  return invalid_argument(what + " has a dimension unknown at compile time (" + v->type().str() +
-                          "); artifacts need static shapes");
-}
 
 /// Whether `im` serves `target`: built for it, or the PTX of its compute_ twin.
 bool serves(const ArtifactImage& im, const std::string& target) {
@@ -331,6 +307,30 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
 }
 
 }  // namespace
+
+// Makes every shape static: artifacts are compiled for fixed sizes (cli.h).
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& symbols, const std::set<std::string>& taken) {
+  std::set<std::string> seen;
+  substitute(g, symbols, seen);
+  for (const auto& [name, size] : symbols)
+    if (!seen.count(name) && !taken.count(name))
+      return invalid_argument("--sym " + name + ": the model has no symbolic dimension '" + name + "'" +
+                              (seen.empty() ? "" : "; its symbols: " + join({seen.begin(), seen.end()})));
+  KILN_RETURN_IF_ERROR(infer_types(g));
+  KILN_RETURN_IF_ERROR(verify(g));
+  const Value* v = first_dynamic(g);
+  if (!v) return ok_status();
+  std::string sym;
+  for (const Dim& d : v->shape())
+    if (!d.is_static() && !d.is_unknown()) sym = d.symbol_name();
+  const std::string what = v->is_graph_input() ? "input '" + graph_input_name(*v->graph(), v->index()) + "'"
+                           : "value '%" + v->name() + "' (result of '" + v->producer()->op_name() + "')";
+  if (!sym.empty())
+    return invalid_argument(what + " has symbolic dimension '" + sym + "' (" + v->type().str() +
+                            "); artifacts need static shapes: give --sym " + sym + "=N");
+  return invalid_argument(what + " has a dimension unknown at compile time (" + v->type().str() +
+                          "); artifacts need static shapes");
+}
 
 std::string artifact_usage_text(std::string_view command) {
   if (command == "compile") return std::string(kCompile);

@@ -14,6 +14,7 @@
 
 #include "cli.h"
 #include "kiln/artifact_reader.h"
+#include "kiln/distributed.h"
 #include "kiln/runtime.h"
 
 namespace kiln::cli {
@@ -49,6 +50,12 @@ A model that is not a .kiln is compiled first, as `kiln compile` does, into OUT.
 compile first (MODEL not a .kiln): --target, --sym, -o/--output, --backend, --pipeline,
   --passes, --frontend, --plugin-path, as for `kiln compile`
 
+Under a launcher (kiln launch, torchrun, srun, mpirun) every rank loads the artifact as its
+rank of the plan's mesh on its own device and runs the same timing passes; rank 0 prints the
+results and writes the report (its own timings: the collectives keep the ranks in step).
+
+  --collective-timeout S  a run whose collectives have not finished in S seconds fails (300)
+
 The timing pass's runs start behind a 50 us device wait, so device time holds neither the graph
 launch nor the input copies' hand-over (latency comes from the other pass, without it).
 Environment: KILN_TIMING_LEAD_US=N sets that wait (0 drops it); KILN_TIMING_FLUSH_L2=1 reads
@@ -65,6 +72,11 @@ struct BenchFlags {
   int profile_top = 0;  // 0: no per-step profile
   std::vector<bool> graph_modes = {true};
   std::vector<std::string> compile_args;  // forwarded to `kiln compile`
+  bool device_given = false;
+  double collective_timeout_s = 300;
+  /// Per-rank artifacts, or any artifact under a launcher: loaded as one rank of the run.
+  bool distributed = false;
+  int rank = 0;
 };
 
 template <typename T>
@@ -88,7 +100,8 @@ BenchFlags parse_bench(Args& args) {
     const std::string flag = args.option();
     if (flag == "--iterations") f.iterations = number<int>(args.value(flag), flag, 1);
     else if (flag == "--warmup") f.warmup = number<int>(args.value(flag), flag, 0);
-    else if (flag == "--device") f.device = number<int>(args.value(flag), flag, 0);
+    else if (flag == "--device") f.device = number<int>(args.value(flag), flag, 0), f.device_given = true;
+    else if (flag == "--collective-timeout") f.collective_timeout_s = number<int>(args.value(flag), flag, 1);
     else if (flag == "--seed") f.seed = number<uint64_t>(args.value(flag), flag, 0);
     else if (flag == "--int-max") f.int_max = number<int64_t>(args.value(flag), flag, 1);
     else if (flag == "--batch") f.batch = number<int64_t>(args.value(flag), flag, 0);
@@ -227,24 +240,7 @@ struct ModeResult {
 };
 
 /// The message of a failed status, which it releases ("" for success).
-std::string take(kiln_status* st) {
-  std::string m = st ? kiln_status_get_message(st) : "";
-  kiln_status_release(st);
-  return m;
-}
-
-/// A model loaded on its own runtime, released together.
-struct LoadedModel {
-  kiln_runtime* rt = nullptr;
-  kiln_model* m = nullptr;
-  LoadedModel() = default;
-  LoadedModel(const LoadedModel&) = delete;
-  LoadedModel& operator=(const LoadedModel&) = delete;
-  ~LoadedModel() {
-    kiln_model_release(m);
-    kiln_runtime_release(rt);
-  }
-};
+std::string take(kiln_status* st) { return take_status(st); }
 
 /// Loads f.model on a fresh runtime (CUDA graphs as asked, device timing or not). Returns "" or
 /// the failure; *fatal is set when no other runtime could do better: the runtime itself failed
@@ -263,7 +259,15 @@ std::string load_for_bench(const BenchFlags& f, bool graphs, bool timing, Loaded
   *device_name = kiln_runtime_device_name(l->rt);
   std::cerr << "bench: " << (graphs ? "graphs on" : "graphs off") << ": loading " << f.model << " on " << *device_name
             << (timing ? " (device timing)" : "") << "\n";
-  kiln_status* st = kiln_model_load_file(l->rt, f.model.c_str(), &l->m);
+  kiln_status* st = nullptr;
+  if (f.distributed) {
+    kiln_distributed_options d;
+    kiln_distributed_options_initialize(&d);
+    d.collective_timeout_s = f.collective_timeout_s;
+    st = kiln_model_load_file_distributed(l->rt, f.model.c_str(), &d, &l->m);
+  } else {
+    st = kiln_model_load_file(l->rt, f.model.c_str(), &l->m);
+  }
   if (!st) return "";
   *fatal = kiln_status_get_code(st) == KILN_STATUS_INVALID_ARGUMENT;
   return take(st);
@@ -394,6 +398,9 @@ std::string step_label(const artifact::PlanStep& s) {
     case artifact::PlanStep::Kind::kConv:
       return "conv " + attr("n") + "x" + attr("c") + "x" + attr("spatial") + " k " + attr("k") + " kernel " +
              attr("kernel") + " " + attr("dtype") + " " + attr("activation");
+    case artifact::PlanStep::Kind::kCollective:
+      return "collective " + attr("op") + " " + attr("count") + " " + attr("dtype") +
+             (s.attrs.count("axis") ? " over " + attr("axis") : " peer " + attr("peer"));
   }
   return "?";
 }
@@ -472,6 +479,15 @@ int cmd_bench(Args& args) {
   // Kept: the profile labels its steps from the plan.
   const std::unique_ptr<artifact::Artifact> checked = artifact::read_artifact_file(f.model, &error);
   if (!checked) return report(invalid_argument(error));
+  dist::LaunchInfo launch;
+  const dist::LaunchFound launched = dist::find_launch(&launch, &error);
+  if (launched == dist::LaunchFound::kError) return report(invalid_argument(error));
+  f.distributed = !checked->plan.mesh.empty() || launched == dist::LaunchFound::kFound;
+  f.rank = launched == dist::LaunchFound::kFound ? launch.rank : 0;
+  if (launched == dist::LaunchFound::kFound && !f.device_given) {
+    f.device = dist::launch_device(&error);
+    if (f.device < 0) return report(invalid_argument(error));
+  }
 
   std::string device = "?";
   std::vector<kiln_tensor_info> inputs, outputs;
@@ -538,9 +554,10 @@ int cmd_bench(Args& args) {
     if (!r.step_ms.empty()) json << ",\n \"profile\": " << profile_report(f, checked->plan.steps, r.step_ms, text);
   json << "}\n";
 
-  std::cout << text.str();
+  // Rank 0 speaks for a distributed run; the other ranks report only their failures.
+  if (f.rank == 0) std::cout << text.str();
   std::cout.flush();
-  if (!f.report_json.empty()) {
+  if (!f.report_json.empty() && f.rank == 0) {
     std::ofstream out(f.report_json, std::ios::binary);
     out << json.str();
     out.close();

@@ -1,12 +1,16 @@
 // Shared pieces of the kiln command line: argument reading, error reporting, subcommands.
 #pragma once
 
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kiln/core/driver.h"
 #include "kiln/ir/status.h"
+#include "kiln/runtime.h"
 
 namespace kiln::cli {
 
@@ -57,6 +61,36 @@ int cmd_cache(Args& args);
 /// `kiln bench` (bench_cmd.cpp) and its help.
 int cmd_bench(Args& args);
 std::string bench_usage_text();
+/// A model loaded on its own runtime, released together.
+struct LoadedModel {
+  kiln_runtime* rt = nullptr;
+  kiln_model* m = nullptr;
+  LoadedModel() = default;
+  LoadedModel(const LoadedModel&) = delete;
+  LoadedModel& operator=(const LoadedModel&) = delete;
+  ~LoadedModel() {
+    kiln_model_release(m);
+    kiln_runtime_release(rt);
+  }
+};
+
+/// The message of a runtime status, which it releases; "" for success. After a failed
+/// collective (KILN_STATUS_COLLECTIVE_FAILED) the device may still be busy with aborted work
+/// and other ranks may be gone: it prints the error and exits the process at once.
+std::string take_status(kiln_status* st);
+
+/// `kiln launch` (launch_cmd.cpp) and its help.
+int cmd_launch(Args& args);
+std::string launch_usage_text();
+/// `kiln run` of a per-rank program (mesh_run_cmd.cpp): `b` holds the whole inputs given,
+/// `files` the outputs to write (name → .npy); the rest are printed.
+int run_per_rank(const Graph& g, const Pipeline& p, const InputBindings& b,
+                 const std::map<std::string, std::string>& files, double collective_timeout_s);
+/// Prints the graph's outputs (name, type, values) or writes those named in `files` as .npy.
+int print_outputs(const Graph& g, const std::vector<Tensor>& outs, const std::map<std::string, std::string>& files);
+/// Binds symbolic dims to `symbols` in every type and re-verifies; every shape must end up
+/// static. Symbols in `taken` were bound by the front end (artifact_cmd.cpp).
+Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& symbols, const std::set<std::string>& taken);
 /// Help of compile, inspect and cache ("" for other commands).
 std::string artifact_usage_text(std::string_view command);
 

@@ -31,6 +31,7 @@ struct Flags {
   bool random_inputs = false;
   uint64_t seed = 0;
   std::map<std::string, int64_t> symbols;
+  double collective_timeout_s = 300;  ///< per-rank programs on a cuda backend
 };
 
 template <typename T>
@@ -194,6 +195,9 @@ int cmd_run(Args& args) {
       f.random_inputs = true;
     } else if (flag == "--seed") {
       f.seed = parse_number<uint64_t>(args.value(flag), "--seed");
+    } else if (flag == "--collective-timeout") {
+      f.collective_timeout_s = static_cast<double>(parse_number<int64_t>(args.value(flag), "--collective-timeout"));
+      if (f.collective_timeout_s < 1) throw UsageError{"--collective-timeout must be at least 1 second"};
     } else if (flag == "--sym") {
       const std::string v = args.value(flag);
       const size_t eq = v.find('=');
@@ -241,6 +245,9 @@ int cmd_run(Args& args) {
     if (!t.ok()) return report(t.status().with_context("input '" + name + "'"));
     b.given.emplace(name, std::move(*t));
   }
+  // A per-rank program takes whole inputs, cut into each rank's piece (mesh_run_cmd.cpp).
+  if (graph.is_per_rank() && !graph.mesh().empty())
+    return run_per_rank(graph, p, b, output_files, f.collective_timeout_s);
   std::vector<std::string> notes;
   auto inputs = bind_inputs(graph, b, &notes);
   if (!inputs.ok()) return report(inputs.status());
@@ -248,11 +255,15 @@ int cmd_run(Args& args) {
 
   auto outs = compile_and_run(graph, p.backend, Registry::global(), *inputs);
   if (!outs.ok()) return report(outs.status());
+  return print_outputs(graph, *outs, output_files);
+}
+
+int print_outputs(const Graph& graph, const std::vector<Tensor>& outs, const std::map<std::string, std::string>& files) {
   for (int i = 0; i < graph.num_outputs(); ++i) {
     const std::string name = graph_output_name(graph, i);
-    const Tensor& t = (*outs)[static_cast<size_t>(i)];
-    auto file = output_files.find(name);
-    if (file != output_files.end()) {
+    const Tensor& t = outs[static_cast<size_t>(i)];
+    auto file = files.find(name);
+    if (file != files.end()) {
       if (Status s = write_npy(file->second, t); !s.ok()) return report(s);
       continue;
     }

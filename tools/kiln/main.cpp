@@ -21,6 +21,7 @@ commands:
   inspect   check a .kiln artifact and print what it holds
   cache     show or clear the kernel cache
   bench     time a .kiln artifact on the GPU (latency, device time, throughput, graphs on/off)
+  launch    start one process per rank on this host (kiln launch -n 2 -- kiln run ...)
   calibrate record max|x| of every matmul/linear input over sample inputs (FP8 scales file)
   quant-report  per-layer and end-to-end SQNR of a quantizing pipeline against fp32
 
@@ -79,6 +80,13 @@ Outputs not written to a file are printed: name, type, then the values (shortene
   --random-inputs           fill inputs not given with seeded pseudo-random values
   --seed N                  seed for --random-inputs (default 0)
   --sym NAME=VALUE          size of symbolic dimension NAME (default: from the inputs, else 1)
+  --collective-timeout S    a per-rank program on a cuda backend fails when its collectives
+                            have not finished S seconds into a run (default 300)
+
+A per-rank program (a graph over a mesh, marked per_rank) takes whole inputs and prints whole
+outputs: each rank gets its piece. The reference backend runs every rank in this process; a
+cuda backend runs one rank per process under a launcher (kiln launch, torchrun, srun, mpirun;
+see docs/parallel-runtime.md), and rank 0 prints the outputs.
 )";
 
 }  // namespace
@@ -102,6 +110,7 @@ std::string usage_text(std::string_view command) {
   if (command == "bench") return bench_usage_text();
   if (command == "calibrate") return calibrate_usage();
   if (command == "quant-report") return quant_report_usage();
+  if (command == "launch") return launch_usage_text();
   if (!artifact_usage_text(command).empty()) return artifact_usage_text(command);
   return std::string(kOverview);
 }
@@ -168,6 +177,7 @@ int dispatch(std::vector<std::string> argv) {
     return kExitOk;
   }
   for (const auto& a : rest) {
+    if (a == "--") break;  // what follows belongs to another command (kiln launch)
     if (a == "--help" || a == "-h") {
       std::cout << usage_text(command);
       return kExitOk;
@@ -185,6 +195,7 @@ int dispatch(std::vector<std::string> argv) {
   if (command == "bench") return cmd_bench(args);
   if (command == "calibrate") return cmd_calibrate(args);
   if (command == "quant-report") return cmd_quant_report(args);
+  if (command == "launch") return cmd_launch(args);
   throw UsageError{"unknown command '" + command + "'"};
 }
 

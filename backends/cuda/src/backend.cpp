@@ -15,6 +15,7 @@
 #include "kiln/core/artifact.h"
 #include "kiln/cuda/autotune.h"
 #include "kiln/cuda/nvrtc.h"
+#include "kiln/distributed.h"
 #include "kiln/ir/op.h"
 #include "kiln/runtime.h"
 #include "kiln/version.h"
@@ -232,13 +233,20 @@ StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs
                 {"targets", joined(backend_->images(), ",")}};
     KILN_RETURN_IF_ERROR(backend_->build_artifact(*g, backend_->images(), art));
     const std::string bytes = serialize_artifact(art);
+    // A per-rank program loads as this process's rank of its launcher (or alone, for one rank).
+    const bool per_rank = g->is_per_rank() && !g->mesh().empty();
     if (runtime_ == nullptr) {
       kiln_runtime_options o;
       kiln_runtime_options_initialize(&o);
+      std::string error;
+      if (per_rank && (o.device_ordinal = dist::launch_device(&error)) < 0) return invalid_argument(who + ": " + error);
       KILN_RETURN_IF_ERROR(from_runtime(kiln_runtime_create(&o, &runtime_), who));
     }
     kiln_model* model = nullptr;
-    KILN_RETURN_IF_ERROR(from_runtime(kiln_model_load_memory(runtime_, bytes.data(), bytes.size(), &model), who));
+    KILN_RETURN_IF_ERROR(from_runtime(
+        per_rank ? kiln_model_load_memory_distributed(runtime_, bytes.data(), bytes.size(), nullptr, &model)
+                 : kiln_model_load_memory(runtime_, bytes.data(), bytes.size(), &model),
+        who));
     it = models_.emplace(key, model).first;
     bound_[key] = std::move(g);
   }

@@ -107,13 +107,17 @@ class Lowerer {
 
  private:
   struct Buffer {
-    std::string kind;  // input, output, activation, weight, alias
+    std::string kind;  // input, output, activation, weight, alias (state, rank_weight while lowering)
     DType dtype;
     Sizes shape;
     int64_t bytes = 0;
     int64_t offset = 0;
     int base = -1;
     std::string name;
+    /// Per-rank plans: this rank's bytes start rank_stride further per coordinate on mesh axis
+    /// rank_axis (collective.cpp).
+    std::string rank_axis;
+    int64_t rank_stride = 0;
   };
   struct Step {
     std::string text;
@@ -121,7 +125,7 @@ class Lowerer {
   };
 
   int add_buffer(std::string kind, DType t, Sizes shape, std::string name = "") {
-    Buffer b{std::move(kind), t, std::move(shape), 0, 0, -1, std::move(name)};
+    Buffer b{std::move(kind), t, std::move(shape), 0, 0, -1, std::move(name), "", 0};
     b.bytes = dtype_storage_bytes(t, product(b.shape));
     bufs_.push_back(std::move(b));
     return static_cast<int>(bufs_.size()) - 1;
@@ -363,6 +367,21 @@ class Lowerer {
   };
   std::vector<Assign> assigns_;
   std::map<std::string, int> variables_;  // variable name -> its buffer
+  /// Per-rank programs (collective.cpp): collective ops as `step collective` (packing dims
+  /// other than the outermost with strided copies) and local_shard; the mesh line and the
+  /// input and output placements of the plan; the blocks of rank-dependent weights, placed
+  /// in the weights section after drop_unread_weights.
+  static bool is_collective(const std::string& op);
+  Status collective(const Node& n);
+  Status collective_step(const Node& n, const std::string& fields, std::vector<int> used);
+  Status local_shard(const Node& n);
+  void record_mesh(const Graph& g);
+  std::string io_placement(bool input, size_t i) const;
+  void place_rank_weights();
+  bool per_rank_ = false;
+  std::string mesh_line_;  // "mesh dp=2 tp=2", "" for a single-device plan
+  std::vector<std::string> input_placements_, output_placements_;
+  std::vector<std::pair<int, std::string>> rank_blocks_;  // rank_weight buffer -> every rank's block
   Status conv_gemm(const Node& n);
   Status pool(const Node& n);
   Status gather(const Node& n);

@@ -135,6 +135,7 @@ Status Lowerer::lower_node(const Node& n) {
     return ok_status();
   }
   if (n.num_regions() > 0) return unsupported(n, "ops with regions other than fused are not supported");
+  if (is_collective(op)) return collective(n);  // collective.cpp: never folded, even on weights
   bool all_weights = true;
   int64_t out_bytes = 0;
   for (const Value* v : n.operands()) all_weights &= bufs_[root(buf(v))].kind == "weight";
@@ -1160,22 +1161,27 @@ std::string Lowerer::write_plan(int64_t arena) {
   std::string p = "kiln-plan 1\n";
   p += "arena bytes=" + std::to_string(arena) + "\n";
   p += "workspace bytes=" + std::to_string(gemm_ ? kWorkspaceBytes : 0) + "\n";
+  if (!mesh_line_.empty()) p += mesh_line_ + "\n";
   for (size_t i = 0; i < bufs_.size(); ++i) {
     const Buffer& b = bufs_[i];
     p += "buffer " + std::to_string(i) + " kind=" + b.kind + " dtype=" + dname(b.dtype) + " shape=" + dims_text(b.shape) +
          " bytes=" + std::to_string(b.bytes) + " offset=" + std::to_string(b.offset);
     if (b.base >= 0) p += " base=" + std::to_string(b.base);
     if (!b.name.empty() && b.name.find_first_of(" \t\n=#") == std::string::npos) p += " name=" + b.name;
+    if (!b.rank_axis.empty()) p += " rank_axis=" + b.rank_axis + " rank_stride=" + std::to_string(b.rank_stride);
     p += "\n";
   }
-  for (const auto& [name, id] : inputs_) p += "input " + name + " buffer=" + std::to_string(id) + "\n";
-  for (const auto& [name, id] : outputs_) p += "output " + name + " buffer=" + std::to_string(id) + "\n";
+  for (size_t i = 0; i < inputs_.size(); ++i)
+    p += "input " + inputs_[i].first + " buffer=" + std::to_string(inputs_[i].second) + io_placement(true, i) + "\n";
+  for (size_t i = 0; i < outputs_.size(); ++i)
+    p += "output " + outputs_[i].first + " buffer=" + std::to_string(outputs_[i].second) + io_placement(false, i) + "\n";
   for (const std::string& k : kernels_) p += "kernel " + k + "\n";
   for (const Step& s : steps_) p += s.text + "\n";
   return p;
 }
 
 StatusOr<LoweredGraph> Lowerer::run(const Graph& g) {
+  record_mesh(g);
   for (int i = 0; i < g.num_inputs(); ++i) {
     const Value* v = g.input(i);
     KILN_RETURN_IF_ERROR(check_static(v));
@@ -1207,6 +1213,7 @@ StatusOr<LoweredGraph> Lowerer::run(const Graph& g) {
   }
   KILN_RETURN_IF_ERROR(finish_state());
   drop_unread_weights();
+  place_rank_weights();
   const int64_t arena = plan_memory();
   LoweredGraph out;
   out.plan = write_plan(arena);

@@ -87,6 +87,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitSideEffects,
       .inputs = {"x"},
       .outputs = {"y"},
+      .result_rule = "same as x",
       .attrs = {axis_attr(), attr_default("reduce", Attribute(std::string("sum")), "sum or max")},
       .infer = [](InferContext& ctx) -> Status {
         KILN_RETURN_IF_ERROR(float_or_int(ctx));
@@ -107,6 +108,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitSideEffects,
       .inputs = {"x"},
       .outputs = {"y"},
+      .result_rule = "x with dim multiplied by the size of mesh axis `axis`",
       .attrs = {axis_attr(), attr_default("dim", Attribute(int64_t{0}), "dim to concatenate along")},
       .infer = [](InferContext& ctx) -> Status {
         KILN_ASSIGN_OR_RETURN(auto axis, mesh_axis(ctx));
@@ -128,6 +130,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitSideEffects,
       .inputs = {"x"},
       .outputs = {"y"},
+      .result_rule = "x with dim divided by the size of mesh axis `axis`",
       .attrs = {axis_attr(), attr_default("dim", Attribute(int64_t{0}), "dim to split"),
                 attr_default("reduce", Attribute(std::string("sum")), "sum or max")},
       .infer = [](InferContext& ctx) -> Status {
@@ -155,6 +158,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitSideEffects,
       .inputs = {"x"},
       .outputs = {"y"},
+      .result_rule = "x with split_dim divided and concat_dim multiplied by the size of mesh axis `axis`",
       .attrs = {axis_attr(), attr_required("split_dim", AttrKind::kInt, "dim split into one block per rank"),
                 attr_required("concat_dim", AttrKind::kInt, "dim the received blocks are joined along")},
       .infer = [](InferContext& ctx) -> Status {
@@ -186,6 +190,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitSideEffects,
       .inputs = {"x"},
       .outputs = {"y"},
+      .result_rule = "same as x",
       .attrs = {axis_attr(), attr_default("root", Attribute(int64_t{0}), "position in the group of the sending rank")},
       .infer = [](InferContext& ctx) -> Status {
         KILN_ASSIGN_OR_RETURN(auto axis, mesh_axis(ctx));
@@ -207,6 +212,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitNone,
       .inputs = {"x"},
       .outputs = {"y"},
+      .result_rule = "x with dim divided by the size of mesh axis `axis`",
       .attrs = {axis_attr(), attr_default("dim", Attribute(int64_t{0}), "dim to split")},
       .infer = [](InferContext& ctx) -> Status {
         KILN_ASSIGN_OR_RETURN(auto axis, mesh_axis(ctx));
@@ -232,6 +238,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitSideEffects,
       .inputs = {"x"},
       .outputs = {},
+      .result_rule = "no results",
       .attrs = {attr_required("peer", AttrKind::kInt, "receiving rank"),
                 attr_default("tag", Attribute(int64_t{0}), "matches one recv of the peer")},
       .infer = [](InferContext& ctx) -> Status {
@@ -253,6 +260,7 @@ void register_collective_ops(OpRegistry& r) {
       .traits = kTraitSideEffects,
       .inputs = {},
       .outputs = {"y"},
+      .result_rule = "`dtype`[`shape`]",
       .attrs = {attr_required("peer", AttrKind::kInt, "sending rank"),
                 attr_default("tag", Attribute(int64_t{0}), "matches one send of the peer"),
                 attr_required("dtype", AttrKind::kDType, "element type"),

@@ -11,6 +11,23 @@
 
 namespace kiln::artifact {
 
+/// One axis of the device mesh a per-rank plan runs on (its `mesh` line): ranks are row-major
+/// over the axes, the last varying fastest.
+struct MeshAxis {
+  std::string name;
+  int64_t size = 1;
+};
+
+/// How a per-rank plan's input or output lies in the global tensor along one mesh axis:
+/// replicated, split into equal contiguous blocks along `dim` (block k on group position k),
+/// or one term of a sum or max over the axis' group.
+struct PlanPlacement {
+  enum class Kind { kReplicate, kShard, kPartial };
+  Kind kind = Kind::kReplicate;
+  int dim = 0;             ///< kShard
+  std::string reduce;      ///< kPartial: "sum" or "max"
+};
+
 /// A parsed buffer line of the plan.
 struct PlanBuffer {
   enum class Kind { kInput, kOutput, kActivation, kWeight, kAlias };
@@ -22,6 +39,10 @@ struct PlanBuffer {
   uint64_t offset = 0;               ///< arena offset, weights offset, or offset into `base`
   int base = -1;                     ///< for aliases
   std::string name;
+  /// Weights and aliases of a per-rank plan may differ by rank: this rank's bytes start at
+  /// offset + coord * rank_stride, coord being its position along mesh axis rank_axis.
+  std::string rank_axis;             ///< "" when the same for every rank
+  uint64_t rank_stride = 0;
 };
 
 /// One argument of a kernel launch.
@@ -34,7 +55,7 @@ struct LaunchArg {
 };
 
 struct PlanStep {
-  enum class Kind { kLaunch, kGemm, kCopy, kMemset, kConv };
+  enum class Kind { kLaunch, kGemm, kCopy, kMemset, kConv, kCollective };
   Kind kind = Kind::kLaunch;
   // launch
   std::string kernel;
@@ -42,7 +63,8 @@ struct PlanStep {
   uint32_t block[3] = {1, 1, 1};
   uint32_t smem = 0;
   std::vector<LaunchArg> args;
-  // gemm, copy, memset, conv: named attributes as written (a, b, d, m, n, ... src, dst, bytes)
+  // gemm, copy, memset, conv, collective: named attributes as written (a, b, d, m, n, ... src,
+  // dst, bytes; op, axis, x, y, count, dtype, reduce, root, peer, tag)
   std::map<std::string, std::string> attrs;
   int line = 0;  ///< line in the plan text, for messages
 };
@@ -61,6 +83,11 @@ struct Plan {
   std::vector<PlanBuffer> buffers;
   std::vector<std::pair<std::string, int>> inputs;   ///< name, buffer id
   std::vector<std::pair<std::string, int>> outputs;
+  /// Per-rank plans: the device mesh (empty for a single-device plan) and each input's and
+  /// output's placement, parallel to `inputs` and `outputs` (one entry per mesh axis; empty
+  /// when the line gives none, which means replicated).
+  std::vector<MeshAxis> mesh;
+  std::vector<std::vector<PlanPlacement>> input_placements, output_placements;
   std::vector<std::string> kernels;
   std::vector<PlanStep> steps;
 };
@@ -94,6 +121,17 @@ std::unique_ptr<Artifact> read_artifact_file(const std::string& path, std::strin
 
 /// Parses plan text; error messages are "plan:LINE: ...".
 bool parse_plan(std::string_view text, Plan* out, std::string* error);
+
+/// The collective ops a plan's `step collective op=...` may name, in this order.
+inline constexpr const char* kCollectiveOps[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                 "broadcast",  "send",       "recv"};
+/// Ranks of a plan's mesh (1 for a single-device plan).
+int64_t mesh_ranks(const Plan& plan);
+/// "dp:2,tp:4" ("" for a single-device plan); "R,S(0)" for a placement ("" when not annotated).
+std::string mesh_text(const Plan& plan);
+std::string placement_text(const std::vector<PlanPlacement>& placement);
+/// Bits per element of a Kiln dtype name; 0 when unknown (the runtime does not link the IR).
+int dtype_bits(std::string_view name);
 
 /// For `kiln inspect`: a human-readable summary, or JSON ({"format_version", "meta",
 /// "targets": ["sm_80", ...], "images": [...], "sections": [...], "inputs", "outputs",

@@ -30,7 +30,7 @@ extern "C" {
 #define KILN_RUNTIME_EXPORT
 #endif
 
-#define KILN_RUNTIME_API_VERSION 4
+#define KILN_RUNTIME_API_VERSION 5
 
 /* ---- status ------------------------------------------------------------------------------ */
 
@@ -43,6 +43,9 @@ typedef enum kiln_status_code {
   KILN_STATUS_NO_DEVICE = 5,         /* no usable GPU */
   KILN_STATUS_DEVICE_ERROR = 6,      /* a CUDA, cuBLASLt or driver call failed */
   KILN_STATUS_INTERNAL = 7,
+  /* Since API version 5: a collective failed or did not finish within the collective timeout;
+   * the model's communicators were aborted and it cannot run again (release it, load anew). */
+  KILN_STATUS_COLLECTIVE_FAILED = 8,
 } kiln_status_code;
 
 typedef struct kiln_status kiln_status;
@@ -205,6 +208,100 @@ KILN_RUNTIME_EXPORT kiln_status* kiln_model_step_problem(const kiln_model* model
 KILN_RUNTIME_EXPORT kiln_status* kiln_model_tune_step(kiln_model* model, size_t step, int32_t max_candidates,
                                                       int32_t iterations, kiln_tune_result* out_result);
 
+/* ---- distributed runs: one process per rank (since API version 5) -------------------------- */
+
+/* A per-rank artifact (docs/artifact.md, "mesh") runs on a device mesh: every rank loads it in
+ * its own process on its own GPU, feeds its own piece of each input and gets its own piece of
+ * each output; the plan's collective steps run through NCCL on the model's stream, inside the
+ * CUDA graph. docs/parallel-runtime.md describes launching and the watchdog. */
+
+#define KILN_MAX_MESH_AXES 8
+
+typedef struct kiln_distributed_options {
+  uint32_t struct_size;
+  /* Default 1: this process's rank, the world size, its local rank and rank 0's address come
+   * from the launcher's environment: torchrun or `kiln launch` (RANK, WORLD_SIZE, LOCAL_RANK,
+   * MASTER_ADDR, MASTER_PORT), Open MPI's mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK),
+   * MPICH and Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID), srun (SLURM_PROCID,
+   * SLURM_NTASKS, SLURM_LOCALID), the last three with MASTER_ADDR and MASTER_PORT. Without any
+   * of them a mesh of one rank runs alone and a larger mesh fails, saying how to launch it.
+   * 0: the four fields below. */
+  int32_t from_environment;
+  int32_t rank;              /* default 0 */
+  int32_t world_size;        /* default 1; must equal the number of ranks of the plan's mesh */
+  int32_t local_rank;        /* default 0: the rank's index on its host, its CUDA device */
+  const char* master_addr;   /* rank 0's host name or address (read during the call); NULL */
+  int32_t master_port;       /* rank 0 listens here for the NCCL id hand-off; default 0 */
+  /* Default 300. A run whose collectives have not finished this many seconds after it was
+   * enqueued, or whose communicator reports an error, aborts the communicators and fails
+   * (kiln_model_run, kiln_model_synchronize: COLLECTIVE_FAILED, naming the step). */
+  double collective_timeout_s;
+  /* Default 300: the longest wait for the other ranks at load (the id hand-off, creating the
+   * communicators, the warm-up run). */
+  double bootstrap_timeout_s;
+} kiln_distributed_options;
+
+KILN_RUNTIME_EXPORT void kiln_distributed_options_initialize(kiln_distributed_options* options);
+
+/* Loads an artifact as one rank of a distributed run (options NULL: the defaults). Every rank
+ * calls it at about the same time: rank 0 hands NCCL's unique id to the others over TCP at
+ * master_addr:master_port, then NCCL makes the world's communicator and one per mesh axis. The
+ * runtime must be on the rank's device (kiln_runtime_options.device_ordinal = local rank, or 0
+ * when the process sees one device). Fails clearly when the world size differs from the mesh's
+ * ranks, the device is wrong, or a rank does not show up in time. A single-device artifact loads
+ * as kiln_model_load_file does, when the world has one rank. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_load_file_distributed(kiln_runtime* runtime, const char* path,
+                                                                  const kiln_distributed_options* options,
+                                                                  kiln_model** out_model);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_load_memory_distributed(kiln_runtime* runtime, const void* data,
+                                                                    size_t size,
+                                                                    const kiln_distributed_options* options,
+                                                                    kiln_model** out_model);
+
+/* The model's mesh and this process's place on it. Strings are owned by the model. */
+typedef struct kiln_mesh_info {
+  uint32_t struct_size;
+  int32_t num_axes;                             /* 0 for a single-device model */
+  const char* axis_names[KILN_MAX_MESH_AXES];
+  int64_t axis_sizes[KILN_MAX_MESH_AXES];
+  int64_t coords[KILN_MAX_MESH_AXES];           /* this rank's position on each axis */
+  int32_t rank;                                 /* row-major over the axes, the last fastest */
+  int32_t world_size;
+} kiln_mesh_info;
+
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_mesh_info(const kiln_model* model, kiln_mesh_info* out_info);
+
+typedef enum kiln_placement_kind {
+  KILN_PLACEMENT_REPLICATE = 0,    /* every rank of the axis holds the same tensor */
+  KILN_PLACEMENT_SHARD = 1,        /* split in equal blocks along shard_dims[axis]: block k on coordinate k */
+  KILN_PLACEMENT_PARTIAL_SUM = 2,  /* the whole tensor is the sum of the axis' ranks' tensors */
+  KILN_PLACEMENT_PARTIAL_MAX = 3,  /* ... their elementwise max */
+} kiln_placement_kind;
+
+/* How this rank's piece of an input or output (kiln_tensor_info: its own dims) lies in the
+ * whole tensor, so a host can slice whole inputs and put outputs back together. */
+typedef struct kiln_tensor_placement {
+  uint32_t struct_size;
+  int32_t num_axes;                              /* the mesh's (0: single device) */
+  kiln_placement_kind kinds[KILN_MAX_MESH_AXES];
+  int32_t shard_dims[KILN_MAX_MESH_AXES];        /* for KILN_PLACEMENT_SHARD */
+  int32_t rank;                                  /* the tensor's rank */
+  int64_t global_dims[KILN_MAX_RANK];            /* the whole tensor */
+  int64_t offsets[KILN_MAX_RANK];                /* where this rank's piece starts in it */
+  int32_t partial;                               /* 1 when some axis is partial */
+} kiln_tensor_placement;
+
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_input_placement(const kiln_model* model, size_t index,
+                                                            kiln_tensor_placement* out_placement);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_output_placement(const kiln_model* model, size_t index,
+                                                             kiln_tensor_placement* out_placement);
+
+/* Every rank's `bytes` bytes from `send`, in rank order, into `recv` (world_size * bytes), over
+ * the model's world communicator and under its watchdog. A collective: every rank calls it with
+ * the same `bytes`. For hosts that put outputs together on one rank. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_all_gather_host(kiln_model* model, const void* send, uint64_t bytes,
+                                                            void* recv);
+
 /* ---- versioned function table -------------------------------------------------------------- */
 
 typedef struct kiln_api {
@@ -235,6 +332,16 @@ typedef struct kiln_api {
   /* version 4 */
   kiln_status* (*model_step_problem)(const kiln_model*, size_t, char*, size_t);
   kiln_status* (*model_tune_step)(kiln_model*, size_t, int32_t, int32_t, kiln_tune_result*);
+  /* version 5 */
+  void (*distributed_options_initialize)(kiln_distributed_options*);
+  kiln_status* (*model_load_file_distributed)(kiln_runtime*, const char*, const kiln_distributed_options*,
+                                              kiln_model**);
+  kiln_status* (*model_load_memory_distributed)(kiln_runtime*, const void*, size_t, const kiln_distributed_options*,
+                                                kiln_model**);
+  kiln_status* (*model_mesh_info)(const kiln_model*, kiln_mesh_info*);
+  kiln_status* (*model_input_placement)(const kiln_model*, size_t, kiln_tensor_placement*);
+  kiln_status* (*model_output_placement)(const kiln_model*, size_t, kiln_tensor_placement*);
+  kiln_status* (*model_all_gather_host)(kiln_model*, const void*, uint64_t, void*);
   /* New entries go here, at the end, with a bump of KILN_RUNTIME_API_VERSION. */
 } kiln_api;
 

@@ -64,6 +64,12 @@ Status run_pipeline_passes(Graph& g, const Pipeline& p, const Registry& reg,
 /// value's (its pieces on every rank put together), else the value's own.
 TensorType interface_type(const Graph& g, const Value* v);
 
+/// Every rank's piece of each whole input of per-rank program `g`: pieces[rank][input].
+StatusOr<std::vector<std::vector<Tensor>>> split_inputs_by_rank(const Graph& g, std::span<const Tensor> whole);
+/// Each output of per-rank program `g` put together from every rank's (by_rank[rank][output]):
+/// shards joined, partial terms reduced, replicas checked to agree.
+StatusOr<std::vector<Tensor>> assemble_outputs(const Graph& g, const std::vector<std::vector<Tensor>>& by_rank);
+
 /// Compiles `g` with the backend and runs it on `inputs` (graph-input order). A per-rank
 /// program of a mesh of several ranks takes and returns whole tensors and runs every rank in
 /// this process on `reference`; other backends refuse it (each rank is its own process there).
