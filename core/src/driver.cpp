@@ -143,7 +143,7 @@ StatusOr<std::vector<Tensor>> assemble_outputs(const Graph& g, const std::vector
 
 StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,
                                               const Registry& reg, std::span<const Tensor> inputs) {
-  if (g.is_per_rank() && g.mesh().num_ranks() > 1) {
+  if (g.is_per_rank() && !g.mesh().empty() && (backend.name == "reference" || g.mesh().num_ranks() > 1)) {
     if (backend.name != "reference")
       return unimplemented("graph '" + g.name() + "' is a per-rank program for a mesh of " +
                            std::to_string(g.mesh().num_ranks()) + " ranks " + g.mesh().str() +

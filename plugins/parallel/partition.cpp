@@ -134,6 +134,9 @@ class Partitioner {
     const auto key = std::make_pair(v, sharding_str(target));
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     Value* x = v;
+    // Along an axis of one rank every layout holds the whole value: nothing moves.
+    for (size_t a = 0; a < cur.size(); ++a)
+      if (mesh_.axes[a].size == 1) cur[a] = target[a];
     for (int ai = mesh_.rank() - 1; ai >= 0; --ai) {
       const auto a = static_cast<size_t>(ai);
       if (cur[a] == target[a] || cur[a].is_replicate()) continue;
@@ -298,6 +301,36 @@ class Partitioner {
     return d;
   }
 
+  /// conv(x [N, C, ...], w [Cout, C, k...], bias? [Cout]) with one group: output channels
+  /// split (w on dim 0, the result on dim 1), input channels split (w on dim 1, partial sums:
+  /// Megatron for convolutions), or the batch carried through.
+  Decision conv(const Node& n) const {
+    const Value* x = n.operand(0);
+    const Value* w = n.operand(1);
+    Sharding sx = without_partials(layout(n, 0)), sw = without_partials(layout(n, 1));
+    const bool grouped = n.get_int("groups", 1) != 1;
+    if (is_replicated(sw) && !grouped)
+      if (auto pick = ask_policy(n, 1, layout(n, 0))) sw = *pick;
+    Decision d;
+    Sharding tx = replicated(), tw = replicated(), ty = replicated(), tb = replicated();
+    for (size_t a = 0; a < tx.size(); ++a) {
+      if (!grouped && sw[a].is_shard() && sw[a].dim == 0) {  // output channels
+        tw[a] = P::shard(0), ty[a] = P::shard(1), tb[a] = P::shard(0);
+      } else if (!grouped && ((sw[a].is_shard() && sw[a].dim == 1) || (sx[a].is_shard() && sx[a].dim == 1))) {
+        tx[a] = P::shard(1), tw[a] = P::shard(1), ty[a] = P::partial();  // input channels
+        d.bias_after_reduce = n.num_operands() > 2;
+      } else if (sx[a].is_shard() && sx[a].dim == 0) {
+        tx[a] = sx[a], ty[a] = sx[a];
+      }
+    }
+    if (!fits(tx, x->type()) || !fits(tw, w->type()) || !fits(ty, n.result()->type())) return fallback(n);
+    d.operands = {tx, tw};
+    if (n.num_operands() > 2) d.operands.push_back(d.bias_after_reduce ? replicated() : tb);
+    d.results = {ty};
+    d.attrs = n.attrs();
+    return d;
+  }
+
   /// matmul(a [..., M, K], b [..., K, N]) with numpy batch broadcasting (rank >= 2 each).
   Decision matmul(const Node& n) const {
     const Value* A = n.operand(0);
@@ -362,34 +395,42 @@ class Partitioner {
   Decision reshape(const Node& n) const {
     const Value* x = n.operand(0);
     const Value* y = n.result();
-    if (!is_static(x->shape()) || !is_static(y->shape())) return fallback(n);
-    const auto xs = static_sizes(x->shape()), ys = static_sizes(y->shape());
-    auto prefix = [](const std::vector<int64_t>& s, size_t upto) {
+    // The elements before a dim, as a static product and the symbols multiplied in.
+    auto prefix = [](const Shape& s, size_t upto) {
       int64_t p = 1;
-      for (size_t i = 0; i < upto; ++i) p *= s[i];
-      return p;
+      std::multiset<std::string> syms;
+      for (size_t i = 0; i < upto; ++i) {
+        if (s[i].is_static()) p *= s[i].value();
+        else syms.insert(s[i].str());
+      }
+      return std::make_pair(p, syms);
     };
     Sharding s = layout(n, 0), t = s;
     for (size_t a = 0; a < s.size(); ++a) {
       if (!s[a].is_shard()) continue;
       const auto dx = static_cast<size_t>(s[a].dim);
+      const Dim& xd = x->shape()[dx];
       std::optional<int64_t> e;
-      for (size_t k = 0; k < ys.size() && !e; ++k)
-        if (prefix(ys, k) == prefix(xs, dx) && ys[k] > 1) e = static_cast<int64_t>(k);
+      for (size_t k = 0; k < y->shape().size() && !e; ++k) {
+        const Dim& yd = y->shape()[k];
+        if (prefix(y->shape(), k) != prefix(x->shape(), dx)) continue;
+        // A static dim may split or merge with its neighbours (blocks stay contiguous); a
+        // symbolic one must come through whole.
+        if (xd.is_static() ? (yd.is_static() && yd.value() > 1) : yd == xd) e = static_cast<int64_t>(k);
+      }
       if (!e) return fallback(n);
       t[a] = P::shard(*e);
     }
     if (!fits(without_partials(t), y->type())) return fallback(n);
-    // The same blocks: the split factor of input dim d must equal that of its output dim.
     Decision d;
     d.operands = {s};
     d.results = {t};
     d.attrs = n.attrs();
     const Shape local = local_shape(y->shape(), t, mesh_);
     std::vector<int64_t> shape = n.get_ints("shape");
-    if (shape.size() == ys.size())
+    if (shape.size() == y->shape().size())
       for (size_t k = 0; k < shape.size(); ++k)
-        if (shape[k] > 0) shape[k] = local[k].value();
+        if (shape[k] > 0 && local[k].is_static()) shape[k] = local[k].value();
     d.attrs["shape"] = Attribute(shape);
     return d;
   }
@@ -530,6 +571,10 @@ class Partitioner {
         return int64_t{-1};
       });
     }
+    if (op == "flatten") {  // [x0..x(a-1)] and [xa..]: the outermost dim of each group keeps its blocks
+      const int64_t axis = norm_axis(n.get_int("axis", 1));
+      return remap(n, [axis](int64_t d) { return d == 0 ? 0 : d == axis ? 1 : -1; });
+    }
     if (op == "unsqueeze" || op == "squeeze") {
       std::vector<int64_t> axes = n.get_ints("axes");
       const int64_t ry = rank_of(n.result());
@@ -574,10 +619,24 @@ class Partitioner {
       for (int64_t ax : axes) whole.insert(norm_axis(ax));
       return keep_dims_except(n, whole, 0);
     }
-    if (op == "conv" || op == "max_pool" || op == "avg_pool" || op == "batch_norm") {
+    if (op == "conv") return conv(n);
+    if (op == "max_pool" || op == "avg_pool") {
       std::set<int64_t> whole;
-      for (int64_t d = 1; d < r; ++d) whole.insert(d);  // only the batch dim may stay sharded
-      return keep_dims_except(n, whole, 1);
+      for (int64_t d = 2; d < r; ++d) whole.insert(d);  // batch and channels may stay split
+      return keep_dims_except(n, whole, 0);
+    }
+    if (op == "batch_norm") {  // per channel: its parameters follow a channel split
+      Decision d = keep_dims_except(n, [&] {
+        std::set<int64_t> whole;
+        for (int64_t k = 2; k < r; ++k) whole.insert(k);
+        return whole;
+      }(), 1);
+      if (d.fallback) return d;
+      Sharding params = replicated();
+      for (size_t a = 0; a < params.size(); ++a)
+        if (d.operands[0][a].is_shard() && d.operands[0][a].dim == 1) params[a] = P::shard(0);
+      for (size_t i = 1; i < d.operands.size(); ++i) d.operands[i] = params;
+      return d;
     }
     if (op == "matmul_int4" || op == "scaled_matmul") {
       std::set<int64_t> whole = {r - 1};
@@ -622,6 +681,13 @@ class Partitioner {
       if (d.bias_after_reduce) {
         KILN_ASSIGN_OR_RETURN(v, redistribute(v, without_partials(v->sharding())));
         KILN_ASSIGN_OR_RETURN(Value * bias, redistribute(local_.at(n.operand(2)), replicated()));
+        if (n.op_name() == "conv") {  // [Cout] against [N, Cout, spatial...]
+          std::vector<int64_t> shape(static_cast<size_t>(rank_of(n.result())) - 1, 1);
+          shape[0] = -1;
+          KILN_ASSIGN_OR_RETURN(Node * r, emit("reshape", {bias}, {{"shape", Attribute(shape)}}, bias->name() + ".channels", n.loc()));
+          r->result()->set_sharding(replicated());
+          bias = r->result();
+        }
         KILN_ASSIGN_OR_RETURN(Node * add, emit("add", {v, bias}, {}, n.result(i)->name() + ".biased", n.loc()));
         add->result()->set_sharding(v->sharding());
         v = add->result();

@@ -24,12 +24,17 @@ std::optional<Sharding> megatron_layout(const WeightChoice& c, size_t axis, cons
   const Value* w = c.node.operand(c.weight_operand);
   const Value* x = c.node.operand(c.weight_operand == 1 ? 0 : 1);
   const bool is_weight = w->is_graph_input() || (w->producer() && w->producer()->op_name() == "constant");
-  if (!is_weight || w->type().rank() != 2 || num_elements(w->shape()) < std::max<int64_t>(cfg.min_size, 1)) return std::nullopt;
-  const bool linear = c.node.op_name() == "linear";
-  const int64_t out_dim = linear ? 0 : 1, in_dim = linear ? 1 : 0;
+  const bool conv = c.node.op_name() == "conv";
+  if (!is_weight || (conv ? w->type().rank() < 3 : w->type().rank() != 2) ||
+      num_elements(w->shape()) < std::max<int64_t>(cfg.min_size, 1))
+    return std::nullopt;
+  // linear's and conv's weights are [out, in, ...]; matmul's is [in, out].
+  const bool out_first = c.node.op_name() == "linear" || conv;
+  const int64_t out_dim = out_first ? 0 : 1, in_dim = out_first ? 1 : 0;
   const Placement act = c.activation[axis];
   Sharding s(static_cast<size_t>(cfg.mesh.rank()), Placement::replicate());
-  const bool split_features = act.is_shard() && act.dim == x->type().rank() - 1;
+  const int64_t feature_dim = conv ? 1 : x->type().rank() - 1;  // where the activation's features are
+  const bool split_features = act.is_shard() && act.dim == feature_dim;
   s[axis] = Placement::shard(split_features ? in_dim : out_dim);
   if (!check_sharding(s, cfg.mesh, w->type()).ok()) return std::nullopt;
   return s;

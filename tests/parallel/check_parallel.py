@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Checks one parallel strategy on one model for meshes of 1, 2, 4 and 8 ranks: the per-rank
+program `kiln run` simulates on the reference backend (every rank in one process) must give the
+unsharded run's outputs, and for more than one rank the strategy must really have split
+something (a sharded input or weight), so a strategy that silently replicates everything fails.
+
+    check_parallel.py KILN MODEL STRATEGY [--ranks 1,2,4,8] [--batch B] [--sym NAME=SIZE]...
+                      [--seed N] [--rtol R] [--atol A]
+
+MODEL is a tests/models folder (model.onnx, input_*.npy, dims.txt) or a .kir file (random
+inputs). STRATEGY is one of:
+  dp        data-parallel, the batch split over the whole mesh
+  dp-seq    data-parallel along dim 1 (the sequence), for models exported with batch 1
+  dp-rows   data-parallel along dim 2 (image rows), for image models exported with batch 1
+  tp        tensor-parallel (Megatron column/row projections)
+  tp-sp     tensor-parallel with sequence parallelism
+  dp-tp     a 2 x N/2 mesh: batch over dp, tensor-parallel over tp (meshes of 4 and more)
+  dp-tp-seq the same with the dp split along dim 1
+--batch B widens a model folder's saved inputs to batch B (rows rolled, so every row differs)
+and binds the folder's `batch` dim to B.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models"))
+from compare import allclose  # noqa: E402
+from model_dir import output_files  # noqa: E402
+
+CLEANUP = "canonicalize,cse"
+
+
+def strategy_spec(name, ranks):
+    """The pass-list entry for `name` on a mesh of `ranks`, or None where it does not apply."""
+    if name == "dp":
+        return f'data-parallel{{mesh="dp={ranks}"}}'
+    if name == "dp-seq":
+        return f'data-parallel{{mesh="dp={ranks}",batch-dim=1}}'
+    if name == "dp-rows":
+        return f'data-parallel{{mesh="dp={ranks}",batch-dim=2}}'
+    if name == "tp":
+        return f'tensor-parallel{{mesh="tp={ranks}"}}'
+    if name == "tp-sp":
+        return f'tensor-parallel{{mesh="tp={ranks}",sequence-parallel=true}}'
+    if name in ("dp-tp", "dp-tp-seq"):
+        if ranks < 4:
+            return None
+        dim = ",batch-dim=1" if name == "dp-tp-seq" else ""
+        return f'tensor-parallel{{mesh="dp=2, tp={ranks // 2}",data-axis="dp"{dim}}}'
+    raise SystemExit(f"unknown strategy '{name}'")
+
+
+def run(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:  # the command and the end of what it said (IR dumps are long)
+        sys.stderr.write(" ".join(cmd) + "\n" + (proc.stdout + proc.stderr)[-3000:])
+    return proc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kiln")
+    ap.add_argument("model")
+    ap.add_argument("strategy")
+    ap.add_argument("--ranks", default="1,2,4,8")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--sym", action="append", default=[])
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--outputs", default="", help="output names of a .kir model, comma-separated")
+    ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument("--atol", type=float, default=1e-5)
+    a = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        common = []
+        if os.path.isdir(a.model):
+            model = os.path.join(a.model, "model.onnx")
+            syms = dict(s.split("=", 1) for s in a.sym)
+            dims = os.path.join(a.model, "dims.txt")
+            if os.path.exists(dims):
+                for line in open(dims):
+                    if line.strip():
+                        k, v = line.strip().split("=", 1)
+                        syms.setdefault(k, v)
+            if a.batch:
+                syms["batch"] = str(a.batch)
+            for k, v in syms.items():
+                common += ["--sym", f"{k}={v}"]
+            for path in sorted(os.listdir(a.model)):
+                if not (path.startswith("input_") and path.endswith(".npy")):
+                    continue
+                x = np.load(os.path.join(a.model, path))
+                if a.batch and x.shape[0] != a.batch:
+                    rows = [np.roll(x, k, axis=-1) for k in range(a.batch)]
+                    x = np.concatenate(rows, axis=0)[: a.batch]
+                    path_out = os.path.join(tmp, path)
+                    np.save(path_out, x)
+                else:
+                    path_out = os.path.abspath(os.path.join(a.model, path))
+                common += ["--input", f"{path[len('input_'):-len('.npy')]}=@{path_out}"]
+            names = [n for n, _ in output_files(a.model)]
+        else:
+            model = a.model
+            for s in a.sym:
+                common += ["--sym", s]
+            common += ["--random-inputs", "--seed", str(a.seed)]
+            names = [n for n in a.outputs.split(",") if n]
+        if not names:
+            print("FAIL: no output names (a .kir model needs --outputs)")
+            return 1
+
+        def outputs_of(tag, passes, extra=()):
+            files = {n: os.path.join(tmp, f"{tag}-{n}.npy") for n in names}
+            cmd = [a.kiln, "run", model, "--passes", passes] + common + list(extra)
+            for n, f in files.items():
+                cmd += ["--output", f"{n}=@{f}"]
+            proc = run(cmd)
+            if proc.returncode != 0:
+                return None, proc
+            return {n: np.load(f) for n, f in files.items()}, proc
+
+        want, proc = outputs_of("whole", CLEANUP)
+        if want is None:
+            print("FAIL: the unsharded run failed")
+            return 1
+        ok = True
+        for ranks in [int(r) for r in a.ranks.split(",")]:
+            spec = strategy_spec(a.strategy, ranks)
+            if spec is None:
+                continue
+            passes = f"{CLEANUP},{spec}"
+            got, proc = outputs_of(f"r{ranks}", passes, ["--print-ir-after-all"])
+            if got is None:
+                print(f"FAIL {a.strategy} on {ranks} ranks: kiln run exited {proc.returncode}")
+                ok = False
+                continue
+            # The per-rank program right after the strategy: how much it split.
+            strategy = spec.split("{")[0]
+            text = proc.stderr.split(f"// ----- IR after {strategy}")[-1].split("// ----- IR after")[0]
+            signature = text.split(") ->")[0]
+            split_inputs = len(re.findall(r"<[^>]*S\(", signature))
+            counts = {op: text.count(f" {op}(") for op in
+                      ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_shard")}
+            for n in names:
+                v = allclose(want[n], got[n], a.rtol, a.atol)
+                status = "ok" if v.ok else "FAIL"
+                print(f"{status} {a.strategy} {ranks} ranks: {n} max |diff| {v.measure:.3g}"
+                      f"{'' if v.ok else ' ' + v.why}")
+                ok &= v.ok
+            print(f"   per-rank program: {split_inputs} split inputs, " +
+                  ", ".join(f"{c} {op}" for op, c in counts.items()))
+            if ranks > 1:
+                data_only = a.strategy.startswith("dp") and "tp" not in a.strategy
+                if (split_inputs if data_only else counts["local_shard"]) == 0:
+                    print(f"FAIL {a.strategy} on {ranks} ranks split nothing: every rank computes the whole model")
+                    ok = False
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
