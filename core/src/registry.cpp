@@ -74,7 +74,7 @@ StatusOr<const Info*> lookup(const std::map<std::string, Info>& table, PluginKin
   if (it != table.end()) return &it->second;
   std::vector<std::string> names;
   for (const auto& [n, info] : table) names.push_back(n);
-  std::string msg = "unknown " + std::string(plugin_kind_name(kind)) + " '" + name + "'" +
+  std::string msg = "unknown " + (kind == PluginKind::kParallel ? std::string("parallel strategy") : std::string(plugin_kind_name(kind))) + " '" + name + "'" +
                     did_you_mean(name, names);
   if (names.empty()) {
     msg += "; no " + std::string(plural(kind)) + " are registered";

@@ -77,7 +77,7 @@ TEST_CASE("registry lookups and the unknown-name message") {
   CHECK(nofe.status().message() == "unknown frontend 'onnx'; no frontends are registered" + hint);
   auto nopar = reg.parallel("tp");
   CHECK(nopar.status().message() ==
-        "unknown parallel 'tp'; no parallel strategies are registered" + hint);
+        "unknown parallel strategy 'tp'; no parallel strategies are registered" + hint);
 
   auto found = reg.find(PluginKind::kPass, "dce");
   REQUIRE(found.ok());

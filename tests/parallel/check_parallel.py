@@ -16,6 +16,7 @@ inputs). STRATEGY is one of:
   tp-sp     tensor-parallel with sequence parallelism
   dp-tp     a 2 x N/2 mesh: batch over dp, tensor-parallel over tp (meshes of 4 and more)
   dp-tp-seq the same with the dp split along dim 1
+  FILE.toml a pipeline with a [parallel] section (and fusion passes), run on reference
 --batch B widens a model folder's saved inputs to batch B (rows rolled, so every row differs)
 and binds the folder's `batch` dim to B.
 """
@@ -36,7 +37,10 @@ CLEANUP = "canonicalize,cse"
 
 
 def strategy_spec(name, ranks):
-    """The pass-list entry for `name` on a mesh of `ranks`, or None where it does not apply."""
+    """The pass-list entry for `name` on a mesh of `ranks`, or None where it does not apply.
+    A pipeline file (NAME.toml, its own mesh) runs once, as the mesh of 2 ranks."""
+    if name.endswith(".toml"):
+        return name if ranks == 2 else None
     if name == "dp":
         return f'data-parallel{{mesh="dp={ranks}"}}'
     if name == "dp-seq":
@@ -116,7 +120,8 @@ def main():
 
         def outputs_of(tag, passes, extra=()):
             files = {n: os.path.join(tmp, f"{tag}-{n}.npy") for n in names}
-            cmd = [a.kiln, "run", model, "--passes", passes] + common + list(extra)
+            how = ["--pipeline", passes, "--backend", "reference"] if passes.endswith(".toml") else ["--passes", passes]
+            cmd = [a.kiln, "run", model] + how + common + list(extra)
             for n, f in files.items():
                 cmd += ["--output", f"{n}=@{f}"]
             proc = run(cmd)
@@ -133,14 +138,14 @@ def main():
             spec = strategy_spec(a.strategy, ranks)
             if spec is None:
                 continue
-            passes = f"{CLEANUP},{spec}"
+            passes = spec if spec.endswith(".toml") else f"{CLEANUP},{spec}"
             got, proc = outputs_of(f"r{ranks}", passes, ["--print-ir-after-all"])
             if got is None:
                 print(f"FAIL {a.strategy} on {ranks} ranks: kiln run exited {proc.returncode}")
                 ok = False
                 continue
             # The per-rank program right after the strategy: how much it split.
-            strategy = spec.split("{")[0]
+            strategy = spec.split("{")[0] if not spec.endswith(".toml") else ""
             text = proc.stderr.split(f"// ----- IR after {strategy}")[-1].split("// ----- IR after")[0]
             signature = text.split(") ->")[0]
             split_inputs = len(re.findall(r"<[^>]*S\(", signature))
@@ -156,7 +161,10 @@ def main():
                   ", ".join(f"{c} {op}" for op, c in counts.items()))
             if ranks > 1:
                 data_only = a.strategy.startswith("dp") and "tp" not in a.strategy
-                if (split_inputs if data_only else counts["local_shard"]) == 0:
+                split = split_inputs if data_only else counts["local_shard"]
+                if a.strategy.endswith(".toml"):
+                    split = split_inputs + counts["local_shard"]
+                if split == 0:
                     print(f"FAIL {a.strategy} on {ranks} ranks split nothing: every rank computes the whole model")
                     ok = False
     print("PASS" if ok else "FAIL")
