@@ -185,7 +185,7 @@ TEST_CASE("pipeline TOML: errors point at file:line:col") {
             hint);
   CHECK(toml_error("passes = [\"cse{x=1}\"]") == "p.toml:1:16: unknown option 'x' for pass 'cse'; it takes no options");
   CHECK(toml_error("frontend = \"kir\"\npass = [\"cse\"]\n") ==
-        "p.toml:2:1: unknown key 'pass' in the pipeline; expected one of: frontend, passes, backend, runtime, plugins");
+        "p.toml:2:1: unknown key 'pass' in the pipeline; expected one of: frontend, passes, parallel, backend, runtime, plugins");
   CHECK(toml_error("[backend]\nname = \"reference\"\ntarget = [\"cpu\"]\n") ==
         "p.toml:3:1: unknown key 'target' in [backend]; expected one of: name, targets, options");
   CHECK(toml_error("[backend]\nname = \"reference\"\ntargets = [\"sm_90a\"]\n") ==
