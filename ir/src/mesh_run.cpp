@@ -170,7 +170,8 @@ StatusOr<Tensor> concat_dim(std::span<const Tensor> parts, int64_t dim) {
 
 StatusOr<Tensor> local_piece(const Tensor& t, const Sharding& s, const DeviceMesh& mesh, int64_t rank) {
   for (const Placement& p : s)
-    if (p.is_partial()) return invalid_argument("a whole value cannot be given a partial placement " + sharding_str(s));
+    if (p.is_partial()) return invalid_argument("placement " + sharding_str(s) +
+                                               " is partial: its whole value is a reduction of the ranks' pieces, which cannot be cut from it");
   KILN_RETURN_IF_ERROR(check_sharding(s, mesh, t.type()));
   Tensor piece = t;
   const auto ranges = local_ranges(t.shape(), s, mesh, rank);
