@@ -268,8 +268,15 @@ kiln_status* CollectiveStep::enqueue(Communicators& comms, cudaStream_t stream,
   }
   KILN_RT_TRY(comms.settle(comm_, r, deadline, label_));
   // External: inside a captured plan the record is a node of the graph, re-recorded each replay,
-  // so the watchdog sees how far a replay got.
-  KILN_CUDA_TRY(cudaEventRecordWithFlags(done_, stream, cudaEventRecordExternal));
+  // so the watchdog sees how far a replay got. The flag is only legal while capturing
+  // (cudaErrorIllegalState otherwise, seen on an H200): eager runs record plainly.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KILN_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusActive) {
+    KILN_CUDA_TRY(cudaEventRecordWithFlags(done_, stream, cudaEventRecordExternal));
+  } else {
+    KILN_CUDA_TRY(cudaEventRecord(done_, stream));
+  }
   return nullptr;
 }
 
