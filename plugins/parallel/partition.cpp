@@ -269,27 +269,28 @@ class Partitioner {
     return s;
   }
 
-  /// linear(x [..., K], w [N, K], bias? [N]) -> [..., N]: column parallel (w split on N),
-  /// row parallel (K split on both sides, partial sums), or batch dims carried through.
-  Decision linear(const Node& n) const {
+  /// Contractions whose weight is [out, in, ...] and whose activation and result hold their
+  /// features at `features` (linear: the last dim; conv: dim 1): column parallel (w split on
+  /// out, the result on its features), row parallel (w on in and the activation on its
+  /// features, partial sums; a bias is added once they are reduced), or batch dims carried
+  /// through (`batch(d)`). A weight's layout wins over the activation's: a column-parallel
+  /// weight gathers a sequence-sharded activation rather than being gathered itself.
+  Decision weight_contraction(const Node& n, int64_t features, bool split_features,
+                              const std::function<bool(int64_t)>& batch) const {
     const Value* x = n.operand(0);
     const Value* w = n.operand(1);
-    const int64_t r = rank_of(x), last = r - 1;
-    if (rank_of(w) != 2 || r < 1) return fallback(n);
     Sharding sx = without_partials(layout(n, 0)), sw = without_partials(layout(n, 1));
-    if (is_replicated(sw))
+    if (is_replicated(sw) && split_features)
       if (auto pick = ask_policy(n, 1, layout(n, 0))) sw = *pick;
     Decision d;
     Sharding tx = replicated(), tw = replicated(), ty = replicated(), tb = replicated();
-    // A weight's layout wins over the activation's: a column-parallel weight gathers a
-    // sequence-sharded activation rather than being gathered itself.
     for (size_t a = 0; a < tx.size(); ++a) {
-      if (sw[a].is_shard() && sw[a].dim == 0) {  // column parallel
-        tw[a] = P::shard(0), ty[a] = P::shard(last), tb[a] = P::shard(0);
-      } else if ((sw[a].is_shard() && sw[a].dim == 1) || (sx[a].is_shard() && sx[a].dim == last)) {  // row parallel
-        tx[a] = P::shard(last), tw[a] = P::shard(1), ty[a] = P::partial();
+      if (split_features && sw[a].is_shard() && sw[a].dim == 0) {  // column parallel
+        tw[a] = P::shard(0), ty[a] = P::shard(features), tb[a] = P::shard(0);
+      } else if (split_features && ((sw[a].is_shard() && sw[a].dim == 1) || (sx[a].is_shard() && sx[a].dim == features))) {
+        tx[a] = P::shard(features), tw[a] = P::shard(1), ty[a] = P::partial();  // row parallel
         d.bias_after_reduce = n.num_operands() > 2;
-      } else if (sx[a].is_shard()) {  // batch dims
+      } else if (sx[a].is_shard() && batch(sx[a].dim)) {
         tx[a] = sx[a], ty[a] = sx[a];
       }
     }
@@ -301,34 +302,17 @@ class Partitioner {
     return d;
   }
 
-  /// conv(x [N, C, ...], w [Cout, C, k...], bias? [Cout]) with one group: output channels
-  /// split (w on dim 0, the result on dim 1), input channels split (w on dim 1, partial sums:
-  /// Megatron for convolutions), or the batch carried through.
+  /// linear(x [..., K], w [N, K], bias? [N]) -> [..., N].
+  Decision linear(const Node& n) const {
+    const int64_t last = rank_of(n.operand(0)) - 1;
+    if (rank_of(n.operand(1)) != 2 || last < 0) return fallback(n);
+    return weight_contraction(n, last, true, [last](int64_t d) { return d < last; });
+  }
+
+  /// conv(x [N, C, ...], w [Cout, C, k...], bias? [Cout]): channels split like features (one
+  /// group only: Megatron for convolutions), or the batch carried through.
   Decision conv(const Node& n) const {
-    const Value* x = n.operand(0);
-    const Value* w = n.operand(1);
-    Sharding sx = without_partials(layout(n, 0)), sw = without_partials(layout(n, 1));
-    const bool grouped = n.get_int("groups", 1) != 1;
-    if (is_replicated(sw) && !grouped)
-      if (auto pick = ask_policy(n, 1, layout(n, 0))) sw = *pick;
-    Decision d;
-    Sharding tx = replicated(), tw = replicated(), ty = replicated(), tb = replicated();
-    for (size_t a = 0; a < tx.size(); ++a) {
-      if (!grouped && sw[a].is_shard() && sw[a].dim == 0) {  // output channels
-        tw[a] = P::shard(0), ty[a] = P::shard(1), tb[a] = P::shard(0);
-      } else if (!grouped && ((sw[a].is_shard() && sw[a].dim == 1) || (sx[a].is_shard() && sx[a].dim == 1))) {
-        tx[a] = P::shard(1), tw[a] = P::shard(1), ty[a] = P::partial();  // input channels
-        d.bias_after_reduce = n.num_operands() > 2;
-      } else if (sx[a].is_shard() && sx[a].dim == 0) {
-        tx[a] = sx[a], ty[a] = sx[a];
-      }
-    }
-    if (!fits(tx, x->type()) || !fits(tw, w->type()) || !fits(ty, n.result()->type())) return fallback(n);
-    d.operands = {tx, tw};
-    if (n.num_operands() > 2) d.operands.push_back(d.bias_after_reduce ? replicated() : tb);
-    d.results = {ty};
-    d.attrs = n.attrs();
-    return d;
+    return weight_contraction(n, 1, n.get_int("groups", 1) == 1, [](int64_t d) { return d == 0; });
   }
 
   /// matmul(a [..., M, K], b [..., K, N]) with numpy batch broadcasting (rank >= 2 each).
