@@ -49,6 +49,14 @@ WORKLOADS = [
     ("resnet18-b32", "resnet18", {"batch": 32}, "fp32 batch 32 3x224x224"),
     ("gpt2-b16-s512", "gpt2", {"batch": 16, "seq": 512}, "fp32 batch 16 seq 512"),
     ("llama-block-b8", "llama", {"batch": 8, "seq": 2048}, "bf16 batch 8 seq 2048, d 4096 ff 11008 32 heads"),
+    # Vision models from torchvision (random weights, randomized batch-norm statistics). TF32 is
+    # allowed on both sides for these: PyTorch's cuDNN convolutions use it by default, and its
+    # matmuls (ConvNeXt's Linear layers) are switched to it in the worker.
+    ("resnet50-b16", "vision", {"model": "resnet50", "batch": 16}, "fp32 batch 16 3x224x224"),
+    ("convnext-tiny-b8", "vision", {"model": "convnext_tiny", "batch": 8}, "fp32 batch 8 3x224x224"),
+    ("mobilenetv3-small-b16", "vision", {"model": "mobilenet_v3_small", "batch": 16}, "fp32 batch 16 3x224x224"),
+    ("efficientnet-b0-b16", "vision", {"model": "efficientnet_b0", "batch": 16}, "fp32 batch 16 3x224x224"),
+    ("resnet50-bf16-b16", "vision", {"model": "resnet50", "batch": 16, "dtype": "bf16"}, "bf16 batch 16 3x224x224"),
 ]
 MODES = ["eager", "compile", "compile-ro"]
 
@@ -90,6 +98,14 @@ def build_model(kind, p, torch, nn):
     if kind == "resnet18":
         m, _, _ = kexport.build("resnet18", "full")
         return m, m, {"input": torch.randn(p["batch"], 3, 224, 224)}
+    if kind == "vision":
+        import torchvision
+        torch.backends.cuda.matmul.allow_tf32 = True
+        m = kexport.randomize_batchnorm(getattr(torchvision.models, p["model"])(weights=None)).eval()
+        x = torch.randn(p["batch"], 3, 224, 224)
+        if p.get("dtype") == "bf16":
+            m, x = m.to(torch.bfloat16), x.to(torch.bfloat16)
+        return m, m, {"input": x}
     if kind == "gpt2":
         import transformers as tf
         cfg = tf.GPT2Config()
@@ -400,8 +416,9 @@ def kiln_summary(report):
 def kiln_pipeline(a, kind):
     """The pipeline Kiln compiles a workload with: --pipeline, except that convolutional models
     take --conv-pipeline, because PyTorch runs cuDNN convolutions in TF32 by default
-    (torch.backends.cudnn.allow_tf32) while its matmuls stay in full fp32."""
-    if kind == "resnet18" and a.conv_pipeline:
+    (torch.backends.cudnn.allow_tf32) while its matmuls stay in full fp32 (the vision workloads
+    allow TF32 for matmuls too)."""
+    if kind in ("resnet18", "vision") and a.conv_pipeline:
         return a.conv_pipeline
     return a.pipeline
 

@@ -143,7 +143,7 @@ graph @g(%a: f32[2, 3], %b: f32[3, 5]) -> (f32[2, 5]) {
   CHECK(l.plan.find("compute=tf32") != std::string::npos);
 }
 
-TEST_CASE("matmul: batch broadcast by stride 0, and materialized partial broadcast") {
+TEST_CASE("matmul: shared B folds the batch into M, broadcast A by stride 0, materialized partial broadcast") {
   const LoweredGraph l = lower_text(R"(
 graph @g(%a: f16[2, 3, 4, 5], %b: f16[5, 6]) -> (f16[2, 3, 4, 6]) {
   %y = matmul(%a, %b) : f16[2, 3, 4, 6]
@@ -152,8 +152,19 @@ graph @g(%a: f16[2, 3, 4, 5], %b: f16[5, 6]) -> (f16[2, 3, 4, 6]) {
   const auto steps = plan_lines(l.plan, "step gemm");
   REQUIRE(steps.size() == 1);
   CHECK(steps[0] ==
-        "step gemm a=b0 b=b1 d=b2 m=4 n=6 k=5 batch=6 trans_a=0 trans_b=0 lda=5 ldb=6 ldd=6 stride_a=20 "
+        "step gemm a=b0 b=b1 d=b2 m=24 n=6 k=5 batch=1 trans_a=0 trans_b=0 lda=5 ldb=6 ldd=6 stride_a=20 "
         "stride_b=0 stride_d=24 dtype=f16 compute=f32 alpha=1 beta=0 epilogue=none");
+
+  // A shared by every batch of B cannot fold (B's batches are different columns): stride 0.
+  const LoweredGraph s = lower_text(R"(
+graph @g(%a: f16[4, 5], %b: f16[3, 5, 6]) -> (f16[3, 4, 6]) {
+  %y = matmul(%a, %b) : f16[3, 4, 6]
+  return %y
+})");
+  const auto sg = plan_lines(s.plan, "step gemm");
+  REQUIRE(sg.size() == 1);
+  CHECK(sg[0].find(" m=4 n=6 k=5 batch=3 ") != std::string::npos);
+  CHECK(sg[0].find(" stride_a=0 stride_b=30 stride_d=24 ") != std::string::npos);
 
   // [2, 1] batch against [1, 3]: cuBLASLt has one stride per operand, so both are expanded.
   const LoweredGraph p = lower_text(R"(

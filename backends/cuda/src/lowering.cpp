@@ -763,10 +763,11 @@ Status Lowerer::matmul(const Node& n) {
   // Operands that are folded transposes of their last two dims are read transposed.
   const bool ta = transposed_.count(n.operand(0)) > 0, tb = transposed_.count(n.operand(1)) > 0;
   // A weight shared by every batch (stride 0) over a contiguous A is one GEMM of batch * m
-  // rows, which lets a bias add become the epilogue.
-  const bool foldable = batch > 1 && sb == 0 && sa == m * k && !ta;
-  const GemmEpilogue ep = gemm_epilogue(n.result(), out, false, batch == 1 || foldable);
-  const bool fold = foldable && ep.absorbed_bias;
+  // rows: cuBLASLt picks far better tiles for one tall GEMM than for many short ones (a
+  // ConvNeXt Linear over [N, H, W, C] is M = N*H*W, not N*H GEMMs of M = W), and a bias add
+  // can become the epilogue. D and a residual C are contiguous, so they fold the same way.
+  const bool fold = batch > 1 && sb == 0 && sa == m * k && !ta;
+  const GemmEpilogue ep = gemm_epilogue(n.result(), out, false, batch == 1 || fold);
   const std::string epilogue = ep.epilogue;
   std::vector<int> used = {a_id, b_id, out};
   used.insert(used.end(), ep.used.begin(), ep.used.end());
