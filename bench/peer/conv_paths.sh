@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Vision workloads against PyTorch (bench/peer/run.py), then the same exported models through
+# Kiln's two convolution paths, cuDNN (the default) and im2col/1x1 GEMMs (`conv = "gemm"`), each
+# with a per-step profile, to see where convolution time goes. Run from the repo root on the GPU
+# host with the carried build in build-gpu/ (scripts/carry-build.sh build build-gpu).
+#
+#   bench/peer/conv_paths.sh OUT WORKLOAD[,WORKLOAD...]
+set -u
+out=${1:?usage: conv_paths.sh OUT WORKLOADS}; only=${2:?usage: conv_paths.sh OUT WORKLOADS}
+b=$PWD/build-gpu
+export LD_LIBRARY_PATH=$b/lib KILN_CACHE_DIR=/tmp/kc KILN_COMMIT=${KILN_COMMIT:-unknown}
+cudnn=$(python3 -c "import nvidia.cudnn,os;print(os.path.dirname(nvidia.cudnn.__file__)+'/lib')" 2>/dev/null)
+[ -n "$cudnn" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cudnn
+mkdir -p "$out"
+rc=0
+python3 bench/peer/run.py --kiln "$b/bin/kiln" --only "$only" --out "$out" --kiln-profile 12 --budget 420 \
+  >"$out/peer.log" 2>&1 || rc=1
+sed 's/allow-tf32 = true }/allow-tf32 = true, conv = "gemm" }/' examples/pipelines/cuda-sm90-tf32.toml >/tmp/conv-gemm.toml
+grep -q 'conv = "gemm"' /tmp/conv-gemm.toml || { echo "conv_paths.sh: could not make the gemm pipeline" >&2; exit 1; }
+for w in ${only//,/ }; do
+  m=/tmp/kiln-peer/$w/model.onnx
+  [ -f "$m" ] || { echo "$w: no exported model" >>"$out/conv-paths.txt"; rc=1; continue; }
+  for path in cudnn gemm; do
+    p=examples/pipelines/cuda-sm90-tf32.toml; [ $path = gemm ] && p=/tmp/conv-gemm.toml
+    echo "== $w conv=$path" >>"$out/conv-paths.txt"
+    "$b/bin/kiln" bench "$m" --pipeline "$p" --target sm_90a -o "/tmp/$w-$path.kiln" --iterations 50 --profile 12 \
+      >>"$out/conv-paths.txt" 2>&1 || { echo "rc=$?" >>"$out/conv-paths.txt"; rc=1; }
+  done
+done
+for d in /tmp/kiln-peer/*/; do
+  for f in "$d"*.log; do [ -f "$f" ] && cp "$f" "$out/$(basename "$d")-$(basename "$f")"; done
+done
+exit $rc
