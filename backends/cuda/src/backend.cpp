@@ -131,6 +131,7 @@ class CudaBackend final : public Backend {
     opts_.allow_tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
     autotune_ = o.has("autotune") && o.get_bool("autotune");
     if (o.has("conv")) opts_.conv = o.get_string("conv");
+    if (o.has("depthwise")) opts_.depthwise = o.get_string("depthwise");
     opts_.int4_exact_zeros = o.has("int4-exact-zeros") && o.get_bool("int4-exact-zeros");
     opts_.fp8 = caps_.fp8;
     opts_.max_smem_per_block = caps_.max_smem_per_block;
@@ -414,6 +415,9 @@ Status register_backend(Registry& r, const Capabilities& caps) {
                   {"keep-source", OptionType::kBool, true, "store the generated CUDA source in artifacts"},
                   {"conv", OptionType::kString, std::string("cudnn"),
                    "convolutions through cudnn (needs libcudnn.so.9 at run time) or gemm (im2col + cuBLASLt)"},
+                  {"depthwise", OptionType::kString, std::string("kernel"),
+                   "depthwise convolutions (groups == input channels) as a generated kernel that also applies the "
+                   "bias, batch norm, activation and residual add after them (kernel), or as option conv says (cudnn)"},
                   {"images", OptionType::kStringList, std::vector<std::string>{},
                    "the kernel images `kiln run` builds, a subset of the plugin's targets (default all; the runtime "
                    "loads the best one for the GPU): e.g. [compute_90] runs the portable PTX path"},
@@ -426,6 +430,9 @@ Status register_backend(Registry& r, const Capabilities& caps) {
   info.create = [caps](const Options& o) -> StatusOr<std::unique_ptr<Backend>> {
     if (o.has("conv") && o.get_string("conv") != "cudnn" && o.get_string("conv") != "gemm")
       return invalid_argument(caps.plugin + ": option conv='" + o.get_string("conv") + "' is not cudnn or gemm");
+    if (o.has("depthwise") && o.get_string("depthwise") != "kernel" && o.get_string("depthwise") != "cudnn")
+      return invalid_argument(caps.plugin + ": option depthwise='" + o.get_string("depthwise") +
+                              "' is not kernel or cudnn");
     if (o.has("images"))
       for (const std::string& t : o.get_strings("images"))
         if (!builds(caps, t))

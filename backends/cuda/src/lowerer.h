@@ -334,6 +334,24 @@ class Lowerer {
   /// tensor cores (conv_stem.cpp) when the pipeline allows TF32, absorbing a relu; false when
   /// not eligible.
   StatusOr<bool> conv_stem(const Node& n);
+  /// Whether `n` is a 1-D or 2-D float conv with groups == input channels (conv_depthwise.cpp).
+  static bool is_depthwise(const Node& n);
+  /// A depthwise conv as one generated kernel (conv_depthwise.cpp) with its bias and the pointwise
+  /// ops after it (conv_tail); false when not eligible or option depthwise=cudnn.
+  StatusOr<bool> conv_depthwise(const Node& n);
+  /// What a conv kernel applies to each output `v` (f32 registers) before storing it: `code`
+  /// (statements that may read the kernel's coordinates `coords`, one per result dim), the
+  /// kernel parameters it reads (after the conv's own) and their buffers, and the absorbed ops.
+  struct ConvTail {
+    std::string code, params;
+    std::vector<int> args;
+    std::vector<std::string> ops;
+  };
+  /// Absorbs, one after another, each sole user of the conv's result that a kernel can apply per
+  /// element: an inference batch_norm, an elementwise op, or a fuse-pointwise group, whose other
+  /// operands already have buffers and broadcast to the result (conv_tail.cpp). Their results
+  /// then live in `out`.
+  StatusOr<ConvTail> conv_tail(const Node& conv, int out, const std::vector<std::string>& coords);
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);

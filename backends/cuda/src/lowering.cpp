@@ -918,6 +918,8 @@ Status Lowerer::conv_gemm(const Node& n) {
 Status Lowerer::conv(const Node& n) {
   KILN_ASSIGN_OR_RETURN(const bool stem, conv_stem(n));
   if (stem) return ok_status();
+  KILN_ASSIGN_OR_RETURN(const bool depthwise, conv_depthwise(n));
+  if (depthwise) return ok_status();
   KILN_ASSIGN_OR_RETURN(const bool cudnn, conv_cudnn(n));
   if (cudnn) return ok_status();
   if (conv_as_gemm(n)) return conv_gemm(n);

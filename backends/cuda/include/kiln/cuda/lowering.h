@@ -32,6 +32,9 @@ struct LoweringOptions {
   /// How convs lower: "cudnn" (a plan conv step run by cuDNN, absorbing bias, residual add
   /// and relu) or "gemm" (im2col + cuBLASLt GEMMs, or a direct kernel).
   std::string conv = "cudnn";
+  /// How depthwise convs (groups == input channels) lower: "kernel" (a generated kernel applying
+  /// the bias and the pointwise ops after it) or "cudnn" (as `conv` says).
+  std::string depthwise = "kernel";
   /// Who is lowering, for messages: "cuda-sm80: target sm_80".
   std::string target = "cuda";
   /// Opt-in dynamic shared memory of the smallest device the plan targets (kernels needing

@@ -1,0 +1,138 @@
+// The pointwise ops after a conv that a conv kernel applies to each output before storing it:
+// an inference batch_norm, single elementwise ops and fuse-pointwise groups (activations,
+// residual adds, per-channel scales), each only as the sole user of the value before it.
+#include "lowerer.h"
+
+namespace kiln::cuda::detail {
+namespace {
+
+/// The one node reading `v` (perhaps through several operands), or nullptr when v is a graph
+/// output or has several users.
+const Node* only_user(const Value* v) {
+  const Node* u = nullptr;
+  for (const Use& use : v->uses()) {
+    if (use.user == nullptr || (u != nullptr && use.user != u)) return nullptr;
+    u = use.user;
+  }
+  return u;
+}
+
+}  // namespace
+
+StatusOr<Lowerer::ConvTail> Lowerer::conv_tail(const Node& conv, int out, const std::vector<std::string>& coords) {
+  ConvTail tail;
+  const Value* v = conv.result();
+  const DType t = v->dtype();
+  const Sizes ys = sizes_of(v);
+  int next = 0;
+  // Reads operand `o` (broadcast against the conv's result, or a [C] vector of a batch_norm) at
+  // the thread's coordinates into a new register; false when it does not qualify (no buffer yet,
+  // another dtype, not broadcastable).
+  auto load_operand = [&](const Value* o, std::string& code, std::string& params, std::vector<int>& args,
+                          std::map<const Value*, std::string>& names, bool per_channel = false) -> bool {
+    if (names.count(o)) return true;
+    if (!val_.count(o) || o->dtype() != t) return false;
+    Sizes os = sizes_of(o);
+    if (per_channel) {
+      if (os.size() != 1 || os[0] != ys[1]) return false;
+      os.resize(ys.size() - 1, 1);  // [C] -> [C, 1, ...]
+    }
+    if (os.size() > ys.size()) return false;
+    for (size_t d = 0; d < os.size(); ++d)
+      if (os[d] != 1 && os[d] != ys[ys.size() - os.size() + d]) return false;
+    const Sizes st = broadcast_strides(os, ys);
+    std::string off;
+    for (size_t d = 0; d < st.size(); ++d)
+      if (st[d] != 0) off += (off.empty() ? "" : " + ") + std::string("(long long)") + coords[d] + " * " + int_literal(st[d]);
+    const std::string p = "tail" + std::to_string(tail.args.size() + args.size());
+    params += ", const " + *storage_type(t) + "* __restrict__ " + p;
+    args.push_back(buf(o));
+    const std::string name = "e" + std::to_string(next++);
+    code += "      const float " + name + " = " + load_expr(t, p + "[" + (off.empty() ? "0" : off) + "]") + ";\n";
+    names[o] = name;
+    return true;
+  };
+  for (;;) {
+    const Node* u = only_user(v);
+    if (u == nullptr || absorbed_.count(u) || u->num_results() != 1 || u->result()->dtype() != t ||
+        sizes_of(u->result()) != ys)
+      break;
+    std::string code, params;
+    std::vector<int> args;
+    std::map<const Value*, std::string> names = {{v, "v"}};
+    bool ok = true;
+    std::string result;
+    if (u->op_name() == "batch_norm") {
+      if (u->num_operands() != 5 || u->operand(0) != v) break;
+      std::vector<std::string> p;
+      for (int i = 1; i < 5 && ok; ++i) {
+        ok = u->operand(i) != v && load_operand(u->operand(i), code, params, args, names, true);
+        if (ok) p.push_back(names.at(u->operand(i)));
+      }
+      if (!ok) break;
+      result = "(v - " + p[2] + ") * (" + p[0] + " / sqrtf(" + p[3] + " + " +
+               literal(DType::kF32, u->get_float("epsilon")) + ")) + " + p[1];
+    } else {
+      // One elementwise op, or a fused pointwise group, computed on registers node by node.
+      const bool group = u->op_name() == "fused";
+      if (group ? (u->num_regions() != 1 || !pure_pointwise(*u)) : !u->op()->has(kTraitElementwise)) break;
+      std::vector<const Node*> nodes;
+      if (group) {
+        const Graph& body = u->region(0);
+        for (const auto& m : body.nodes()) {
+          if (m->op_name() == "quantize" || m->op_name() == "amax") ok = false;
+          nodes.push_back(m.get());
+        }
+        for (int i = 0; i < u->num_operands() && ok; ++i) {
+          const Value* o = u->operand(i);
+          if (o != v) ok = load_operand(o, code, params, args, names);
+          if (ok) names[body.input(i)] = names.at(o);
+        }
+      } else {
+        nodes.push_back(u);
+        for (const Value* o : u->operands())
+          if (ok && o != v) ok = load_operand(o, code, params, args, names);
+      }
+      for (const Node* m : nodes) {
+        if (!ok) break;
+        std::string e;
+        if (m->op_name() == "constant") {
+          const Tensor& c = m->attr("value")->as_tensor();
+          e = is_float(c.dtype()) ? literal(c.dtype(), c.get_f64(0)) : int_literal(c.get_i64(0));
+        } else if (m->op_name() == "identity") {
+          e = names.at(m->operand(0));
+        } else {
+          std::vector<std::string> a;
+          for (const Value* o : m->operands()) a.push_back(names.at(o));
+          auto expr = op_expr(*m, a);
+          if (!expr.ok()) {
+            ok = false;
+            break;
+          }
+          e = *expr;
+        }
+        std::optional<std::string> rt = reg_type(m->result()->dtype());
+        if (!rt) {
+          ok = false;
+          break;
+        }
+        const std::string name = "e" + std::to_string(next++);
+        code += "      const " + *rt + " " + name + " = " + round_expr(m->result()->dtype(), e) + ";\n";
+        names[m->result()] = name;
+      }
+      if (!ok) break;
+      result = names.at(group ? u->region(0).output(0) : u->result());
+    }
+    tail.code += code + "      v = " + round_expr(t, result) + ";\n";
+    tail.params += params;
+    tail.args.insert(tail.args.end(), args.begin(), args.end());
+    absorbed_.insert(u);
+    val_[u->result()] = out;
+    if (!u->result()->name().empty()) bufs_[out].name = u->result()->name();
+    tail.ops.push_back(u->op_name());
+    v = u->result();
+  }
+  return tail;
+}
+
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,69 @@
+// Graphs shared by the depthwise conv tests: the lowering test checks that each one takes the
+// depthwise kernel and compiles for every target, the GPU test runs them against the reference.
+#pragma once
+
+#include <string>
+
+namespace kiln::test {
+
+inline std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  return s;
+}
+
+// T is replaced by the dtype.
+inline const char* kDepthwiseCases[][2] = {
+    {"convnext 7x7 pad 3, two row tiles per plane, bias",
+     R"(graph @g(%x: T[2, 96, 56, 56], %w: T[96, 1, 7, 7], %b: T[96]) -> (T[2, 96, 56, 56]) {
+  %c = conv(%x, %w, %b) {groups = 96, pads = [3, 3, 3, 3]} : T[2, 96, 56, 56]
+  return %c })"},
+    {"7x7 planes, 100 channels in blocks of 36, relu",
+     R"(graph @g(%x: T[2, 100, 7, 7], %w: T[100, 1, 7, 7], %b: T[100]) -> (T[2, 100, 7, 7]) {
+  %c = conv(%x, %w, %b) {groups = 100, pads = [3, 3, 3, 3]} : T[2, 100, 7, 7]
+  %y = relu(%c) : T[2, 100, 7, 7]
+  return %y })"},
+    {"5x5 stride 2, batch norm, swish + residual group",
+     R"(graph @g(%x: T[2, 24, 15, 15], %w: T[24, 1, 5, 5], %b: T[24], %s: T[24], %t: T[24], %m: T[24], %v: T[24], %r: T[2, 24, 8, 8]) -> (T[2, 24, 8, 8]) {
+  %va = abs(%v) : T[24]
+  %c = conv(%x, %w, %b) {groups = 24, strides = [2, 2], pads = [2, 2, 2, 2]} : T[2, 24, 8, 8]
+  %n = batch_norm(%c, %s, %t, %m, %va) {epsilon = 0.001} : T[2, 24, 8, 8]
+  %y = fused(%n, %r) : T[2, 24, 8, 8] {
+    graph @body(%p: T[2, 24, 8, 8], %q: T[2, 24, 8, 8]) -> (T[2, 24, 8, 8]) {
+      %a = silu(%p) : T[2, 24, 8, 8]
+      %o = add(%a, %q) : T[2, 24, 8, 8]
+      return %o
+    }
+  }
+  return %y })"},
+    {"mobilenet 3x3 stride 2 on 112x112, hardswish group",
+     R"(graph @g(%x: T[2, 16, 112, 112], %w: T[16, 1, 3, 3], %b: T[16]) -> (T[2, 16, 56, 56]) {
+  %c = conv(%x, %w, %b) {groups = 16, strides = [2, 2], pads = [1, 1, 1, 1]} : T[2, 16, 56, 56]
+  %y = fused(%c) : T[2, 16, 56, 56] {
+    graph @body(%p: T[2, 16, 56, 56]) -> (T[2, 16, 56, 56]) {
+      %three = constant() {value = dense<T[]>[3.0]} : T[]
+      %six = constant() {value = dense<T[]>[6.0]} : T[]
+      %a = add(%p, %three) : T[2, 16, 56, 56]
+      %k = clip(%a) {min = 0.0, max = 6.0} : T[2, 16, 56, 56]
+      %m = mul(%p, %k) : T[2, 16, 56, 56]
+      %o = div(%m, %six) : T[2, 16, 56, 56]
+      return %o
+    }
+  }
+  return %y })"},
+    {"dilation 2, asymmetric pads, channel multiplier 2, per-channel scale",
+     R"(graph @g(%x: T[2, 6, 11, 9], %w: T[12, 1, 3, 3], %k: T[12, 1, 1]) -> (T[2, 12, 8, 6]) {
+  %c = conv(%x, %w) {groups = 6, dilations = [2, 2], pads = [1, 0, 0, 1]} : T[2, 12, 8, 6]
+  %y = mul(%c, %k) : T[2, 12, 8, 6]
+  return %y })"},
+    {"wide rows in column tiles, stride 3",
+     R"(graph @g(%x: T[1, 4, 7, 300], %w: T[4, 1, 3, 3], %u: T[4, 1, 3, 3]) -> (T[1, 4, 7, 300], T[1, 4, 3, 100]) {
+  %c = conv(%x, %w) {groups = 4, pads = [1, 1, 1, 1]} : T[1, 4, 7, 300]
+  %d = conv(%x, %u) {groups = 4, strides = [3, 3], pads = [1, 1, 1, 1]} : T[1, 4, 3, 100]
+  return %c, %d })"},
+    {"1-D stride 2 with bias",
+     R"(graph @g(%x: T[3, 8, 41], %w: T[8, 1, 4], %b: T[8]) -> (T[3, 8, 20]) {
+  %c = conv(%x, %w, %b) {groups = 8, strides = [2], pads = [1, 1]} : T[3, 8, 20]
+  return %c })"},
+};
+
+}  // namespace kiln::test

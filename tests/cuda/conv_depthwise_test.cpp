@@ -1,0 +1,125 @@
+// Depthwise convs lowered to the generated kernel (conv_depthwise.cpp) with the ops after them
+// applied in its store (conv_tail.cpp): which convs take it, what it absorbs, its tiling, and
+// that its source compiles for every target.
+#include <doctest/doctest.h>
+
+#include "kiln/cuda/lowering.h"
+#include "conv_depthwise_graphs.h"
+#include "lowering_test_util.h"
+
+namespace kiln::cuda {
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST_CASE("a depthwise conv with bias, batch norm and a fused silu + residual group is one kernel") {
+  // EfficientNet's shape of block: 5x5 stride-2 depthwise conv, batch norm, then swish and a
+  // residual add, grouped by fuse-pointwise.
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[2, 24, 15, 15], %w: f32[24, 1, 5, 5], %b: f32[24], %s: f32[24], %t: f32[24], %m: f32[24], %v: f32[24], %r: f32[2, 24, 8, 8]) -> (f32[2, 24, 8, 8]) {
+  %c = conv(%x, %w, %b) {groups = 24, strides = [2, 2], pads = [2, 2, 2, 2]} : f32[2, 24, 8, 8]
+  %n = batch_norm(%c, %s, %t, %m, %v) {epsilon = 0.001} : f32[2, 24, 8, 8]
+  %y = fused(%n, %r) : f32[2, 24, 8, 8] {
+    graph @body(%p: f32[2, 24, 8, 8], %q: f32[2, 24, 8, 8]) -> (f32[2, 24, 8, 8]) {
+      %a = silu(%p) : f32[2, 24, 8, 8]
+      %o = add(%a, %q) : f32[2, 24, 8, 8]
+      return %o
+    }
+  }
+  return %y
+})");
+  CHECK(l.kernels == std::vector<std::string>{"k0_conv_depthwise"});
+  const auto st = steps(l.plan);
+  REQUIRE(st.size() == 1);
+  // x, w, b, the batch norm's four vectors, the residual, then y (the graph output, named after it).
+  CHECK(has(st[0], "step launch kernel=k0_conv_depthwise grid="));
+  CHECK(has(st[0], " block=256,1,1 smem=0 args=b0,b1,b2,b3,b4,b5,b6,b7,b8"));
+  CHECK(plan_lines(l.plan, "buffer 8")[0].find("kind=output dtype=f32 shape=2x24x8x8") != std::string::npos);
+  CHECK(plan_lines(l.plan, "buffer 8")[0].find("name=y") != std::string::npos);
+  // The per-channel vectors are read at c, the residual at the output's own index.
+  CHECK(has(l.source, "tail0[(long long)c * 1LL]"));
+  CHECK(has(l.source, "tail4[(long long)n * 1536LL + (long long)c * 64LL + (long long)p * 8LL + (long long)q * 1LL]"));
+  CHECK(has(l.source, "constexpr int SH = 2, SW = 2, DH = 1, DW = 1, PT = 2, PL = 2"));
+  compiles_everywhere(l);
+}
+
+TEST_CASE("ConvNeXt's 7x7 depthwise convs: one kernel each, tiles of rows or of whole planes and channels") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[8, 96, 56, 56], %w: f32[96, 1, 7, 7], %b: f32[96], %u: f32[8, 768, 7, 7], %v: f32[768, 1, 7, 7], %e: f32[768]) -> (f32[8, 96, 56, 56], f32[8, 768, 7, 7]) {
+  %c = conv(%x, %w, %b) {groups = 96, pads = [3, 3, 3, 3]} : f32[8, 96, 56, 56]
+  %d = conv(%u, %v, %e) {groups = 768, pads = [3, 3, 3, 3]} : f32[8, 768, 7, 7]
+  return %c, %d
+})");
+  CHECK(l.kernels == std::vector<std::string>{"k0_conv_depthwise", "k1_conv_depthwise"});
+  // 56x56: 4 outputs per thread, 14 thread columns, two tiles of 28 rows per plane.
+  CHECK(has(l.source, "constexpr int V = 4, GQ = 14, TQ = 56, QT = 1, TP = 28, PTILES = 2, CB = 1, CT = 96, IH = 34, "
+                      "IW = 62, IWP = 63;"));
+  // 7x7: whole planes, 36 channels per block.
+  CHECK(has(l.source, "constexpr int V = 4, GQ = 2, TQ = 8, QT = 1, TP = 7, PTILES = 1, CB = 36, CT = 22, IH = 13, "
+                      "IW = 14, IWP = 15;"));
+  const auto st = steps(l.plan);
+  REQUIRE(st.size() == 2);
+  CHECK(has(st[0], "grid=1536,1,1 "));
+  CHECK(has(st[1], "grid=176,1,1 "));
+  compiles_everywhere(l);
+}
+
+TEST_CASE("half types, dilation, asymmetric pads, a channel multiplier and 1-D depthwise convs") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: bf16[2, 6, 11, 9], %w: bf16[12, 1, 3, 3], %h: f16[1, 8, 20], %k: f16[8, 1, 4], %kb: f16[8]) -> (bf16[2, 12, 8, 6], f16[1, 8, 10]) {
+  %c = conv(%x, %w) {groups = 6, dilations = [2, 2], pads = [1, 0, 0, 1]} : bf16[2, 12, 8, 6]
+  %y = relu(%c) : bf16[2, 12, 8, 6]
+  %d = conv(%h, %k, %kb) {groups = 8, strides = [2], pads = [1, 1]} : f16[1, 8, 10]
+  %z = fused(%d) : f16[1, 8, 10] {
+    graph @body(%p: f16[1, 8, 10]) -> (f16[1, 8, 10]) {
+      %a = constant() {value = dense<f16[]>[3.0]} : f16[]
+      %s = add(%p, %a) : f16[1, 8, 10]
+      %o = clip(%s) {min = 0.0, max = 6.0} : f16[1, 8, 10]
+      return %o
+    }
+  }
+  return %y, %z
+})");
+  CHECK(l.kernels == std::vector<std::string>{"k0_conv_depthwise", "k1_conv_depthwise"});
+  CHECK(steps(l.plan).size() == 2);
+  CHECK(has(l.source, "constexpr int C = 12, CIN = 6, MULT = 2, H = 11, W = 9, P = 8, Q = 6, R = 3, S = 3;"));
+  CHECK(has(l.source, "constexpr int SH = 1, SW = 1, DH = 2, DW = 2, PT = 1, PL = 0,"));
+  CHECK(has(l.source, "constexpr int C = 8, CIN = 8, MULT = 1, H = 1, W = 20, P = 1, Q = 10, R = 1, S = 4;"));
+  CHECK(has(l.source, "__float2bfloat16_rn"));
+  compiles_everywhere(l);
+}
+
+TEST_CASE("what the depthwise kernel leaves alone: groups below the channels, option depthwise=cudnn, shared results") {
+  const char* text = R"(
+graph @g(%x: f32[2, 8, 10, 10], %w: f32[8, 1, 3, 3], %g: f32[8, 2, 3, 3]) -> (f32[2, 8, 10, 10], f32[2, 8, 10, 10], f32[2, 8, 10, 10]) {
+  %c = conv(%x, %w) {groups = 8, pads = [1, 1, 1, 1]} : f32[2, 8, 10, 10]
+  %y = relu(%c) : f32[2, 8, 10, 10]
+  %d = conv(%x, %g) {groups = 4, pads = [1, 1, 1, 1]} : f32[2, 8, 10, 10]
+  return %c, %y, %d
+})";
+  const LoweredGraph l = lower_text(text);
+  // %c is an output as well as the relu's operand: the relu stays a kernel of its own.
+  CHECK(l.kernels == std::vector<std::string>{"k0_conv_depthwise", "k1_relu"});
+  CHECK(plan_lines(l.plan, "step conv").size() == 1);
+  CHECK(has(plan_lines(l.plan, "step conv")[0], " groups=4 "));
+  LoweringOptions cudnn;
+  cudnn.depthwise = "cudnn";
+  const LoweredGraph c = lower_text(text, cudnn);
+  CHECK(c.kernels == std::vector<std::string>{"k0_relu"});
+  CHECK(plan_lines(c.plan, "step conv").size() == 2);
+}
+
+TEST_CASE("the GPU test's graphs take the depthwise kernel for every dtype and compile for every target") {
+  for (const char* t : {"f32", "f16", "bf16"})
+    for (const auto& c : test::kDepthwiseCases) {
+      CAPTURE(c[0]);
+      CAPTURE(t);
+      const LoweredGraph l = lower_text(test::replace_all(c[1], "T[", std::string(t) + "["));
+      CHECK(plan_lines(l.plan, "step conv").empty());
+      for (const std::string& k : l.kernels) CHECK((has(k, "_conv_depthwise") || has(k, "_abs")));
+      compiles_everywhere(l);
+    }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
