@@ -473,7 +473,10 @@ void conv3x3_winograd(ThreadPool& tp, const float* x, int64_t c_in, int64_t h, i
 
 bool run_conv(ThreadPool& tp, const Node& node, const Tensor& x, const Tensor& w,
               const Tensor* bias, Tensor& y, StepCache* cache, bool winograd) {
-  if (!is_f32(x) || !is_f32(w) || (bias && !is_f32(*bias)) || x.rank() != 4 || !have_blas()) return false;
+  // Channels-last convs (layout-nhwc) run on the reference kernel.
+  if (!is_f32(x) || !is_f32(w) || (bias && !is_f32(*bias)) || x.rank() != 4 || !have_blas() ||
+      node.get_string("layout", "nchw") != "nchw")
+    return false;
   Window2 win;
   if (!read_window2(node, w.shape()[2], w.shape()[3], win)) return false;
   const int64_t groups = node.get_int("groups", 1);

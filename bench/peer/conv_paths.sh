@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Vision workloads against PyTorch (bench/peer/run.py), then the same exported models through
-# Kiln's two convolution paths, cuDNN (the default) and im2col/1x1 GEMMs (`conv = "gemm"`), each
-# with a per-step profile, to see where convolution time goes. Run from the repo root on the GPU
+# Kiln's convolution paths, each with a per-step profile, to see where convolution time goes:
+# nhwc (the pipeline as shipped: layout-nhwc, cuDNN channels last), nchw (the pipeline without
+# layout-nhwc) and gemm (without it and with `conv = "gemm"`: im2col/1x1 GEMMs). Run from the repo root on the GPU
 # host with the carried build in build-gpu/ (scripts/carry-build.sh build build-gpu).
 #
 #   bench/peer/conv_paths.sh OUT WORKLOAD[,WORKLOAD...]
@@ -15,13 +16,17 @@ mkdir -p "$out"
 rc=0
 python3 bench/peer/run.py --kiln "$b/bin/kiln" --only "$only" --out "$out" --kiln-profile 12 --budget 420 \
   >"$out/peer.log" 2>&1 || rc=1
-sed 's/allow-tf32 = true }/allow-tf32 = true, conv = "gemm" }/' examples/pipelines/cuda-sm90-tf32.toml >/tmp/conv-gemm.toml
-grep -q 'conv = "gemm"' /tmp/conv-gemm.toml || { echo "conv_paths.sh: could not make the gemm pipeline" >&2; exit 1; }
+base=examples/pipelines/cuda-sm90-tf32.toml
+sed 's/"layout-nhwc", //' $base >/tmp/conv-nchw.toml
+sed 's/allow-tf32 = true }/allow-tf32 = true, conv = "gemm" }/' /tmp/conv-nchw.toml >/tmp/conv-gemm.toml
+if grep -q layout-nhwc /tmp/conv-nchw.toml || ! grep -q 'conv = "gemm"' /tmp/conv-gemm.toml; then
+  echo "conv_paths.sh: could not derive the nchw and gemm pipelines from $base" >&2; exit 1
+fi
 for w in ${only//,/ }; do
   m=/tmp/kiln-peer/$w/model.onnx
   [ -f "$m" ] || { echo "$w: no exported model" >>"$out/conv-paths.txt"; rc=1; continue; }
-  for path in cudnn gemm; do
-    p=examples/pipelines/cuda-sm90-tf32.toml; [ $path = gemm ] && p=/tmp/conv-gemm.toml
+  for path in nhwc nchw gemm; do
+    p=$base; [ $path = nchw ] && p=/tmp/conv-nchw.toml; [ $path = gemm ] && p=/tmp/conv-gemm.toml
     echo "== $w conv=$path" >>"$out/conv-paths.txt"
     "$b/bin/kiln" bench "$m" --pipeline "$p" --target sm_90a -o "/tmp/$w-$path.kiln" --iterations 50 --profile 12 \
       >>"$out/conv-paths.txt" 2>&1 || { echo "rc=$?" >>"$out/conv-paths.txt"; rc=1; }

@@ -21,6 +21,8 @@ PassInfo fuse_rows_pass_info();
 PassInfo fuse_horizontal_pass_info();
 /// Registry entry of fold-layout (fold_layout.cpp).
 PassInfo fold_layout_pass_info();
+/// Registry entry of layout-nhwc (layout_nhwc.cpp).
+PassInfo layout_nhwc_pass_info();
 
 // Grouping helpers shared by the fusion passes (defined in fuse_pointwise.cpp).
 

@@ -312,6 +312,8 @@ class Partitioner {
   /// conv(x [N, C, ...], w [Cout, C, k...], bias? [Cout]): channels split like features (one
   /// group only: Megatron for convolutions), or the batch carried through.
   Decision conv(const Node& n) const {
+    // The rule reads channels at dim 1; a channels-last conv is computed whole.
+    if (n.get_string("layout", "nchw") != "nchw") return fallback(n);
     return weight_contraction(n, 1, n.get_int("groups", 1) == 1, [](int64_t d) { return d == 0; });
   }
 

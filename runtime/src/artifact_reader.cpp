@@ -546,9 +546,11 @@ class PlanParser {
     if (!attrs(toks, 2, &a,
                {"x", "w", "y", "n", "c", "k", "spatial", "kernel", "pad", "stride", "dilation", "groups", "dtype",
                 "math", "activation"},
-               {"bias", "z", "algo", "algo_math"}))
+               {"bias", "z", "algo", "algo_math", "layout"}))
       return false;
     if (!conv_algo(a)) return false;
+    if (a.count("layout") && a["layout"] != "nchw" && a["layout"] != "nhwc")
+      return fail("conv: layout='" + a["layout"] + "' is not nchw or nhwc");
     auto one_of = [&](std::string_view key, std::initializer_list<std::string_view> allowed) {
       if (std::find(allowed.begin(), allowed.end(), a[std::string(key)]) != allowed.end()) return true;
       return fail("conv: " + std::string(key) + "='" + a[std::string(key)] + "' is not allowed");

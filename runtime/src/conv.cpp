@@ -34,6 +34,7 @@ kiln_status* cudnn_status(const CudnnApi& api, cudnnStatus_t st, const char* cal
 /// The step's attributes as numbers; the plan reader has checked their form and ranges.
 struct ConvAttrs {
   int n = 0, c = 0, k = 0, groups = 1;
+  bool channels_last = false;  // layout=nhwc: x [N, spatial..., C], w [K, kernel..., C/groups]
   std::vector<int> spatial, kernel, pad, stride, dilation;
 
   static std::vector<int> list(const std::string& v) {
@@ -51,6 +52,8 @@ struct ConvAttrs {
   explicit ConvAttrs(const artifact::PlanStep& s) {
     auto num = [&](const char* key) { return list(s.attrs.at(key)).at(0); };
     n = num("n"), c = num("c"), k = num("k"), groups = num("groups");
+    auto layout = s.attrs.find("layout");
+    channels_last = layout != s.attrs.end() && layout->second == "nhwc";
     spatial = list(s.attrs.at("spatial")), kernel = list(s.attrs.at("kernel")), pad = list(s.attrs.at("pad"));
     stride = list(s.attrs.at("stride")), dilation = list(s.attrs.at("dilation"));
     // cuDNN wants at least two spatial dims: a 1-D conv is a 2-D one of height 1.
@@ -68,12 +71,20 @@ struct ConvAttrs {
 };
 
 /// A packed NC<spatial> descriptor of dims {a, b, spatial...}.
+/// An [a, b, spatial...] tensor descriptor; channels last (`layout=nhwc`) lays b innermost, as
+/// [a, spatial..., b] in memory, which cuDNN reads from the strides.
 kiln_status* tensor_desc(const CudnnApi& api, cudnnTensorDescriptor_t* d, cudnnDataType_t type, int a, int b,
-                         const std::vector<int>& spatial) {
+                         const std::vector<int>& spatial, bool channels_last) {
   std::vector<int> dims = {a, b};
   dims.insert(dims.end(), spatial.begin(), spatial.end());
   std::vector<int> strides(dims.size(), 1);
-  for (size_t i = dims.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * dims[i + 1];
+  if (channels_last) {
+    int step = b;  // the channel stride is 1; then the spatial dims, innermost last
+    for (size_t i = dims.size(); i-- > 2;) strides[i] = step, step *= dims[i];
+    strides[0] = step;
+  } else {
+    for (size_t i = dims.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * dims[i + 1];
+  }
   KILN_CUDNN_TRY(api, api.cudnnCreateTensorDescriptor(d));
   KILN_CUDNN_TRY(api, api.cudnnSetTensorNdDescriptor(*d, type, static_cast<int>(dims.size()), dims.data(),
                                                      strides.data()));
@@ -209,13 +220,13 @@ kiln_status* ConvStep::create(const artifact::PlanStep& step,
   g->y_ = const_cast<void*>(y);
 
   const std::vector<int> out_sp = a.out_spatial(), ones(a.spatial.size(), 1);
-  KILN_RT_TRY(tensor_desc(api, &g->x_desc_, type, a.n, a.c, a.spatial));
-  KILN_RT_TRY(tensor_desc(api, &g->y_desc_, type, a.n, a.k, out_sp));
-  KILN_RT_TRY(tensor_desc(api, &g->bias_desc_, type, 1, a.k, ones));
+  KILN_RT_TRY(tensor_desc(api, &g->x_desc_, type, a.n, a.c, a.spatial, a.channels_last));
+  KILN_RT_TRY(tensor_desc(api, &g->y_desc_, type, a.n, a.k, out_sp, a.channels_last));
+  KILN_RT_TRY(tensor_desc(api, &g->bias_desc_, type, 1, a.k, ones, false));
   std::vector<int> wdims = {a.k, a.c / a.groups};
   wdims.insert(wdims.end(), a.kernel.begin(), a.kernel.end());
   KILN_CUDNN_TRY(api, api.cudnnCreateFilterDescriptor(&g->w_desc_));
-  KILN_CUDNN_TRY(api, api.cudnnSetFilterNdDescriptor(g->w_desc_, type, CUDNN_TENSOR_NCHW,
+  KILN_CUDNN_TRY(api, api.cudnnSetFilterNdDescriptor(g->w_desc_, type, a.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                                      static_cast<int>(wdims.size()), wdims.data()));
   KILN_CUDNN_TRY(api, api.cudnnCreateConvolutionDescriptor(&g->conv_desc_));
   // Accumulate in f32 for every dtype, as the reference does.
@@ -237,8 +248,8 @@ kiln_status* ConvStep::create(const artifact::PlanStep& step,
                 (tf32 ? " tf32" : "") + " | n=" + std::to_string(a.n) + " c=" + std::to_string(a.c) + " k=" +
                 std::to_string(a.k) + " spatial=" + join(a.spatial, ',') + " kernel=" + join(a.kernel, ',') +
                 " pad=" + join(a.pad, ',') + " stride=" + join(a.stride, ',') + " dilation=" + join(a.dilation, ',') +
-                " groups=" + std::to_string(a.groups) + " dtype=" + dt + " math=" + (tf32 ? "tf32" : "f32") +
-                " bias=" + (g->bias_ ? "1" : "0") + " z=" + (g->z_ ? "1" : "0") + " relu=" + (g->relu_ ? "1" : "0") +
+                " groups=" + std::to_string(a.groups) + (a.channels_last ? " layout=nhwc" : "") + " dtype=" + dt +
+                " math=" + (tf32 ? "tf32" : "f32") + " bias=" + (g->bias_ ? "1" : "0") + " z=" + (g->z_ ? "1" : "0") + " relu=" + (g->relu_ ? "1" : "0") +
                 " workspace=" + std::to_string(workspace_bytes);
   bool chosen = false;
   if (auto it = step.attrs.find("algo"); it != step.attrs.end()) {

@@ -49,6 +49,16 @@ const char* kCases[][2] = {
     }
   }
   return %y })"},
+    // Channels last (the layout-nhwc pass): H != W so a swapped stride shows; bias, residual
+    // and relu, 1x1, depthwise, strided.
+    {"nhwc", R"(graph @g(%x: T[2, 6, 10, 8], %w: T[8, 3, 3, 8], %b: T[8], %v: T[16, 1, 1, 8], %dw: T[8, 3, 3, 1], %u: T[12, 3, 3, 8]) -> (T[2, 6, 10, 8], T[2, 6, 10, 16], T[2, 6, 10, 8], T[2, 3, 5, 12]) {
+  %c = conv(%x, %w, %b) {pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 6, 10, 8]
+  %s = add(%c, %x) : T[2, 6, 10, 8]
+  %y = relu(%s) : T[2, 6, 10, 8]
+  %p = conv(%x, %v) {layout = "nhwc"} : T[2, 6, 10, 16]
+  %d = conv(%x, %dw) {groups = 8, pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 6, 10, 8]
+  %e = conv(%x, %u) {strides = [2, 2], pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 3, 5, 12]
+  return %y, %p, %d, %e })"},
     // With tf32 these take the stem kernel (conv_stem.cpp): partial bands and pixel tiles, 72
     // output channels (one pixel tile per warp), asymmetric pads, 3-tap rows.
     {"rgb-stems", R"(graph @g(%x: T[2, 3, 37, 45], %w: T[16, 3, 7, 7], %b: T[16], %v: T[1, 4, 20, 13], %u: T[72, 4, 3, 3]) -> (T[2, 16, 19, 23], T[1, 72, 21, 12]) {

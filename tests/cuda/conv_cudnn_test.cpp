@@ -134,6 +134,28 @@ graph @g(%s: f16[2, 4, 10], %v: f16[3, 4, 3], %t: f32[1, 2, 4, 4, 4], %u: f32[3,
   CHECK(plan_lines(lower_text(kBiasRelu, {.conv = "gemm"}).plan, "step gemm").size() == 2);
 }
 
+TEST_CASE("a channels-last conv is a cudnn step in NCHW terms with layout=nhwc; conv=gemm names the conflict") {
+  const std::string text = R"(
+graph @g(%x: f32[2, 6, 10, 8], %w: f32[12, 3, 3, 8], %b: f32[12]) -> (f32[2, 3, 5, 12]) {
+  %c = conv(%x, %w, %b) {strides = [2, 2], pads = [1, 1, 1, 1], layout = "nhwc"} : f32[2, 3, 5, 12]
+  %y = relu(%c) : f32[2, 3, 5, 12]
+  return %y
+})";
+  const LoweredGraph l = lower_text(text);
+  CHECK(plan_lines(l.plan, "step").size() == 1);
+  CHECK(plan_lines(l.plan, "step conv")[0] ==
+        "step conv x=b0 w=b1 y=b3 bias=b2 n=2 c=8 k=12 spatial=6,10 kernel=3,3 pad=1,1 stride=2,2 dilation=1,1 "
+        "groups=1 dtype=f32 math=f32 activation=relu layout=nhwc");
+  auto g = parse_graph(text);
+  REQUIRE(g.ok());
+  LoweringOptions gemm;
+  gemm.conv = "gemm";
+  auto bad = lower_graph(**g, gemm);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(has(bad.status().message(), "layout=\"nhwc\" runs through cuDNN only"));
+  CHECK(has(bad.status().message(), "conv is 'gemm'"));
+}
+
 TEST_CASE("with tf32 an RGB stem conv is one implicit-GEMM tensor-core kernel that applies the relu") {
   const char* text = R"(
 graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3, 1, 1], %u: f32[8, 5, 3, 3], %z: f32[2, 5, 9, 9], %s: f32[72, 3, 3, 3]) -> (f32[2, 16, 19, 23], f32[2, 8, 37, 45], f32[2, 8, 9, 9], f32[2, 72, 37, 45]) {

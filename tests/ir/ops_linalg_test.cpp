@@ -151,6 +151,25 @@ TEST_CASE("linalg: conv with channels and groups") {
   check_values(run1("conv", {x2, f32({1, 1, 1, 2}, {1, 1})}), {2, 1, 1, 1}, {3, 7});
 }
 
+TEST_CASE("linalg: conv channels last (layout nhwc)") {
+  // The grouped case above, channels last: x [1, 2, 2, 2] NHWC holds the same image as the
+  // NCHW x with channels interleaved; w [4, 1, 1, 1]; y comes out [1, 2, 2, 4].
+  Tensor x = f32({1, 2, 2, 2}, {1, 5, 2, 6, 3, 7, 4, 8});
+  check_values(run1("conv", {x, f32({4, 1, 1, 1}, {1, 2, 3, 4})}, {{"groups", 2}, {"layout", std::string("nhwc")}}),
+               {1, 2, 2, 4}, {1, 2, 15, 20, 2, 4, 18, 24, 3, 6, 21, 28, 4, 8, 24, 32});
+  // A 2x2 kernel over two channels: w [1, 2, 2, 2] is [k, kh, kw, c] (c0 weights 1, c1 weights 10).
+  check_values(run1("conv", {x, f32({1, 2, 2, 2}, {1, 10, 1, 10, 1, 10, 1, 10})}, {{"layout", std::string("nhwc")}}),
+               {1, 1, 1, 1}, {10 + 260});
+}
+
+TEST_CASE("linalg: conv rejects an unknown layout") {
+  auto r = infer_op("conv", {TensorType{DType::kF32, {Dim(1), Dim(1), Dim(2), Dim(2)}},
+                             TensorType{DType::kF32, {Dim(1), Dim(1), Dim(1), Dim(1)}}},
+                    {{"layout", std::string("nchwc")}});
+  CHECK_FALSE(r.ok());
+  CHECK(r.status().message().find("layout") != std::string::npos);
+}
+
 TEST_CASE("linalg: conv 1-D and 3-D") {
   // Padded [0 1 2 3 4 5 0], kernel [1 0 -1], stride 2.
   check_values(run1("conv", {f32({1, 1, 5}, {1, 2, 3, 4, 5}), f32({1, 1, 3}, {1, 0, -1})},

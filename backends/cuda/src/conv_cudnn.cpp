@@ -1,6 +1,8 @@
 // conv as one cuDNN plan step (docs/artifact.md, `step conv`): the bias, a same-shape residual
 // add (plain or inside a fuse-pointwise group) and a following relu ride along, as cuDNN's
 // conv-bias-activation computes relu(conv(x) + z + bias).
+#include <algorithm>
+
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -49,7 +51,14 @@ StatusOr<bool> Lowerer::conv_cudnn(const Node& n) {
   const Value* x = n.operand(0);
   const DType t = x->dtype();
   if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return false;
-  const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
+  // Channels-last convs (layout-nhwc) are described in NCHW order; the step's layout=nhwc
+  // tells the runtime the strides.
+  const bool channels_last = n.get_string("layout", "nchw") == "nhwc";
+  auto nchw = [&](Sizes s) {
+    if (channels_last && s.size() >= 3) std::rotate(s.begin() + 1, s.end() - 1, s.end());
+    return s;
+  };
+  const Sizes xs = nchw(sizes_of(x)), ws = nchw(sizes_of(n.operand(1))), ys = nchw(sizes_of(n.result()));
   if (xs.size() < 3 || xs.size() > 5) return false;
   const size_t nsp = xs.size() - 2;
   const Window win = window_of(n, nsp);
@@ -100,7 +109,7 @@ StatusOr<bool> Lowerer::conv_cudnn(const Node& n) {
           " pad=" + join_ints(Sizes(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(nsp))) +
           " stride=" + join_ints(strides) + " dilation=" + join_ints(dil) + " groups=" + std::to_string(groups) +
           " dtype=" + dname(t) + " math=" + (t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32") +
-          " activation=" + (relu ? "relu" : "none");
+          " activation=" + (relu ? "relu" : "none") + (channels_last ? " layout=nhwc" : "");
   steps_.push_back({text, used});
   gemm_ = true;  // the plan's workspace serves cuDNN as it serves cuBLASLt
   return true;

@@ -916,6 +916,15 @@ Status Lowerer::conv_gemm(const Node& n) {
 }
 
 Status Lowerer::conv(const Node& n) {
+  if (n.get_string("layout", "nchw") == "nhwc") {
+    // Channels-last convs (the layout-nhwc pass) run through cuDNN alone.
+    KILN_ASSIGN_OR_RETURN(const bool cudnn, conv_cudnn(n));
+    if (cudnn) return ok_status();
+    return invalid_argument("conv " + n.result()->type().str() + ": layout=\"nhwc\" runs through cuDNN only, and " +
+                            (opts_.conv != "cudnn" ? std::string("the backend option conv is '") + opts_.conv + "'"
+                                                   : std::string("cuDNN cannot take this conv (dtype, asymmetric padding or size)")) +
+                            "; drop the layout-nhwc pass for it");
+  }
   KILN_ASSIGN_OR_RETURN(const bool stem, conv_stem(n));
   if (stem) return ok_status();
   KILN_ASSIGN_OR_RETURN(const bool depthwise, conv_depthwise(n));

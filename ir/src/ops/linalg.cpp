@@ -250,17 +250,46 @@ StatusOr<Shape> window_shape(const InferContext& ctx, const Shape& in_spatial, c
 // ---------------------------------------------------------------------------------------
 // conv
 
+/// Whether a conv is channels-last (`layout = "nhwc"`): x [N, spatial..., C], w [C_out, k...,
+/// C/groups], y [N, out..., C_out], the layout cuDNN and tensor-core kernels read fastest.
+StatusOr<bool> conv_channels_last(const Node& node) {
+  const std::string layout = node.get_string("layout", "nchw");
+  if (layout != "nchw" && layout != "nhwc")
+    return invalid_argument("attribute 'layout' must be \"nchw\" or \"nhwc\", got \"" + layout + "\"");
+  return layout == "nhwc";
+}
+
+/// `s` with its last dim moved to position 1 ([N, sp..., C] -> [N, C, sp...]), or back.
+template <typename S>
+S channels_to_front(const S& s) {
+  S r = {s[0], s.back()};
+  r.insert(r.end(), s.begin() + 1, s.end() - 1);
+  return r;
+}
+template <typename S>
+S channels_to_back(const S& s) {
+  S r = {s[0]};
+  r.insert(r.end(), s.begin() + 2, s.end());
+  r.push_back(s[1]);
+  return r;
+}
+
 Status infer_conv(InferContext& ctx) {
   for (int i = 1; i < ctx.num_operands(); ++i) KILN_RETURN_IF_ERROR(require_same_dtype(ctx, 0, i));
   KILN_RETURN_IF_ERROR(require_dtype(ctx, 0, kNumericDTypes));
-  const TensorType& x = ctx.operand(0);
-  const TensorType& wt = ctx.operand(1);
+  StatusOr<bool> cl = conv_channels_last(ctx.node);
+  if (!cl.ok()) return ctx.error(cl.status().message());
+  // Checked in the [N, C, spatial...] order; a channels-last conv is permuted there and back.
+  TensorType x = ctx.operand(0);
+  TensorType wt = ctx.operand(1);
+  const char* x_form = *cl ? "[N, spatial..., C]" : "[N, C, spatial...]";
+  const char* w_form = *cl ? "[C_out, k..., C_in/groups]" : "[C_out, C_in/groups, k...]";
   if (x.rank() < 3 || x.rank() > 5)
-    return ctx.error("operand 'x' must be [N, C, spatial...] with 1 to 3 spatial dims, got " +
-                     x.str());
+    return ctx.error(std::string("operand 'x' must be ") + x_form + " with 1 to 3 spatial dims, got " + x.str());
   if (wt.rank() != x.rank())
-    return ctx.error("operand 'w' must be [C_out, C_in/groups, k...] of rank " +
-                     std::to_string(x.rank()) + ", got " + wt.str());
+    return ctx.error(std::string("operand 'w' must be ") + w_form + " of rank " + std::to_string(x.rank()) +
+                     ", got " + wt.str());
+  if (*cl) x.shape = channels_to_front(x.shape), wt.shape = channels_to_front(wt.shape);
   const size_t nsp = static_cast<size_t>(x.rank() - 2);
   Window w;
   Status s = read_window(ctx.node, nsp, true, w);
@@ -276,8 +305,8 @@ Status infer_conv(InferContext& ctx) {
   if (c_out.is_static() && c_out.value() % groups != 0)
     return ctx.error("output channels " + c_out.str() + " are not divisible by groups " + g);
   if (c.is_static() && wt.shape[1].is_static() && wt.shape[1].value() * groups != c.value())
-    return ctx.error("w " + wt.str() + " expects " + std::to_string(wt.shape[1].value() * groups) +
-                     " input channels with groups " + g + ", x " + x.str() + " has " + c.str());
+    return ctx.error("w " + ctx.operand(1).str() + " expects " + std::to_string(wt.shape[1].value() * groups) +
+                     " input channels with groups " + g + ", x " + ctx.operand(0).str() + " has " + c.str());
   if (ctx.num_operands() == 3) {
     const TensorType& bias = ctx.operand(2);
     if (bias.rank() != 1 || dims_conflict(bias.shape[0], c_out))
@@ -288,7 +317,7 @@ Status infer_conv(InferContext& ctx) {
                                      Shape(wt.shape.begin() + 2, wt.shape.end()), w));
   Shape out = {x.shape[0], c_out};
   out.insert(out.end(), spatial.begin(), spatial.end());
-  ctx.results = {TensorType{x.dtype, out}};
+  ctx.results = {TensorType{x.dtype, *cl ? channels_to_back(out) : out}};
   return ok_status();
 }
 
@@ -297,16 +326,24 @@ Status conv_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const Tensor& wt = ctx.input(1);
   Tensor& y = ctx.output();
-  const size_t nsp = static_cast<size_t>(x.rank() - 2);
+  KILN_ASSIGN_OR_RETURN(const bool cl, conv_channels_last(ctx.node));
+  const Sizes xs = cl ? channels_to_front(x.shape()) : x.shape();
+  const Sizes ws = cl ? channels_to_front(wt.shape()) : wt.shape();
+  const Sizes ys = cl ? channels_to_front(y.shape()) : y.shape();
+  const size_t nsp = xs.size() - 2;
   Window w;
   KILN_RETURN_IF_ERROR(read_window(ctx.node, nsp, true, w));
   const int64_t groups = ctx.node.get_int("groups", 1);
-  const int64_t n_batch = x.shape()[0], c_in = x.shape()[1], c_out = wt.shape()[0];
+  const int64_t n_batch = xs[0], c_in = xs[1], c_out = ws[0];
   const int64_t cg_in = c_in / groups, cg_out = c_out / groups;
-  const Sizes in_sp(x.shape().begin() + 2, x.shape().end());
-  const Sizes k_sp(wt.shape().begin() + 2, wt.shape().end());
-  const Sizes out_sp(y.shape().begin() + 2, y.shape().end());
+  const Sizes in_sp(xs.begin() + 2, xs.end());
+  const Sizes k_sp(ws.begin() + 2, ws.end());
+  const Sizes out_sp(ys.begin() + 2, ys.end());
   const int64_t in_plane = product(in_sp), k_plane = product(k_sp), out_plane = product(out_sp);
+  // Element strides of a channel and of a spatial position in x, w and y, for either layout.
+  const int64_t x_ch = cl ? 1 : in_plane, x_pos = cl ? c_in : 1;
+  const int64_t w_ch = cl ? 1 : k_plane, w_tap = cl ? cg_in : 1;
+  const int64_t y_ch = cl ? 1 : out_plane, y_pos = cl ? c_out : 1;
   const Sizes in_strides = contiguous_strides(in_sp);
   const std::vector<Sizes> taps = all_indices(k_sp);
   const std::vector<T> xv = elements<T>(x), wv = elements<T>(wt);
@@ -322,19 +359,19 @@ Status conv_kernel(KernelContext& ctx) {
         const int64_t pos = o[d] * w.strides[d] - w.pads[d] + taps[t][d] * w.dilations[d];
         off = (pos < 0 || pos >= in_sp[d]) ? -1 : off + pos * in_strides[d];
       }
-      tap_off[t] = off;
+      tap_off[t] = off < 0 ? -1 : off * x_pos;
     }
     for (int64_t n = 0; n < n_batch; ++n)
       for (int64_t oc = 0; oc < c_out; ++oc) {
         const int64_t g = oc / cg_out;
         T acc = bv.empty() ? T(0) : bv[static_cast<size_t>(oc)];
         for (int64_t ic = 0; ic < cg_in; ++ic) {
-          const T* xp = xv.data() + (n * c_in + g * cg_in + ic) * in_plane;
-          const T* wp = wv.data() + (oc * cg_in + ic) * k_plane;
+          const T* xp = xv.data() + n * c_in * in_plane + (g * cg_in + ic) * x_ch;
+          const T* wp = wv.data() + oc * cg_in * k_plane + ic * w_ch;
           for (size_t t = 0; t < taps.size(); ++t)
-            if (tap_off[t] >= 0) acc = mul_add(acc, xp[tap_off[t]], wp[t]);
+            if (tap_off[t] >= 0) acc = mul_add(acc, xp[tap_off[t]], wp[static_cast<int64_t>(t) * w_tap]);
         }
-        store(y, (n * c_out + oc) * out_plane + op, acc);
+        store(y, n * c_out * out_plane + oc * y_ch + op * y_pos, acc);
       }
   }
   return ok_status();
@@ -495,13 +532,17 @@ void register_linalg_ops(OpRegistry& r) {
                     .reference = linear_reference});
   add_op_or_die(
       r, {.name = "conv",
-          .summary = "N-d grouped convolution of [N, C, spatial...] by [C_out, C/groups, k...]",
+          .summary = "N-d grouped convolution of [N, C, spatial...] by [C_out, C/groups, k...] "
+                     "(channels last with layout = \"nhwc\")",
           .traits = kTraitContraction,
           .inputs = {"x", "w", "bias?"},
           .outputs = {"y"},
           .result_rule = "[N, C_out, out...] from x[N, C, in...] and w[C_out, C/groups, k...]; out "
                          "= (in + pads - dilation * (k - 1) - 1) / stride + 1, rounded down",
-          .attrs = {strides, pads, dilations, attr_default("groups", int64_t{1}, "channel groups")},
+          .attrs = {strides, pads, dilations, attr_default("groups", int64_t{1}, "channel groups"),
+                    attr_default("layout", Attribute(std::string("nchw")),
+                                 "nchw, or nhwc: x [N, spatial..., C], w [C_out, k..., C/groups], "
+                                 "y [N, out..., C_out]")},
           .num_regions = 0,
           .infer = infer_conv,
           .reference = conv_reference});

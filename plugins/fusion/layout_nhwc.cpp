@@ -1,0 +1,339 @@
+// The layout-nhwc pass: convolutions run channels last (`conv {layout = "nhwc"}`), the layout
+// cuDNN's tensor-core kernels and GEMM-shaped 1x1 convolutions read fastest, while the graph's
+// inputs and outputs keep their NCHW shapes.
+//
+// Each eligible conv gets a transpose to channels-last before it and one back after it. Walking
+// in graph order, the transpose back then sinks through elementwise ops (add, relu, mul by a
+// per-channel scale, ...) and spatial reductions, and meets the next conv's transpose to
+// channels-last, where the pair cancels: a ResNet or ConvNeXt body is left with one transpose at
+// its entry and one before its head. Constant weights are permuted at compile time.
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "fusion.h"
+
+namespace kiln::fusion {
+namespace {
+
+using Perm = std::vector<int64_t>;
+
+Perm channels_last_perm(int64_t rank) {  // [N, C, sp...] -> [N, sp..., C]
+  Perm p = {0};
+  for (int64_t d = 2; d < rank; ++d) p.push_back(d);
+  p.push_back(1);
+  return p;
+}
+
+Perm inverse(const Perm& p) {
+  Perm inv(p.size());
+  for (size_t i = 0; i < p.size(); ++i) inv[static_cast<size_t>(p[i])] = static_cast<int64_t>(i);
+  return inv;
+}
+
+Perm perm_of(const Node& t) {
+  const int64_t rank = static_cast<int64_t>(t.operand(0)->shape().size());
+  Perm p = t.get_ints("perm");
+  if (p.empty())
+    for (int64_t d = rank; d-- > 0;) p.push_back(d);
+  for (int64_t& a : p) a = a < 0 ? a + rank : a;
+  return p;
+}
+
+template <typename S>
+S permuted(const S& s, const Perm& p) {
+  S r;
+  for (int64_t a : p) r.push_back(s[static_cast<size_t>(a)]);
+  return r;
+}
+
+TensorType permuted_type(const TensorType& t, const Perm& p) { return TensorType{t.dtype, permuted(t.shape, p)}; }
+
+/// The bytes of `t` permuted by `p` (out dim i is in dim p[i]); i4 has no byte per element.
+std::optional<Tensor> permute_tensor(const Tensor& t, const Perm& p) {
+  if (t.dtype() == DType::kI4) return std::nullopt;
+  const size_t esize = t.numel() ? t.nbytes() / static_cast<size_t>(t.numel()) : 1;
+  const std::vector<int64_t>& in = t.shape();
+  std::vector<int64_t> in_strides(in.size(), 1);
+  for (size_t d = in.size(); d-- > 1;) in_strides[d - 1] = in_strides[d] * in[d];
+  Tensor out(t.dtype(), permuted(in, p));
+  const std::vector<int64_t>& os = out.shape();
+  std::byte* dst = out.mutable_data();
+  std::vector<int64_t> idx(os.size(), 0);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    int64_t src = 0;
+    for (size_t d = 0; d < os.size(); ++d) src += idx[d] * in_strides[static_cast<size_t>(p[d])];
+    std::copy_n(t.data() + static_cast<size_t>(src) * esize, esize, dst + static_cast<size_t>(i) * esize);
+    for (size_t d = os.size(); d-- > 0;) {
+      if (++idx[d] < os[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+class LayoutNhwc final : public Pass {
+ public:
+  LayoutNhwc(int64_t min_channels, bool depthwise) : min_channels_(min_channels), depthwise_(depthwise) {}
+
+  StatusOr<bool> run(Graph& g) override {
+    bool changed = false;
+    for (Node* n : g.node_list()) {
+      if (n->num_regions() != 0 || has_side_effects(*n)) continue;
+      bool c = false;
+      if (n->op_name() == "conv") {
+        KILN_ASSIGN_OR_RETURN(c, to_channels_last(g, n));
+      } else if (n->op() && n->op()->has(kTraitElementwise)) {
+        KILN_ASSIGN_OR_RETURN(c, sink_through_elementwise(g, n));
+      } else if (n->op_name().rfind("reduce_", 0) == 0) {
+        KILN_ASSIGN_OR_RETURN(c, sink_through_reduce(g, n));
+      }
+      changed |= c;
+    }
+    // Transposes left without users (the ones that cancelled or sank) go.
+    for (bool again = true; again;) {
+      again = false;
+      for (Node* n : g.node_list())
+        if (n->op_name() == "transpose" && !n->result()->has_uses()) {
+          KILN_RETURN_IF_ERROR(g.erase_node(n));
+          again = true;
+        }
+    }
+    return changed;
+  }
+
+ private:
+  /// `v` permuted by `p`, inserted before `before`: an inverse transpose is cancelled, a
+  /// constant permuted in place of a node.
+  StatusOr<Value*> transposed(Graph& g, Value* v, const Perm& p, Node* before) {
+    if (Node* t = v->producer(); t && t->op_name() == "transpose") {
+      Perm composed = permuted(perm_of(*t), p);
+      Perm id(composed.size());
+      std::iota(id.begin(), id.end(), 0);
+      if (composed == id) return t->operand(0);
+    }
+    // One transpose of a value serves every user (a residual branch read by two blocks).
+    for (const auto& use : v->uses()) {
+      Node* t = use.user;
+      if (t && t->op_name() == "transpose" && t->graph() == &g && perm_of(*t) == p && comes_before(g, t, before))
+        return t->result();
+    }
+    if (const Tensor* c = constant_tensor(v)) {
+      if (std::optional<Tensor> pt = permute_tensor(*c, p)) {
+        KILN_ASSIGN_OR_RETURN(Node * k, g.create_node("constant", {}, {pt->type()}, {{"value", *pt}}, before,
+                                                      {v->name().empty() ? "" : v->name() + ".nhwc"}));
+        k->set_loc(v->producer()->loc());
+        return k->result();
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(Node * t, g.create_node("transpose", {v}, {permuted_type(v->type(), p)}, {{"perm", p}}, before));
+    if (v->producer()) t->set_loc(v->producer()->loc());
+    return t->result();
+  }
+
+  static bool comes_before(const Graph& g, const Node* a, const Node* b) {
+    for (const Node* n : g.node_list()) {
+      if (n == b) return false;
+      if (n == a) return true;
+    }
+    return false;
+  }
+
+  /// Replaces `old`'s uses by `v` permuted back by `p` (a transpose after the new node).
+  Status route_back(Graph& g, Node* old, Value* v, const Perm& p) {
+    Node* next = nullptr;
+    {
+      auto nodes = g.node_list();
+      auto it = std::find(nodes.begin(), nodes.end(), old);
+      if (it != nodes.end() && ++it != nodes.end()) next = *it;
+    }
+    Value* r = old->result();
+    KILN_ASSIGN_OR_RETURN(Node * t, g.create_node("transpose", {v}, {r->type()}, {{"perm", p}}, next));
+    t->set_loc(old->loc());
+    const std::string name = r->name();
+    r->set_name("");
+    r->replace_all_uses_with(t->result());
+    t->result()->set_name(name);
+    return g.erase_node(old);
+  }
+
+  StatusOr<bool> to_channels_last(Graph& g, Node* n) {
+    if (n->get_string("layout", "nchw") != "nchw") return false;
+    Value* x = n->operand(0);
+    const Shape& xs = x->shape();
+    const int64_t rank = static_cast<int64_t>(xs.size());
+    if (rank < 3 || !xs[1].is_static() || !n->operand(1)->shape()[1].is_static()) return false;
+    const int64_t groups = n->get_int("groups", 1);
+    // Few input channels (an image stem): NCHW's own kernels read these better.
+    if (xs[1].value() < min_channels_) return false;
+    if (groups > 1 && groups == xs[1].value() && !depthwise_) return false;
+    // Asymmetric padding (ONNX's SAME_UPPER) has no channels-last kernel on the GPU backends.
+    const std::vector<int64_t> pads = n->get_ints("pads");
+    for (size_t d = 0; 2 * d < pads.size(); ++d)
+      if (pads[d] != pads[pads.size() / 2 + d]) return false;
+    const Perm last = channels_last_perm(rank), first = inverse(last);
+    KILN_ASSIGN_OR_RETURN(Value * xt, transposed(g, x, last, n));
+    KILN_ASSIGN_OR_RETURN(Value * wt, transposed(g, n->operand(1), last, n));
+    std::vector<Value*> operands = {xt, wt};
+    if (n->num_operands() == 3) operands.push_back(n->operand(2));
+    AttrMap attrs = n->attrs();
+    attrs["layout"] = std::string("nhwc");
+    KILN_ASSIGN_OR_RETURN(Node * c, g.create_node("conv", operands, {permuted_type(n->result()->type(), last)},
+                                                  attrs, n));
+    c->set_loc(n->loc());
+    KILN_RETURN_IF_ERROR(route_back(g, n, c->result(), first));
+    return true;
+  }
+
+  /// The permutation `v` arrives through when a transpose makes it, else nullopt.
+  static std::optional<Perm> arriving_perm(const Value* v) {
+    const Node* p = v->producer();
+    if (!p || p->op_name() != "transpose") return std::nullopt;
+    return perm_of(*p);
+  }
+
+  /// Small enough to permute alongside (a per-channel scale or bias, a scalar).
+  static bool small(const Value* v) {
+    int64_t elems = 1;
+    for (const Dim& d : v->shape()) {
+      if (!d.is_static()) return false;
+      elems *= d.value();
+    }
+    return elems <= 65536;
+  }
+
+  /// op(transpose(a, P), transpose(b, P), small c) -> transpose(op(a, b, c'), P): the transpose
+  /// moves below the op, where it can meet the next conv.
+  StatusOr<bool> sink_through_elementwise(Graph& g, Node* n) {
+    if (n->num_results() != 1 || n->num_operands() == 0) return false;
+    // Ops that name a dim (a per-channel quantize's axis) would need it renumbered: left alone.
+    if (n->has_attr("axis") || n->has_attr("axes")) return false;
+    const size_t rank = n->result()->shape().size();
+    std::optional<Perm> p;
+    for (const Value* v : n->operands()) {
+      std::optional<Perm> q = arriving_perm(v);
+      if (!q || v->shape().size() != rank) continue;
+      if (p && *p != *q) return false;
+      p = q;
+    }
+    if (!p || !is_channels_first(*p)) return false;
+    const Perm undo = inverse(*p);
+    std::vector<Value*> operands;
+    for (Value* v : n->operands()) {
+      if (arriving_perm(v) == p && v->shape().size() == rank) {
+        operands.push_back(v->producer()->operand(0));
+        continue;
+      }
+      // A full-size operand in NCHW (a residual branch from before the first conv) is
+      // transposed too: the op's result then stays channels last for the convs after it.
+      if (!small(v) && v->shape().size() != rank) return false;
+      Value* full = v;
+      if (v->shape().size() < rank) {
+        // Numpy broadcasting aligns trailing dims: leading 1s make the ranks equal first.
+        std::vector<int64_t> shape(rank - v->shape().size(), 1);
+        for (const Dim& d : v->shape()) shape.push_back(d.value());
+        Shape s;
+        for (int64_t d : shape) s.push_back(Dim(d));
+        KILN_ASSIGN_OR_RETURN(Node * r, g.create_node("reshape", {v}, {TensorType{v->dtype(), s}}, {{"shape", shape}}, n));
+        full = r->result();
+      }
+      KILN_ASSIGN_OR_RETURN(Value * t, transposed(g, full, undo, n));
+      operands.push_back(t);
+    }
+    KILN_ASSIGN_OR_RETURN(Node * e, g.create_node(n->op_name(), operands, {permuted_type(n->result()->type(), undo)},
+                                                  n->attrs(), n));
+    e->set_loc(n->loc());
+    KILN_RETURN_IF_ERROR(route_back(g, n, e->result(), *p));
+    return true;
+  }
+
+  /// reduce(transpose(a, P), axes) -> transpose(reduce(a, P[axes]), P'): a global average pool
+  /// reads the channels-last tensor directly; without keepdims over the spatial dims no
+  /// transpose is left at all.
+  StatusOr<bool> sink_through_reduce(Graph& g, Node* n) {
+    if (n->num_operands() != 1 || n->num_results() != 1) return false;
+    std::optional<Perm> p = arriving_perm(n->operand(0));
+    if (!p || !is_channels_first(*p)) return false;
+    const int64_t rank = static_cast<int64_t>(p->size());
+    std::vector<int64_t> axes = n->get_ints("axes");
+    if (axes.empty()) return false;  // all of them: nothing left to permute
+    std::vector<bool> reduced(static_cast<size_t>(rank), false);
+    for (int64_t a : axes) {
+      if (a < -rank || a >= rank) return false;
+      reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
+    }
+    std::vector<int64_t> inner_axes;
+    for (int64_t d = 0; d < rank; ++d)
+      if (reduced[static_cast<size_t>(d)]) inner_axes.push_back((*p)[static_cast<size_t>(d)]);
+    std::sort(inner_axes.begin(), inner_axes.end());
+    const bool keepdims = n->get_int("keepdims", 1) != 0;
+    // The kept dims of the inner result, in its order, and the permutation back to n's order.
+    Perm back;
+    if (keepdims) {
+      back = *p;
+    } else {
+      std::vector<int64_t> kept_inner;  // inner dims that survive, in inner order
+      for (int64_t d = 0; d < rank; ++d)
+        if (!std::count(inner_axes.begin(), inner_axes.end(), d)) kept_inner.push_back(d);
+      for (int64_t d = 0; d < rank; ++d) {
+        if (reduced[static_cast<size_t>(d)]) continue;
+        const int64_t src = (*p)[static_cast<size_t>(d)];
+        back.push_back(std::find(kept_inner.begin(), kept_inner.end(), src) - kept_inner.begin());
+      }
+    }
+    Value* a = n->operand(0)->producer()->operand(0);
+    AttrMap attrs = n->attrs();
+    attrs["axes"] = inner_axes;
+    TensorType inner{n->result()->dtype(), {}};
+    for (int64_t d = 0; d < rank; ++d) {
+      const bool red = std::count(inner_axes.begin(), inner_axes.end(), d) != 0;
+      if (!red) inner.shape.push_back(a->shape()[static_cast<size_t>(d)]);
+      else if (keepdims) inner.shape.push_back(Dim(1));
+    }
+    KILN_ASSIGN_OR_RETURN(Node * r, g.create_node(n->op_name(), {a}, {inner}, attrs, n));
+    r->set_loc(n->loc());
+    Perm id(back.size());
+    std::iota(id.begin(), id.end(), 0);
+    if (back == id) {
+      Value* old = n->result();
+      const std::string name = old->name();
+      old->set_name("");
+      old->replace_all_uses_with(r->result());
+      r->result()->set_name(name);
+      KILN_RETURN_IF_ERROR(g.erase_node(n));
+      return true;
+    }
+    KILN_RETURN_IF_ERROR(route_back(g, n, r->result(), back));
+    return true;
+  }
+
+  /// Whether `p` moves the last dim to position 1: the transpose after a channels-last conv.
+  static bool is_channels_first(const Perm& p) { return p == inverse(channels_last_perm(static_cast<int64_t>(p.size()))); }
+
+  int64_t min_channels_;
+  bool depthwise_;
+};
+
+}  // namespace
+
+PassInfo layout_nhwc_pass_info() {
+  PassInfo info;
+  info.name = "layout-nhwc";
+  info.version = "0.1.0";
+  info.summary = "run convolutions channels last (layout = \"nhwc\"), moving transposes to the graph's edges";
+  info.options = {
+      {"min-channels", OptionType::kInt, int64_t{8},
+       "convs with fewer input channels (an image stem) stay NCHW"},
+      {"depthwise", OptionType::kBool, true, "also depthwise convs (groups == channels)"},
+  };
+  info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
+    const int64_t min_channels = o.get_int("min-channels");
+    if (min_channels < 1)
+      return invalid_argument("layout-nhwc: min-channels must be at least 1, got " + std::to_string(min_channels));
+    return std::unique_ptr<Pass>(std::make_unique<LayoutNhwc>(min_channels, o.get_bool("depthwise")));
+  };
+  return info;
+}
+
+}  // namespace kiln::fusion

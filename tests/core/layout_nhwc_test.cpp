@@ -1,0 +1,99 @@
+// layout-nhwc from its plugin: convolutions become channels last, the transposes between them
+// cancel, and the reference gives the same values as the NCHW graph.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+
+#include "kiln/core/pass_manager.h"
+#include "kiln/ir/text.h"
+
+#include "plugin_test_util.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+namespace {
+
+/// A ResNet-style stage: conv-relu-conv plus a residual from the (NCHW) input, relu, a 1x1
+/// conv by a constant weight, a per-channel scale (broadcast [C, 1, 1]), a depthwise conv, a
+/// spatial mean with and without keepdims.
+std::string stage_kir() {
+  std::string w3 = "dense<f32[8, 8, 1, 1]>[";
+  for (int i = 0; i < 64; ++i) w3 += (i ? ", " : "") + std::to_string((i * 37 % 17 - 8) / 16.0);
+  w3 += "]";
+  return R"(graph @stage(%x: f32[2, 8, 6, 6], %w1: f32[8, 8, 3, 3], %b1: f32[8], %w2: f32[8, 8, 3, 3],
+                   %s: f32[8, 1, 1], %wd: f32[8, 1, 3, 3]) -> (f32[2, 8], f32[2, 8, 1, 1], f32[2, 8, 6, 6]) {
+  %c1 = conv(%x, %w1, %b1) {pads = [1, 1, 1, 1]} : f32[2, 8, 6, 6]
+  %r1 = relu(%c1) : f32[2, 8, 6, 6]
+  %c2 = conv(%r1, %w2) {pads = [1, 1, 1, 1]} : f32[2, 8, 6, 6]
+  %a = add(%c2, %x) : f32[2, 8, 6, 6]
+  %r2 = relu(%a) : f32[2, 8, 6, 6]
+  %w3 = constant() {value = )" + w3 + R"(} : f32[8, 8, 1, 1]
+  %c3 = conv(%r2, %w3) : f32[2, 8, 6, 6]
+  %m = mul(%c3, %s) : f32[2, 8, 6, 6]
+  %d = conv(%m, %wd) {groups = 8, pads = [1, 1, 1, 1]} : f32[2, 8, 6, 6]
+  %p = reduce_mean(%d) {axes = [2, 3], keepdims = 0} : f32[2, 8]
+  %q = reduce_max(%d) {axes = [2, 3], keepdims = 1} : f32[2, 8, 1, 1]
+  return %p, %q, %d
+})";
+}
+
+int count(const Graph& g, const std::string& op) {
+  int k = 0;
+  for (const auto& n : g.nodes()) k += n->op_name() == op;
+  return k;
+}
+
+}  // namespace
+
+TEST_SUITE("layout-nhwc") {
+  TEST_CASE("a conv stage runs channels last with the same values, transposes only at its edges") {
+    Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so",
+                                   "kiln-plugin-backend-reference.so"});
+    auto g = parse_graph(stage_kir());
+    REQUIRE_MESSAGE(g.ok(), g.status().message());
+    auto after = (*g)->clone();
+    auto stages = parse_pass_list("layout-nhwc,fold-layout", reg);
+    REQUIRE(stages.ok());
+    PassManager pm(reg, PassManagerOptions{});
+    REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());
+    int nhwc = 0;
+    for (const auto& n : after->nodes())
+      if (n->op_name() == "conv") {
+        CHECK(n->get_string("layout") == "nhwc");
+        ++nhwc;
+      }
+    CHECK(nhwc == 4);
+    // x in; w1, w2 and wd permuted at run time (graph inputs); s permuted (small); %d out in
+    // NCHW. %p needs none (the mean over the spatial dims leaves [N, C]); %q's keepdims result
+    // goes back through one. The constant w3 is permuted at compile time, so no transpose.
+    CHECK(count(*after, "transpose") == 7);
+    std::mt19937 rng(5);
+    const std::vector<Tensor> in = random_inputs(**g, rng);
+    const std::vector<Tensor> want = run_reference(reg, **g, in), got = run_reference(reg, *after, in);
+    REQUIRE(want.size() == got.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      REQUIRE(want[k].type() == got[k].type());
+      const std::vector<double> a = want[k].to_f64(), b = got[k].to_f64();
+      for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+    }
+  }
+
+  TEST_CASE("image stems and depthwise convs can stay NCHW") {
+    Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so"});
+    auto g = parse_graph(R"(graph @g(%x: f32[1, 3, 8, 8], %w: f32[8, 3, 3, 3], %wd: f32[8, 1, 3, 3]) -> (f32[1, 8, 6, 6]) {
+  %c = conv(%x, %w) : f32[1, 8, 6, 6]
+  %d = conv(%c, %wd) {groups = 8, pads = [1, 1, 1, 1]} : f32[1, 8, 6, 6]
+  return %d
+})");
+    REQUIRE(g.ok());
+    auto stages = parse_pass_list("layout-nhwc{depthwise=false}", reg);
+    REQUIRE(stages.ok());
+    PassManager pm(reg, PassManagerOptions{});
+    REQUIRE(pm.run(**g, *stages, "layout-nhwc").ok());
+    CHECK(count(**g, "transpose") == 0);
+    auto bad = parse_pass_list("layout-nhwc{min-channels=0}", reg);
+    CHECK_FALSE((bad.ok() && pm.run(**g, *bad, "layout-nhwc").ok()));
+  }
+}
