@@ -88,9 +88,6 @@ int run_per_rank(const Graph& g, const Pipeline& p, const InputBindings& b,
                  const std::map<std::string, std::string>& files, double collective_timeout_s);
 /// Prints the graph's outputs (name, type, values) or writes those named in `files` as .npy.
 int print_outputs(const Graph& g, const std::vector<Tensor>& outs, const std::map<std::string, std::string>& files);
-/// Binds symbolic dims to `symbols` in every type and re-verifies; every shape must end up
-/// static. Symbols in `taken` were bound by the front end (artifact_cmd.cpp).
-Status bind_symbols(Graph& g, const std::map<std::string, int64_t>& symbols, const std::set<std::string>& taken);
 /// Help of compile, inspect and cache ("" for other commands).
 std::string artifact_usage_text(std::string_view command);
 

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "kiln/core/artifact.h"
+#include "kiln/core/compile.h"
 #include "kiln/distributed.h"
 #include "kiln/ir/mesh_run.h"
 #include "kiln/runtime.h"
