@@ -3,6 +3,9 @@ BUILD_DIR ?= build
 PRESET ?= default
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
+# PYTHON=0 leaves out the Python package (no PyPI downloads); otherwise scripts/setup-python.sh
+# makes .venv (nanobind, numpy, torch) and the build includes the package and its tests.
+PYTHON ?= 1
 
 .PHONY: all deps configure build test demo install clean format lint-budget docs
 
@@ -12,7 +15,13 @@ deps:
 	./scripts/install-deps.sh
 
 configure: deps
-	cmake --preset $(PRESET)
+	@if [ "$(PYTHON)" != 0 ] && py=$$(./scripts/setup-python.sh | tail -1) && [ -x "$$py" ]; then \
+	  echo "cmake --preset $(PRESET) -DKILN_BUILD_PYTHON=ON -DPython_EXECUTABLE=$$py"; \
+	  cmake --preset $(PRESET) -DKILN_BUILD_PYTHON=ON -DPython_EXECUTABLE=$$py; \
+	else \
+	  [ "$(PYTHON)" = 0 ] || echo "make: the Python environment could not be set up; building without the Python package"; \
+	  cmake --preset $(PRESET) -DKILN_BUILD_PYTHON=OFF; \
+	fi
 
 build: configure
 	cmake --build --preset $(PRESET) -j $(JOBS)

@@ -35,3 +35,7 @@ if grep -qx cuda-sm90 <<< "$backends"; then
 fi
 echo "== running on $backend"
 "$kiln" run "$build_dir/demo-mlp.opt.kir" --backend "$backend" --random-inputs --seed 1 --sym B=2
+if [ -d "$build_dir/python/kiln" ] && [ -x "$root/.venv/bin/python" ]; then
+  echo "== the same from Python (examples/python/quickstart.py)"
+  PYTHONPATH="$build_dir/python" "$root/.venv/bin/python" "$root/examples/python/quickstart.py"
+fi

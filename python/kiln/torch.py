@@ -1,0 +1,939 @@
+"""PyTorch front end: FX graphs of ATen ops (torch.export, torch.compile) to Kiln graphs.
+
+    import kiln.torch
+    fast = kiln.torch.compile_module(model, (x,), backend="cpu")     # an nn.Module
+    y = fast(x)
+
+    compiled = torch.compile(model, backend="kiln")                   # the dynamo backend
+
+Weights become Kiln constants that share the parameters' memory (no copy, no ONNX file); they
+are frozen: compile again after changing them. Dynamic dims (`torch.export.Dim`, or dynamo's
+dynamic shapes) become Kiln symbols named after PyTorch's (s0, s1, ...). Ops Kiln does not
+lower stay in PyTorch: the graph is split into the parts Kiln converts, each compiled on its
+own, and the rest, which PyTorch runs as before.
+"""
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import fx
+
+import kiln
+from kiln import KilnError
+
+aten = torch.ops.aten
+
+__all__ = ["compile_module", "convert", "export_graph", "kiln_backend", "supported_ops", "Unsupported"]
+
+_DTYPES = {
+    torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+    torch.bool: "bool",
+}
+_NP = {"f64": np.float64, "f32": np.float32, "f16": np.float16, "i64": np.int64, "i32": np.int32,
+       "i16": np.int16, "i8": np.int8, "u8": np.uint8, "bool": np.bool_}
+
+
+class Unsupported(Exception):
+    """A node Kiln cannot take; the partitioner leaves it to PyTorch."""
+
+
+def _meta(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _is_tensor_node(node: Any) -> bool:
+    return isinstance(_meta(node), torch.Tensor)
+
+
+def _dim(d: Any) -> "int | str":
+    """A static size, or the name of the plain symbol a dynamic size is."""
+    if isinstance(d, int):
+        return d
+    expr = d.node.expr if isinstance(d, torch.SymInt) else None
+    if expr is not None and expr.is_Integer:
+        return int(expr)
+    if expr is not None and expr.is_Symbol:
+        return str(expr)
+    raise Unsupported(f"size {d} is computed from symbols; Kiln takes plain symbols only")
+
+
+def _shape(t: torch.Tensor) -> list:
+    return [_dim(d) for d in t.shape]
+
+
+class _Builder:
+    """Converts one FX graph (placeholders = inputs, get_attr = constants) to a kiln.Graph."""
+
+    def __init__(self, gm: fx.GraphModule, name: str):
+        self.gm = gm
+        self.g = kiln.Graph(name)
+        self.env: dict = {}
+        self.tensor_inputs: list = []  # indices of the placeholders that are Kiln inputs
+
+    # -- helpers used by the op handlers --------------------------------------------------
+    def op(self, name: str, operands: list, attrs: dict | None = None, n: int = 1):
+        out = self.g.add_node(name, operands, attrs or {}, n)
+        return out if n > 1 else out[0]
+
+    def const(self, value: Any, dtype: str) -> kiln.Value:
+        if dtype == "bf16":
+            t = torch.tensor(value, dtype=torch.bfloat16)
+            return self.g.constant(t, "")
+        return self.g.constant(np.asarray(value, dtype=_NP[dtype]), "")
+
+    def val(self, a: Any, like: "kiln.Value | str | None" = None) -> kiln.Value:
+        """An operand: a converted node, or a Python scalar made a constant of `like`'s dtype."""
+        if isinstance(a, fx.Node):
+            v = self.env[a]
+            if isinstance(v, tuple):
+                raise Unsupported(f"'{a.name}' is a tuple, not a tensor")
+            return v
+        if isinstance(a, (bool, int, float)):
+            dtype = like if isinstance(like, str) else like.dtype if like is not None else "f32"
+            return self.const(a, dtype)
+        raise Unsupported(f"operand {a!r} is not a tensor or a number")
+
+    def cast(self, v: kiln.Value, dtype: str) -> kiln.Value:
+        return v if v.dtype == dtype else self.op("cast", [v], {"to": dtype})
+
+    # -- the conversion ------------------------------------------------------------------
+    def run(self) -> kiln.Graph:
+        outputs = []
+        for i, node in enumerate(n for n in self.gm.graph.nodes if n.op == "placeholder"):
+            m = _meta(node)
+            if isinstance(m, torch.Tensor):
+                if m.dtype not in _DTYPES:
+                    raise Unsupported(f"input '{node.name}' is {m.dtype}")
+                self.env[node] = self.g.add_input(node.name, _DTYPES[m.dtype], _shape(m))
+                self.tensor_inputs.append(i)
+            else:
+                self.env[node] = m  # a SymInt or a number: read by the ops that take sizes
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "get_attr":
+                t = _fetch_attr(self.gm, node.target)
+                if not isinstance(t, torch.Tensor):
+                    raise Unsupported(f"attribute '{node.target}' is not a tensor")
+                self.env[node] = _constant(self.g, t, node.meta.get("kiln_name", node.target))
+            elif node.op == "call_function":
+                self.env[node] = self.call(node)
+            elif node.op == "output":
+                outputs = _flatten(node.args[0])
+            else:
+                raise Unsupported(f"{node.op} '{node.target}'")
+        values = []
+        for o in outputs:
+            if not isinstance(o, fx.Node) or not _is_tensor_node(o):
+                raise Unsupported(f"output {o!r} is not a tensor")
+            v = self.val(o)
+            values.append(self.cast(v, _DTYPES[_meta(o).dtype]))
+        self.g.set_outputs(values, [f"output{i}" for i in range(len(values))])
+        return self.g
+
+    def call(self, node: fx.Node) -> Any:
+        if node.target is operator.getitem:
+            src, idx = node.args
+            v = self.env[src]
+            if not isinstance(v, tuple):
+                raise Unsupported("getitem of a non-tuple")
+            if v[idx] is None:
+                raise Unsupported(f"result {idx} of '{src.name}' is not converted")
+            return v[idx]
+        handler = _HANDLERS.get(node.target)
+        if handler is None:
+            raise Unsupported(f"no Kiln lowering for {node.target}")
+        m = _meta(node)
+        for a in _flatten((node.args, node.kwargs)):
+            if isinstance(a, fx.Node) and isinstance(_meta(a), torch.Tensor) and _meta(a).dtype not in _DTYPES:
+                raise Unsupported(f"operand of dtype {_meta(a).dtype}")
+        out = handler(self, node, *node.args, **node.kwargs)
+        if isinstance(m, torch.Tensor) and isinstance(out, kiln.Value):
+            want = _DTYPES.get(m.dtype)
+            if want is None:
+                raise Unsupported(f"result dtype {m.dtype}")
+            out = self.cast(out, want)
+        return out
+
+
+def _flatten(x: Any) -> list:
+    if isinstance(x, (list, tuple)):
+        return [y for item in x for y in _flatten(item)]
+    if isinstance(x, dict):
+        return [y for item in x.values() for y in _flatten(item)]
+    return [x]
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _constant(g: kiln.Graph, t: torch.Tensor, name: str) -> kiln.Value:
+    """A Kiln constant viewing the tensor's memory (a host copy first for device tensors)."""
+    if t.dtype not in _DTYPES:
+        raise Unsupported(f"constant '{name}' is {t.dtype}")
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return g.constant(t.contiguous(), name)
+
+
+# ---- op handlers: (builder, node, *args, **kwargs) -> kiln.Value or a tuple of them --------
+
+_HANDLERS: dict = {}
+
+
+def _handles(*targets: Any) -> Callable:
+    def register(fn: Callable) -> Callable:
+        for t in targets:
+            _HANDLERS[t] = fn
+        return fn
+    return register
+
+
+def _out_dtype(node: fx.Node) -> str:
+    return _DTYPES[_meta(node).dtype]
+
+
+def _binary(kiln_op: str, compare: bool = False) -> Callable:
+    def handler(b: _Builder, node: fx.Node, x: Any, y: Any, **kw: Any) -> kiln.Value:
+        if kw.get("alpha", 1) != 1:
+            y_val = b.op("mul", [b.val(y, _operand_dtype(node, x, y)), b.val(kw["alpha"], _operand_dtype(node, x, y))])
+            y = None
+        else:
+            y_val = None
+        dtype = _operand_dtype(node, x, y if y_val is None else x) if compare else _out_dtype(node)
+        xv = b.cast(b.val(x, dtype), dtype)
+        yv = y_val if y_val is not None else b.cast(b.val(y, dtype), dtype)
+        return b.op(kiln_op, [xv, yv])
+    return handler
+
+
+def _operand_dtype(node: fx.Node, *args: Any) -> str:
+    """The dtype PyTorch computes a binary op in (type promotion of its operands)."""
+    ts = [_meta(a) for a in args if isinstance(a, fx.Node)]
+    scalars = [a for a in args if not isinstance(a, fx.Node)]
+    if not ts:
+        raise Unsupported("no tensor operand")
+    dtype = ts[0].dtype
+    for t in ts[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    for s in scalars:
+        if isinstance(s, float) and not dtype.is_floating_point:
+            dtype = torch.get_default_dtype()
+    return _DTYPES[dtype]
+
+
+for _t, _k in [(aten.add.Tensor, "add"), (aten.add.Scalar, "add"), (aten.sub.Tensor, "sub"),
+               (aten.sub.Scalar, "sub"), (aten.mul.Tensor, "mul"), (aten.mul.Scalar, "mul"),
+               (aten.div.Tensor, "div"), (aten.div.Scalar, "div"), (aten.pow.Tensor_Scalar, "pow"),
+               (aten.pow.Tensor_Tensor, "pow"), (aten.maximum.default, "maximum"),
+               (aten.minimum.default, "minimum")]:
+    _HANDLERS[_t] = _binary(_k)
+for _t, _k in [(aten.eq.Tensor, "equal"), (aten.eq.Scalar, "equal"), (aten.ne.Tensor, "not_equal"),
+               (aten.ne.Scalar, "not_equal"), (aten.lt.Tensor, "less"), (aten.lt.Scalar, "less"),
+               (aten.le.Tensor, "less_equal"), (aten.le.Scalar, "less_equal"), (aten.gt.Tensor, "greater"),
+               (aten.gt.Scalar, "greater"), (aten.ge.Tensor, "greater_equal"), (aten.ge.Scalar, "greater_equal")]:
+    _HANDLERS[_t] = _binary(_k, compare=True)
+
+
+@_handles(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(b, node, x, y, alpha=1):
+    if alpha != 1:
+        raise Unsupported("rsub with alpha")
+    dtype = _out_dtype(node)
+    return b.op("sub", [b.cast(b.val(y, dtype), dtype), b.cast(b.val(x, dtype), dtype)])
+
+
+@_handles(aten.div.Tensor_mode)
+def _div_mode(b, node, x, y, rounding_mode=None):
+    if rounding_mode is not None:
+        raise Unsupported(f"div with rounding_mode={rounding_mode}")
+    return _HANDLERS[aten.div.Tensor](b, node, x, y)
+
+
+def _unary(kiln_op: str, **attrs: Any) -> Callable:
+    def handler(b: _Builder, node: fx.Node, x: Any) -> kiln.Value:
+        return b.op(kiln_op, [b.cast(b.val(x), _out_dtype(node))], attrs)
+    return handler
+
+
+for _t, _k in [(aten.relu.default, "relu"), (aten.silu.default, "silu"), (aten.sigmoid.default, "sigmoid"),
+               (aten.tanh.default, "tanh"), (aten.exp.default, "exp"), (aten.log.default, "log"),
+               (aten.sqrt.default, "sqrt"), (aten.rsqrt.default, "rsqrt"), (aten.neg.default, "neg"),
+               (aten.abs.default, "abs"), (aten.erf.default, "erf"), (aten.sin.default, "sin"),
+               (aten.cos.default, "cos"), (aten.reciprocal.default, "reciprocal"),
+               (aten.floor.default, "floor"), (aten.ceil.default, "ceil"), (aten.isnan.default, "isnan"),
+               (aten.logical_not.default, "not"), (aten.softplus.default, "softplus")]:
+    _HANDLERS[_t] = _unary(_k)
+
+
+@_handles(aten.gelu.default)
+def _gelu(b, node, x, approximate="none"):
+    return b.op("gelu", [b.val(x)], {"approximate": approximate})
+
+
+@_handles(aten.leaky_relu.default)
+def _leaky_relu(b, node, x, negative_slope=0.01):
+    return b.op("leaky_relu", [b.val(x)], {"alpha": float(negative_slope)})
+
+
+@_handles(aten.clamp.default, aten.hardtanh.default)
+def _clamp(b, node, x, min=None, max=None):
+    attrs = {}
+    if node.target == aten.hardtanh.default:
+        min = -1.0 if min is None else min
+        max = 1.0 if max is None else max
+    if min is not None:
+        attrs["min"] = float(min)
+    if max is not None:
+        attrs["max"] = float(max)
+    return b.op("clip", [b.val(x)], attrs)
+
+
+@_handles(aten.where.self)
+def _where(b, node, cond, x, y):
+    dtype = _out_dtype(node)
+    return b.op("where", [b.cast(b.val(cond, "bool"), "bool"), b.cast(b.val(x, dtype), dtype),
+                          b.cast(b.val(y, dtype), dtype)])
+
+
+@_handles(aten.masked_fill.Scalar)
+def _masked_fill(b, node, x, mask, value):
+    xv = b.val(x)
+    return b.op("where", [b.cast(b.val(mask), "bool"), b.val(value, xv), xv])
+
+
+@_handles(aten._softmax.default, aten.softmax.int)
+def _softmax(b, node, x, dim, half_to_float=False, dtype=None):
+    return b.op("softmax", [b.cast(b.val(x), _out_dtype(node))], {"axis": dim})
+
+
+@_handles(aten._log_softmax.default, aten.log_softmax.int)
+def _log_softmax(b, node, x, dim, half_to_float=False, dtype=None):
+    return b.op("log_softmax", [b.cast(b.val(x), _out_dtype(node))], {"axis": dim})
+
+
+@_handles(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _matmul(b, node, x, y):
+    return b.op("matmul", [b.val(x), b.val(y)])
+
+
+@_handles(aten.addmm.default)
+def _addmm(b, node, bias, x, y, beta=1, alpha=1):
+    if beta != 1 or alpha != 1:
+        raise Unsupported("addmm with alpha or beta")
+    return b.op("add", [b.op("matmul", [b.val(x), b.val(y)]), b.val(bias)])
+
+
+@_handles(aten.linear.default)
+def _linear(b, node, x, w, bias=None):
+    ops = [b.val(x), b.val(w)] + ([b.val(bias)] if bias is not None else [])
+    return b.op("linear", ops)
+
+
+@_handles(aten.t.default, aten.numpy_T.default)
+def _t(b, node, x):
+    rank = len(_meta(x).shape)
+    return b.op("transpose", [b.val(x)], {"perm": list(reversed(range(rank)))}) if rank > 1 else b.val(x)
+
+
+@_handles(aten.permute.default)
+def _permute(b, node, x, dims):
+    rank = len(_meta(x).shape)
+    return b.op("transpose", [b.val(x)], {"perm": [d % rank for d in dims]})
+
+
+@_handles(aten.transpose.int)
+def _transpose(b, node, x, d0, d1):
+    rank = len(_meta(x).shape)
+    perm = list(range(rank))
+    perm[d0 % rank], perm[d1 % rank] = perm[d1 % rank], perm[d0 % rank]
+    return b.op("transpose", [b.val(x)], {"perm": perm})
+
+
+def _target_shape(b: _Builder, x: fx.Node, node: fx.Node, *, expand: bool = False) -> list:
+    """A reshape/expand target as Kiln attribute ints: static sizes stay; a symbolic size equal
+    to the input's at the same position becomes 0 (reshape: copy) or 1 (expand: keep); one
+    other symbolic size becomes -1 (reshape infers it)."""
+    out = [_dim(d) if not isinstance(d, int) else d for d in _meta(node).shape]
+    src = _shape(_meta(x))
+    offset = len(out) - len(src)
+    result, inferred = [], False
+    for i, d in enumerate(out):
+        if isinstance(d, int):
+            result.append(d)
+        elif expand and 0 <= i - offset < len(src) and src[i - offset] == d:
+            result.append(1)  # broadcasting against 1 keeps the input's size
+        elif not expand and i < len(src) and src[i] == d:
+            result.append(0)  # reshape's 0 copies the input's size at the same position
+        elif not expand and not inferred:
+            result.append(-1)
+            inferred = True
+        else:
+            raise Unsupported(f"target shape {out} of '{node.name}' needs sizes Kiln cannot compute")
+    return result
+
+
+@_handles(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
+def _view(b, node, x, shape):
+    return b.op("reshape", [b.val(x)], {"shape": _target_shape(b, x, node)})
+
+
+@_handles(aten.expand.default, aten.expand_copy.default)
+def _expand(b, node, x, shape, implicit=False):
+    return b.op("expand", [b.val(x)], {"shape": _target_shape(b, x, node, expand=True)})
+
+
+@_handles(aten.unsqueeze.default)
+def _unsqueeze(b, node, x, dim):
+    rank = len(_meta(x).shape) + 1
+    return b.op("unsqueeze", [b.val(x)], {"axes": [dim % rank]})
+
+
+@_handles(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def _squeeze(b, node, x, dims=None):
+    shape = _meta(x).shape
+    rank = len(shape)
+    dims = list(range(rank)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
+    axes = [d % rank for d in dims if isinstance(shape[d], int) and shape[d] == 1]
+    return b.op("squeeze", [b.val(x)], {"axes": axes}) if axes else b.val(x)
+
+
+@_handles(aten.flatten.using_ints)
+def _flatten_op(b, node, x, start_dim=0, end_dim=-1):
+    return b.op("reshape", [b.val(x)], {"shape": _target_shape(b, x, node)})
+
+
+@_handles(aten.slice.Tensor, aten.slice_copy.Tensor)
+def _slice(b, node, x, dim=0, start=None, end=None, step=1):
+    rank = len(_meta(x).shape)
+    start = 0 if start is None else start
+    end = 2**62 if end is None else end
+    if not all(isinstance(v, int) for v in (start, end, step)):
+        raise Unsupported("slice bounds computed from symbols")
+    return b.op("slice", [b.val(x)], {"starts": [start], "ends": [min(end, 2**62)], "axes": [dim % rank],
+                                      "steps": [step]})
+
+
+@_handles(aten.select.int, aten.select_copy.int)
+def _select(b, node, x, dim, index):
+    if not isinstance(index, int):
+        raise Unsupported("select with a symbolic index")
+    rank = len(_meta(x).shape)
+    return b.op("gather", [b.val(x), b.const(index, "i64")], {"axis": dim % rank})
+
+
+@_handles(aten.cat.default, aten.concat.default)
+def _cat(b, node, xs, dim=0):
+    dtype = _out_dtype(node)
+    vals = [b.cast(b.val(x), dtype) for x in xs if not (isinstance(x, fx.Node) and _meta(x).numel() == 0)]
+    rank = len(_meta(node).shape)
+    return b.op("concat", vals, {"axis": dim % rank})
+
+
+@_handles(aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default)
+def _split(b, node, x, sizes, dim=0):
+    rank = len(_meta(x).shape)
+    full = _meta(x).shape[dim]
+    if isinstance(sizes, int):
+        if not isinstance(full, int):
+            raise Unsupported("split of a symbolic dim")
+        sizes = [min(sizes, full - i) for i in range(0, full, sizes)]
+    if not all(isinstance(s, int) for s in sizes):
+        raise Unsupported("split with symbolic sizes")
+    outs = b.op("split", [b.val(x)], {"axis": dim % rank, "sizes": list(sizes)}, n=len(sizes))
+    return tuple(outs) if len(sizes) > 1 else (outs,)
+
+
+@_handles(aten.embedding.default)
+def _embedding(b, node, weight, indices, padding_idx=-1, scale_grad=False, sparse=False):
+    return b.op("gather", [b.val(weight), b.val(indices)], {"axis": 0})
+
+
+@_handles(aten.index_select.default)
+def _index_select(b, node, x, dim, index):
+    rank = len(_meta(x).shape)
+    return b.op("gather", [b.val(x), b.val(index)], {"axis": dim % rank})
+
+
+def _reduce(kiln_op: str) -> Callable:
+    def handler(b, node, x, dims=None, keepdim=False, dtype=None):
+        rank = len(_meta(x).shape)
+        attrs = {"keepdims": int(bool(keepdim))}
+        if dims is not None and (not isinstance(dims, (list, tuple)) or len(dims)):
+            dims = [dims] if isinstance(dims, int) else dims
+            attrs["axes"] = [d % rank for d in dims]
+        return b.op(kiln_op, [b.cast(b.val(x), _out_dtype(node))], attrs)
+    return handler
+
+
+_HANDLERS[aten.mean.dim] = _reduce("reduce_mean")
+_HANDLERS[aten.sum.dim_IntList] = _reduce("reduce_sum")
+_HANDLERS[aten.amax.default] = _reduce("reduce_max")
+_HANDLERS[aten.amin.default] = _reduce("reduce_min")
+
+
+@_handles(aten.mean.default, aten.sum.default)
+def _reduce_all(b, node, x, dtype=None):
+    kiln_op = "reduce_mean" if node.target == aten.mean.default else "reduce_sum"
+    return b.op(kiln_op, [b.cast(b.val(x), _out_dtype(node))], {"keepdims": 0})
+
+
+@_handles(aten.native_layer_norm.default)
+def _native_layer_norm(b, node, x, normalized_shape, w, bias, eps):
+    rank = len(_meta(x).shape)
+    ops = [b.val(x)] + ([b.val(w)] if w is not None else [])
+    if bias is not None:
+        if w is None:
+            ops.append(b.const(np.ones(1), b.val(x).dtype))
+        ops.append(b.val(bias))
+    y = b.op("layer_norm", ops, {"axis": rank - len(normalized_shape), "epsilon": float(eps)})
+    return (y, None, None)
+
+
+@_handles(aten.layer_norm.default)
+def _layer_norm(b, node, x, normalized_shape, w=None, bias=None, eps=1e-5, cudnn_enable=True):
+    return _native_layer_norm(b, node, x, normalized_shape, w, bias, eps)[0]
+
+
+@_handles(aten.rms_norm.default)
+def _rms_norm(b, node, x, normalized_shape, w=None, eps=None):
+    rank = len(_meta(x).shape)
+    if eps is None:
+        eps = torch.finfo(_meta(x).dtype).eps
+    ops = [b.val(x)] + ([b.val(w)] if w is not None else [])
+    return b.op("rms_norm", ops, {"axis": rank - len(normalized_shape), "epsilon": float(eps)})
+
+
+@_handles(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(b, node, x, w, bias, mean, var, momentum, eps):
+    if w is None or bias is None:
+        raise Unsupported("batch norm without affine parameters")
+    y = b.op("batch_norm", [b.val(x), b.val(w), b.val(bias), b.val(mean), b.val(var)], {"epsilon": float(eps)})
+    return (y, None, None)
+
+
+@_handles(aten.convolution.default)
+def _convolution(b, node, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    ops = [b.val(x), b.val(w)] + ([b.val(bias)] if bias is not None else [])
+    return b.op("conv", ops, {"strides": list(stride), "pads": list(padding) * 2, "dilations": list(dilation),
+                              "groups": groups})
+
+
+def _pool_attrs(rank: int, kernel, stride, padding) -> dict:
+    n = rank - 2
+    kernel = list(kernel) * (n if len(kernel) == 1 else 1)
+    stride = list(stride or kernel) * (n if stride and len(stride) == 1 else 1)
+    padding = list(padding) * (n if len(padding) == 1 else 1)
+    return {"kernel_shape": kernel, "strides": stride, "pads": padding * 2}
+
+
+@_handles(aten.max_pool2d_with_indices.default, aten.max_pool2d.default)
+def _max_pool(b, node, x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    rank = len(_meta(x).shape)
+    attrs = _pool_attrs(rank, kernel, stride, padding)
+    attrs["dilations"] = list(dilation) * ((rank - 2) if len(dilation) == 1 else 1)
+    attrs["ceil_mode"] = int(ceil_mode)
+    y = b.op("max_pool", [b.val(x)], attrs)
+    return (y, None) if node.target == aten.max_pool2d_with_indices.default else y
+
+
+@_handles(aten.avg_pool2d.default)
+def _avg_pool(b, node, x, kernel, stride=(), padding=(0,), ceil_mode=False, count_include_pad=True,
+              divisor_override=None):
+    if divisor_override is not None:
+        raise Unsupported("avg_pool2d with divisor_override")
+    attrs = _pool_attrs(len(_meta(x).shape), kernel, stride, padding)
+    attrs.update(ceil_mode=int(ceil_mode), count_include_pad=int(count_include_pad))
+    return b.op("avg_pool", [b.val(x)], attrs)
+
+
+@_handles(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+def _adaptive_avg_pool(b, node, x, output_size):
+    if list(output_size) != [1, 1]:
+        raise Unsupported(f"adaptive average pooling to {list(output_size)}")
+    return b.op("reduce_mean", [b.val(x)], {"axes": [2, 3], "keepdims": 1})
+
+
+@_handles(aten._to_copy.default, aten.to.dtype)
+def _to_copy(b, node, x, *args, **kw):
+    if _meta(node).device != _meta(x).device:
+        raise Unsupported("a copy to another device")
+    return b.cast(b.val(x), _out_dtype(node))
+
+
+@_handles(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+          aten.contiguous.default, aten.dropout.default)
+def _identity(b, node, x, *args, **kw):
+    return b.val(x)
+
+
+@_handles(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa(b, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+    if dropout_p:
+        raise Unsupported("attention with dropout")
+    qm = _meta(q)
+    if len(qm.shape) != 4:
+        raise Unsupported("attention on other than [B, H, S, D] tensors")
+    if scale is None:
+        scale = 1.0 / float(qm.shape[-1]) ** 0.5
+    ops = [b.val(q), b.val(k), b.val(v)]
+    if attn_mask is not None:
+        mask = b.val(attn_mask)
+        if mask.dtype == "bool":  # True keeps a position: additive 0 / -inf
+            mask = b.op("where", [mask, b.const(0.0, ops[0].dtype), b.const(float("-inf"), ops[0].dtype)])
+        ops.append(mask)
+    y = b.op("attention", ops, {"scale": float(scale), "causal": int(bool(is_causal))})
+    return y if node.target == aten.scaled_dot_product_attention.default else (y, None)
+
+
+@_handles(aten.full.default, aten.scalar_tensor.default)
+def _full(b, node, *args, **kw):
+    m = _meta(node)
+    if not all(isinstance(d, int) for d in m.shape):
+        raise Unsupported("full with a symbolic shape")
+    value = args[1] if node.target == aten.full.default else args[0]
+    return _constant(b.g, torch.full(tuple(m.shape), value, dtype=m.dtype), node.name)
+
+
+@_handles(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def _arange(b, node, *args, **kw):
+    m = _meta(node)
+    if not all(isinstance(a, (int, float)) for a in args):
+        raise Unsupported("arange with symbolic bounds")
+    return _constant(b.g, torch.arange(*args, dtype=m.dtype), node.name)
+
+
+_FIRST_RESULT_ONLY = {aten.native_layer_norm.default, aten._native_batch_norm_legit_no_training.default,
+                      aten.max_pool2d_with_indices.default,
+                      aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def supported_ops() -> list:
+    """The ATen overloads Kiln lowers, by name."""
+    return sorted(str(t) for t in _HANDLERS)
+
+
+# ---- whole graphs, partitions and the nn.Module replacement ---------------------------------
+
+def _node_supported(node: fx.Node) -> bool:
+    """Whether `node` converts alone: a handler exists and the builder accepts it on its own
+    operand types (checked by converting a one-node graph)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        src = node.args[0]
+        if not isinstance(src, fx.Node) or src.target not in _HANDLERS:
+            return False
+        return node.args[1] == 0 or src.target not in _FIRST_RESULT_ONLY
+    if node.target not in _HANDLERS:
+        return False
+    # Ops whose other results (statistics, indices) Kiln does not compute: only when unused.
+    if node.target in _FIRST_RESULT_ONLY and any(u.target is not operator.getitem or u.args[1] != 0
+                                                 for u in node.users):
+        return False
+    m = _meta(node)
+    if m is None:
+        return False
+    if isinstance(m, torch.Tensor) and (m.dtype not in _DTYPES or m.device.type == "meta"):
+        return False
+    try:
+        _probe(node)
+    except (Unsupported, KilnError, TypeError, ValueError, KeyError, IndexError):
+        return False
+    return True
+
+
+def _probe(node: fx.Node) -> None:
+    """Converts `node` alone (its tensor operands as inputs) and throws when Kiln refuses it."""
+    g = fx.Graph()
+    mapping = {}
+    for a in _flatten((node.args, node.kwargs)):
+        if isinstance(a, fx.Node) and a not in mapping:
+            p = g.placeholder(a.name)
+            p.meta["val"] = _meta(a)
+            mapping[a] = p
+    copy = g.node_copy(node, lambda n: mapping[n])
+    outs = [copy] if not isinstance(_meta(node), (tuple, list)) else []
+    g.output(tuple(outs))
+    b = _Builder(fx.GraphModule(torch.nn.Module(), g), "probe")
+    b.run()
+
+
+class KilnGraphModule(torch.nn.Module):
+    """One part of a PyTorch graph compiled by Kiln; called with the part's inputs."""
+
+    def __init__(self, gm: fx.GraphModule, name: str, backend: str, targets: Sequence[str],
+                 pipeline: Any, passes: str | None, constants: dict | None = None):
+        """constants: placeholder index → (tensor, name), for the part's inputs that are weights
+        (they become Kiln constants; forward still receives them, and ignores them)."""
+        super().__init__()
+        constants = constants or {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if constants:
+            _freeze_params(gm, {placeholders[i].name: t for i, (t, _) in constants.items()},
+                           {placeholders[i].name: name for i, (_, name) in constants.items()})
+        builder = _Builder(gm, name)
+        self.graph_ = builder.run()
+        remaining = [i for i in range(len(placeholders)) if i not in constants]
+        self.tensor_inputs = [remaining[j] for j in builder.tensor_inputs]
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        self.single = not isinstance(outs, (tuple, list))
+        self.backend, self.targets, self.pipeline, self.passes = backend, list(targets), pipeline, passes
+        self._models: dict = {}
+        self._runtime = None
+        if not self.targets:
+            self._models[None] = kiln.compile(self.graph_, pipeline, backend=None if pipeline else backend,
+                                              passes=passes)
+
+    def _model(self, tensors: list) -> Any:
+        if not self.targets:
+            return self._models[None]
+        # Artifacts have static shapes: one per set of input sizes.
+        symbols: dict = {}
+        for info, t in zip(self.graph_.inputs, tensors):
+            for d, n in zip(info["shape"], t.shape):
+                if isinstance(d, str):
+                    symbols[d] = int(n)
+        key = tuple(sorted(symbols.items()))
+        if key not in self._models:
+            art = kiln.compile(self.graph_, self.pipeline, targets=self.targets, symbols=symbols, passes=self.passes)
+            if self._runtime is None:
+                self._runtime = kiln.Runtime()
+            self._models[key] = self._runtime.load(art)
+        return self._models[key]
+
+    def forward(self, *args: Any) -> Any:
+        tensors = [args[i] for i in self.tensor_inputs]
+        model = self._model(tensors)
+        if self.targets:
+            outs = model.run(tensors)
+        else:  # the in-process model on host tensors, without the package's checks
+            outs = model._impl._run([t.detach().contiguous() for t in tensors], True)
+        return outs[0] if self.single else tuple(outs)
+
+
+def _freeze_params(gm: fx.GraphModule, placeholders: dict, names: dict | None = None) -> None:
+    """Turns the placeholders in `placeholders` (node name → tensor) into constants, named in
+    Kiln after `names` (node name → e.g. "fc1.weight") where given."""
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder" and node.name in placeholders:
+            attr = "_kiln_const_" + node.name
+            gm.register_buffer(attr, placeholders[node.name])
+            with gm.graph.inserting_before(node):
+                getter = gm.graph.get_attr(attr)
+            getter.meta = dict(node.meta)
+            if names and node.name in names:
+                getter.meta["kiln_name"] = names[node.name]
+            node.replace_all_uses_with(getter)
+            gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _partition(gm: fx.GraphModule, backend: str, targets: Sequence[str], pipeline: Any,
+               passes: str | None) -> fx.GraphModule:
+    """Replaces every maximal part of `gm` Kiln supports by a KilnGraphModule; the rest stays."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node):
+            return _node_supported(node)
+
+    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    # A part with no computation (only getitem or views of inputs) is not worth a call.
+    partitions = [p for p in partitions if any(n.target is not operator.getitem for n in p.nodes)]
+    fused = partitioner.fuse_partitions(partitions)
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not node.target.startswith("fused_"):
+            continue
+        sub = getattr(fused, node.target)
+        # Weights reach the part as get_attr arguments: they become Kiln constants.
+        constants = {i: (_fetch_attr(fused, a.target), a.meta.get("kiln_name", a.target))
+                     for i, a in enumerate(node.args) if isinstance(a, fx.Node) and a.op == "get_attr"}
+        try:
+            part = KilnGraphModule(sub, node.target, backend, targets, pipeline, passes, constants)
+        except (Unsupported, KilnError) as e:
+            warnings.warn(f"kiln: part '{node.target}' stays in PyTorch: {e}")
+            continue
+        setattr(fused, node.target, part)
+    fused.recompile()
+    return fused
+
+
+def _decompositions() -> dict:
+    """Core ATen, but linear and scaled_dot_product_attention stay whole: Kiln has both as ops
+    (cuBLASLt GEMMs with epilogues, fused attention)."""
+    table = torch.export.default_decompositions()
+    for op in (aten.linear.default, aten.scaled_dot_product_attention.default):
+        table.pop(op, None)
+    return table
+
+
+def _aten_graph(module: torch.nn.Module, example_inputs: tuple, dynamic_shapes: Any) -> tuple:
+    """torch.export → core ATen → a GraphModule whose parameters and buffers are constants,
+    and the ExportedProgram."""
+    with torch.no_grad():
+        ep = torch.export.export(module, tuple(example_inputs), dynamic_shapes=dynamic_shapes)
+        ep = ep.run_decompositions(_decompositions())
+    gm = ep.graph_module
+    sig = ep.graph_signature
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    frozen, names = {}, {}
+    for spec in sig.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            names[spec.arg.name] = spec.target
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            frozen[spec.arg.name] = ep.state_dict[spec.target] if spec.target in ep.state_dict \
+                else ep.constants[spec.target]
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            frozen[spec.arg.name] = ep.constants[spec.target]
+        elif spec.kind != InputKind.USER_INPUT:
+            raise KilnError(f"kiln.torch: exported input kind {spec.kind} is not supported")
+    if any(s.kind != OutputKind.USER_OUTPUT for s in sig.output_specs):
+        raise KilnError("kiln.torch: the module mutates its buffers; Kiln compiles pure inference graphs")
+    _freeze_params(gm, {k: v.detach() for k, v in frozen.items()}, names)
+    return gm, ep
+
+
+def export_graph(module: torch.nn.Module, example_inputs: Sequence[Any], dynamic_shapes: Any = None,
+                 name: str | None = None) -> kiln.Graph:
+    """The whole module as one kiln.Graph (torch.export, then conversion); KilnError naming the
+    first op Kiln cannot lower. Inputs are the module's tensor arguments, outputs output0...
+    Use compile_module for modules with ops Kiln lacks."""
+    gm, _ = _aten_graph(module, tuple(example_inputs), dynamic_shapes)
+    return convert(gm, name or type(module).__name__)
+
+
+def convert(gm: fx.GraphModule, name: str = "main") -> kiln.Graph:
+    """A kiln.Graph from an ATen FX graph with `val` metadata (as torch.export and AOTAutograd
+    make): placeholders become inputs, get_attr tensors constants."""
+    try:
+        return _Builder(gm, name).run()
+    except Unsupported as e:
+        raise KilnError(f"kiln.torch: {e}") from None
+
+
+class CompiledModule(torch.nn.Module):
+    """What compile_module returns: the module's graph with Kiln's parts, called like the module."""
+
+    def __init__(self, module: torch.nn.Module, gm: fx.GraphModule, ep: Any):
+        super().__init__()
+        self.graph_module = gm
+        self._in_spec = ep.call_spec.in_spec
+        self._out_spec = ep.call_spec.out_spec
+        self._original = type(module).__name__
+
+    def kiln_parts(self) -> list:
+        """The KilnGraphModule of each part Kiln runs."""
+        return [m for m in self.graph_module.children() if isinstance(m, KilnGraphModule)]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        import torch.utils._pytree as pytree
+
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if self._in_spec is not None and spec != self._in_spec:
+            raise KilnError(f"kiln.torch: called with arguments of another structure than the example inputs")
+        with torch.no_grad():
+            outs = self.graph_module(*flat)
+        return pytree.tree_unflatten(list(outs), self._out_spec) if self._out_spec is not None else outs
+
+
+def compile_module(module: torch.nn.Module, example_inputs: Sequence[Any], *, dynamic_shapes: Any = None,
+                   backend: str = "cpu", targets: Sequence[str] = (), pipeline: Any = None,
+                   passes: str | None = None) -> CompiledModule:
+    """Compiles `module` for the inputs' types (and the dims `dynamic_shapes` makes dynamic, as
+    torch.export takes them) into a callable nn.Module. Kiln runs the parts of the graph it
+    lowers; PyTorch runs the rest. backend: "cpu" or "reference" (in this process); targets
+    (e.g. ["sm_90a"]): GPU artifacts, one per set of input sizes, on a kiln.Runtime.
+    pipeline / passes: as kiln.compile (default: the standard passes)."""
+    module = module.eval()
+    gm, ep = _aten_graph(module, tuple(example_inputs), dynamic_shapes)
+    fused = _partition(gm, backend, targets, pipeline, passes)
+    return CompiledModule(module, fused, ep)
+
+
+# ---- torch.compile(backend="kiln") ------------------------------------------------------------
+
+def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None, **unused: Any) -> Callable:
+    """The dynamo backend: AOTAutograd turns the captured graph into core ATen, whose
+    parameter inputs become constants; then the supported parts are compiled as in
+    compile_module. options (torch.compile(..., options={...})): backend, targets, pipeline,
+    passes. Graphs that need gradients run in PyTorch (Kiln compiles inference)."""
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    options = dict(options or {})
+    unknown = set(options) - {"backend", "targets", "pipeline", "passes"}
+    if unknown:
+        raise KilnError(f"kiln: unknown option {sorted(unknown)[0]!r}; options: backend, targets, pipeline, passes")
+    backend = options.get("backend", "cpu")
+    targets = options.get("targets", ())
+    pipeline = options.get("pipeline")
+    passes = options.get("passes")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params = {i for i, (n, x) in enumerate(zip(placeholders, example_inputs))
+              if isinstance(x, torch.nn.Parameter) or "_parameters_" in n.name or "_buffers_" in n.name}
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        warnings.warn("kiln: this graph needs gradients; it runs in PyTorch (compile under torch.no_grad() "
+                      "or torch.inference_mode() for Kiln)")
+        return gm.forward
+
+    param_values = {i: example_inputs[i] for i in params}
+
+    def forward_compiler(fw: fx.GraphModule, fw_inputs: list) -> Callable:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # AOTAutograd calls this under fake tensors; Kiln needs real weights
+            return compile_forward(fw)
+
+    def compile_forward(fw: fx.GraphModule) -> Callable:
+        fw_placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]
+        if len(fw_placeholders) != len(placeholders):
+            return make_boxed_func(fw.forward)  # an unexpected calling convention: stay in PyTorch
+        frozen = {fw_placeholders[i].name: param_values[i].detach() for i in params}
+        _freeze_params(fw, frozen)
+        fused = _partition(fw, backend, targets, pipeline, passes)
+        keep = [i for i in range(len(fw_placeholders)) if i not in params]
+
+        def run(args: list) -> Any:
+            outs = fused(*[args[i] for i in keep])
+            args.clear()
+            return outs
+
+        run._boxed_call = True
+        return run
+
+    compiled = aot_autograd(fw_compiler=forward_compiler, decompositions=core_aten_decompositions())
+    return compiled(gm, example_inputs)
+
+
+def _register_dynamo_backend() -> None:
+    """torch.compile(backend="kiln") without an installed package's entry point (a build tree
+    on PYTHONPATH); an installed package registers through `torch_dynamo_backends`."""
+    try:
+        from torch._dynamo.backends import registry
+
+        registry._lazy_import()  # entry points first, so an installed kiln is not registered twice
+        if "kiln" not in registry._BACKENDS:
+            registry.register_backend(compiler_fn=kiln_backend, name="kiln")
+    except (ImportError, AttributeError):  # private API moved: torch.compile(backend=kiln_backend) still works
+        pass
+
+
+_register_dynamo_backend()

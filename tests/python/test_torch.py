@@ -1,0 +1,305 @@
+"""kiln.torch against PyTorch's own outputs on the CPU: torch.export graphs converted to Kiln IR
+and run on the reference and cpu backends, transformer and vision blocks as torchvision and
+transformers build them, dynamic dims, partitioning around ops Kiln lacks, and
+torch.compile(backend="kiln")."""
+import os
+import sys
+import unittest
+import warnings
+
+try:
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+except ImportError:
+    print("SKIP: torch is not installed (scripts/setup-python.sh installs it)")
+    sys.exit(77)
+
+import kiln
+import kiln.torch
+
+SRC = os.environ.get("KILN_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(SRC, "bench", "models"))
+torch.manual_seed(0)
+BACKENDS = [b for b in ("reference", "cpu") if b in {p["name"] for p in kiln.plugins() if p["kind"] == "backend"}]
+
+
+# ---- blocks as torchvision and transformers write them (small sizes) ------------------------
+
+class MLP(nn.Module):
+    def __init__(self, d=32, h=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, h)
+        self.fc2 = nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x)), approximate="tanh"))
+
+
+class GPT2Block(nn.Module):
+    """GPT-2's block: pre-LayerNorm, fused QKV, causal attention, GELU (tanh) MLP."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class BertLayer(nn.Module):
+    """BERT's layer: post-LayerNorm, an additive attention mask, explicit softmax attention."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
+        self.fc, self.out = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        split = lambda t: t.view(b, s, self.heads, d // self.heads).permute(0, 2, 1, 3)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5
+        scores = scores + (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        a = torch.softmax(scores, dim=-1) @ v
+        x = self.ln1(x + self.o(a.permute(0, 2, 1, 3).reshape(b, s, d)))
+        return self.ln2(x + self.out(F.gelu(self.fc(x))))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class LlamaBlock(nn.Module):
+    """A Llama decoder layer: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+
+    def __init__(self, d=32, heads=4, kv_heads=2, seq=8):
+        super().__init__()
+        self.h, self.kv, self.hd = heads, kv_heads, d // heads
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.v = nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
+        self.down = nn.Linear(2 * d, d, bias=False)
+        inv = 1.0 / 10000 ** (torch.arange(0, self.hd, 2).float() / self.hd)
+        ang = torch.outer(torch.arange(seq).float(), inv)
+        self.register_buffer("cos", torch.cat([ang, ang], -1).cos())
+        self.register_buffer("sin", torch.cat([ang, ang], -1).sin())
+
+    def rope(self, t):
+        half = t.shape[-1] // 2
+        rotated = torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+        return t * self.cos + rotated * self.sin
+
+    def forward(self, x):
+        b, s, d = x.shape
+        y = self.n1(x)
+        q = self.rope(self.q(y).view(b, s, self.h, self.hd).transpose(1, 2))
+        k = self.rope(self.k(y).view(b, s, self.kv, self.hd).transpose(1, 2))
+        v = self.v(y).view(b, s, self.kv, self.hd).transpose(1, 2)
+        rep = self.h // self.kv
+        k = k[:, :, None].expand(b, self.kv, rep, s, self.hd).reshape(b, self.h, s, self.hd)
+        v = v[:, :, None].expand(b, self.kv, rep, s, self.hd).reshape(b, self.h, s, self.hd)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        y = self.n2(x)
+        return x + self.down(F.silu(self.gate(y)) * self.up(y))
+
+
+class ConvBlock(nn.Module):
+    """torchvision's conv stem and a basic block's pieces: conv, batch norm, ReLU, pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2)
+        self.fc = nn.Linear(8, 5)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = F.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        y = F.avg_pool2d(F.hardtanh(self.conv2(y)), 2)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+
+
+def small_resnet18():
+    from export import SmallResNet18, randomize_batchnorm  # bench/models/export.py
+
+    model = SmallResNet18(width=8, classes=10)
+    randomize_batchnorm(model)
+    return model.eval()
+
+
+def check(test, module, inputs, backends=None, rtol=1e-4, atol=1e-4, **kw):
+    """Compiles `module` with kiln.torch on each backend and compares with eager PyTorch."""
+    module = module.eval()
+    with torch.no_grad():
+        want = module(*inputs)
+    for backend in backends or BACKENDS:
+        with test.subTest(backend=backend):
+            compiled = kiln.torch.compile_module(module, inputs, backend=backend, **kw)
+            got = compiled(*inputs)
+            torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+    return compiled
+
+
+class Blocks(unittest.TestCase):
+    def test_mlp_is_one_kiln_graph(self):
+        x = torch.randn(2, 5, 32)
+        compiled = check(self, MLP(), (x,), rtol=1.3e-6 * 10, atol=1e-5)
+        self.assertEqual(len(compiled.kiln_parts()), 1)
+        g = compiled.kiln_parts()[0].graph_
+        self.assertIn("layer_norm", g.ops())
+        self.assertIn("gelu", g.ops())
+
+    def test_gpt2_block(self):
+        compiled = check(self, GPT2Block(), (torch.randn(2, 8, 32),))
+        self.assertEqual(len(compiled.kiln_parts()), 1)
+        self.assertIn("attention", compiled.kiln_parts()[0].graph_.ops())
+
+    def test_bert_layer_with_mask(self):
+        mask = torch.ones(2, 8, dtype=torch.int64)
+        mask[1, 5:] = 0
+        check(self, BertLayer(), (torch.randn(2, 8, 32), mask))
+
+    def test_llama_block(self):
+        compiled = check(self, LlamaBlock(), (torch.randn(2, 8, 32),))
+        self.assertEqual(len(compiled.kiln_parts()), 1)
+
+    def test_conv_block(self):
+        check(self, ConvBlock(), (torch.randn(2, 3, 16, 16),))
+
+    def test_small_resnet18(self):
+        check(self, small_resnet18(), (torch.randn(2, 3, 32, 32),), backends=["cpu"] if "cpu" in BACKENDS else None)
+
+    def test_weights_are_shared_not_copied(self):
+        mlp = MLP().eval()
+        g = kiln.torch.export_graph(mlp, (torch.randn(1, 3, 32),))
+        self.assertEqual([i["name"] for i in g.inputs], ["x"])
+        self.assertTrue("%fc1.weight = constant" in str(g), "the constants are named after the parameters")
+
+
+class DynamicDims(unittest.TestCase):
+    def test_batch_and_sequence_are_symbols(self):
+        batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("seq", max=64)
+        mlp = MLP().eval()
+        compiled = kiln.torch.compile_module(mlp, (torch.randn(2, 5, 32),),
+                                             dynamic_shapes=({0: batch, 1: seq},), backend=BACKENDS[-1])
+        (part,) = compiled.kiln_parts()
+        shape = part.graph_.inputs[0]["shape"]
+        self.assertTrue(isinstance(shape[0], str) and isinstance(shape[1], str), shape)
+        for b, s in [(1, 3), (4, 7), (3, 16)]:
+            x = torch.randn(b, s, 32)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-5)
+
+    def test_dynamic_gpt2_block(self):
+        block = GPT2Block().eval()
+        compiled = kiln.torch.compile_module(block, (torch.randn(2, 8, 32),),
+                                             dynamic_shapes=({0: torch.export.Dim("batch", max=16)},),
+                                             backend=BACKENDS[-1])
+        for b in (1, 3):
+            x = torch.randn(b, 8, 32)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), block(x), rtol=1e-4, atol=1e-4)
+
+
+class WithTopK(nn.Module):
+    """An op Kiln does not lower (topk) between two it does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(4, 3)
+
+    def forward(self, x):
+        values, _ = torch.topk(torch.relu(self.fc1(x)), 4, dim=-1)
+        return self.fc2(values).sigmoid()
+
+
+class Partitioning(unittest.TestCase):
+    def test_unsupported_ops_stay_in_pytorch(self):
+        compiled = check(self, WithTopK(), (torch.randn(3, 16),))
+        self.assertEqual(len(compiled.kiln_parts()), 2)
+        targets = {str(n.target) for n in compiled.graph_module.graph.nodes if n.op == "call_function"}
+        self.assertIn("aten.topk.default", targets)
+
+    def test_a_model_kiln_cannot_take_at_all_still_runs(self):
+        class Sort(nn.Module):
+            def forward(self, x):
+                return torch.sort(x, dim=-1).values
+
+        x = torch.randn(4, 6)
+        compiled = kiln.torch.compile_module(Sort(), (x,), backend=BACKENDS[0])
+        self.assertEqual(compiled.kiln_parts(), [])
+        torch.testing.assert_close(compiled(x), torch.sort(x, dim=-1).values)
+
+    def test_export_graph_names_the_missing_op(self):
+        with self.assertRaisesRegex(kiln.KilnError, "topk"):
+            kiln.torch.export_graph(WithTopK(), (torch.randn(3, 16),))
+
+
+class ImportOrder(unittest.TestCase):
+    def test_kiln_before_torch(self):
+        # Kiln's runtime and PyTorch link libnccl.so.2; the package loads PyTorch's first.
+        import subprocess
+
+        r = subprocess.run([sys.executable, "-c", "import kiln, torch; print(torch.ones(1).item())"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+
+
+class TorchCompile(unittest.TestCase):
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def test_backend_matches_eager(self):
+        for module, inputs in [(MLP(), (torch.randn(2, 5, 32),)), (GPT2Block(), (torch.randn(1, 8, 32),)),
+                               (WithTopK(), (torch.randn(3, 16),))]:
+            module = module.eval()
+            with self.subTest(module=type(module).__name__), torch.no_grad():
+                compiled = torch.compile(module, backend="kiln")
+                torch.testing.assert_close(compiled(*inputs), module(*inputs), rtol=1e-4, atol=1e-4)
+
+    def test_backend_options_pick_the_kiln_backend(self):
+        mlp = MLP().eval()
+        x = torch.randn(2, 3, 32)
+        with torch.no_grad():
+            compiled = torch.compile(mlp, backend="kiln", options={"backend": "reference"})
+            torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-5)
+
+    def test_graphs_needing_gradients_stay_in_pytorch(self):
+        mlp = MLP()
+        x = torch.randn(2, 3, 32)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = torch.compile(mlp, backend="kiln")(x)
+        y.sum().backward()
+        self.assertIsNotNone(mlp.fc1.weight.grad)
+        self.assertTrue(any("gradients" in str(w.message) for w in caught))
+
+
+if __name__ == "__main__":
+    unittest.main()
