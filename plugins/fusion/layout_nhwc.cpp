@@ -2,7 +2,8 @@
 // cuDNN's tensor-core kernels and GEMM-shaped 1x1 convolutions read fastest, while the graph's
 // inputs and outputs keep their NCHW shapes.
 //
-// Each eligible conv gets a transpose to channels-last before it and one back after it. Walking
+// Each eligible conv gets a transpose to channels-last before it and one back after it (a 1x1
+// conv becomes a linear layer over [N, H, W, C], one GEMM with epilogues). Walking
 // in graph order, the transpose back then sinks through elementwise ops (add, relu, mul by a
 // per-channel scale, ...) and spatial reductions, and meets the next conv's transpose to
 // channels-last, where the pair cancels: a ResNet or ConvNeXt body is left with one transpose at
@@ -75,7 +76,8 @@ std::optional<Tensor> permute_tensor(const Tensor& t, const Perm& p) {
 
 class LayoutNhwc final : public Pass {
  public:
-  LayoutNhwc(int64_t min_channels, bool depthwise) : min_channels_(min_channels), depthwise_(depthwise) {}
+  LayoutNhwc(int64_t min_channels, bool depthwise, bool pointwise_as_linear)
+      : min_channels_(min_channels), depthwise_(depthwise), pointwise_as_linear_(pointwise_as_linear) {}
 
   StatusOr<bool> run(Graph& g) override {
     bool changed = false;
@@ -174,16 +176,55 @@ class LayoutNhwc final : public Pass {
       if (pads[d] != pads[pads.size() / 2 + d]) return false;
     const Perm last = channels_last_perm(rank), first = inverse(last);
     KILN_ASSIGN_OR_RETURN(Value * xt, transposed(g, x, last, n));
-    KILN_ASSIGN_OR_RETURN(Value * wt, transposed(g, n->operand(1), last, n));
-    std::vector<Value*> operands = {xt, wt};
-    if (n->num_operands() == 3) operands.push_back(n->operand(2));
-    AttrMap attrs = n->attrs();
-    attrs["layout"] = std::string("nhwc");
-    KILN_ASSIGN_OR_RETURN(Node * c, g.create_node("conv", operands, {permuted_type(n->result()->type(), last)},
-                                                  attrs, n));
+    const TensorType out = permuted_type(n->result()->type(), last);
+    Node* c = nullptr;
+    if (pointwise_as_linear_ && is_pointwise(*n)) {
+      // A 1x1 conv channels last is a linear layer over [N, H, W, C]: one GEMM of N*H*W rows,
+      // with its bias, activation and residual as GEMM epilogues.
+      // [K, C, 1..] holds the same bytes as [K, 1.., C]: no permutation needed.
+      KILN_ASSIGN_OR_RETURN(Value * w2, flattened_weight(g, n->operand(1), n));
+      std::vector<Value*> operands = {xt, w2};
+      if (n->num_operands() == 3) operands.push_back(n->operand(2));
+      KILN_ASSIGN_OR_RETURN(c, g.create_node("linear", operands, {out}, {}, n));
+    } else {
+      KILN_ASSIGN_OR_RETURN(Value * wt, transposed(g, n->operand(1), last, n));
+      std::vector<Value*> operands = {xt, wt};
+      if (n->num_operands() == 3) operands.push_back(n->operand(2));
+      AttrMap attrs = n->attrs();
+      attrs["layout"] = std::string("nhwc");
+      KILN_ASSIGN_OR_RETURN(c, g.create_node("conv", operands, {out}, attrs, n));
+    }
     c->set_loc(n->loc());
     KILN_RETURN_IF_ERROR(route_back(g, n, c->result(), first));
     return true;
+  }
+
+  /// Kernel 1, stride 1, no padding, one group: every output pixel is a dot product over C.
+  static bool is_pointwise(const Node& n) {
+    if (n.get_int("groups", 1) != 1) return false;
+    const Shape& w = n.operand(1)->shape();
+    for (size_t d = 2; d < w.size(); ++d)
+      if (!w[d].is_static() || w[d].value() != 1) return false;
+    for (const char* attr : {"strides", "dilations"})
+      for (int64_t v : n.get_ints(attr))
+        if (v != 1) return false;
+    for (int64_t v : n.get_ints("pads"))
+      if (v != 0) return false;
+    return true;
+  }
+
+  /// A 1x1 conv's weight [K, C, 1..] as linear's [K, C]: a constant is reshaped in place.
+  StatusOr<Value*> flattened_weight(Graph& g, Value* w, Node* before) {
+    const Shape& s = w->shape();
+    std::vector<int64_t> kc = {s[0].value(), s[1].value()};
+    const TensorType t{w->dtype(), {s[0], s[1]}};
+    if (const Tensor* c = constant_tensor(w)) {
+      KILN_ASSIGN_OR_RETURN(Node * k, g.create_node("constant", {}, {t}, {{"value", c->reshaped(kc)}}, before,
+                                                    {w->name().empty() ? "" : w->name() + ".kc"}));
+      return k->result();
+    }
+    KILN_ASSIGN_OR_RETURN(Node * r, g.create_node("reshape", {w}, {t}, {{"shape", kc}}, before));
+    return r->result();
   }
 
   /// The permutation `v` arrives through when a transpose makes it, else nullopt.
@@ -313,6 +354,7 @@ class LayoutNhwc final : public Pass {
 
   int64_t min_channels_;
   bool depthwise_;
+  bool pointwise_as_linear_;
 };
 
 }  // namespace
@@ -325,13 +367,18 @@ PassInfo layout_nhwc_pass_info() {
   info.options = {
       {"min-channels", OptionType::kInt, int64_t{8},
        "convs with fewer input channels (an image stem) stay NCHW"},
-      {"depthwise", OptionType::kBool, true, "also depthwise convs (groups == channels)"},
+      {"depthwise", OptionType::kBool, false,
+       "also depthwise convs (groups == channels); off: they stay NCHW, where the CUDA backend's "
+       "depthwise kernel runs them (cuDNN's channels-last depthwise convs measured 3x slower)"},
+      {"pointwise-as-linear", OptionType::kBool, true,
+       "1x1 convs (stride 1, no padding, one group) become linear layers over [N, H, W, C]"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     const int64_t min_channels = o.get_int("min-channels");
     if (min_channels < 1)
       return invalid_argument("layout-nhwc: min-channels must be at least 1, got " + std::to_string(min_channels));
-    return std::unique_ptr<Pass>(std::make_unique<LayoutNhwc>(min_channels, o.get_bool("depthwise")));
+    return std::unique_ptr<Pass>(
+        std::make_unique<LayoutNhwc>(min_channels, o.get_bool("depthwise"), o.get_bool("pointwise-as-linear")));
   };
   return info;
 }

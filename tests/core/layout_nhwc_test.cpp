@@ -54,7 +54,7 @@ TEST_SUITE("layout-nhwc") {
     auto g = parse_graph(stage_kir());
     REQUIRE_MESSAGE(g.ok(), g.status().message());
     auto after = (*g)->clone();
-    auto stages = parse_pass_list("layout-nhwc,fold-layout", reg);
+    auto stages = parse_pass_list("layout-nhwc{depthwise=true,pointwise-as-linear=false},fold-layout", reg);
     REQUIRE(stages.ok());
     PassManager pm(reg, PassManagerOptions{});
     REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());
@@ -70,6 +70,35 @@ TEST_SUITE("layout-nhwc") {
     // goes back through one. The constant w3 is permuted at compile time, so no transpose.
     CHECK(count(*after, "transpose") == 7);
     std::mt19937 rng(5);
+    const std::vector<Tensor> in = random_inputs(**g, rng);
+    const std::vector<Tensor> want = run_reference(reg, **g, in), got = run_reference(reg, *after, in);
+    REQUIRE(want.size() == got.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      REQUIRE(want[k].type() == got[k].type());
+      const std::vector<double> a = want[k].to_f64(), b = got[k].to_f64();
+      for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+    }
+  }
+
+  TEST_CASE("by default a 1x1 conv becomes a linear layer and depthwise convs stay NCHW") {
+    Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so",
+                                   "kiln-plugin-backend-reference.so"});
+    auto g = parse_graph(stage_kir());
+    REQUIRE_MESSAGE(g.ok(), g.status().message());
+    auto after = (*g)->clone();
+    auto stages = parse_pass_list("layout-nhwc,fold-layout", reg);
+    REQUIRE(stages.ok());
+    PassManager pm(reg, PassManagerOptions{});
+    REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());
+    int nhwc = 0, nchw = 0;
+    for (const auto& n : after->nodes())
+      if (n->op_name() == "conv") (n->get_string("layout", "nchw") == "nhwc" ? nhwc : nchw) += 1;
+    CHECK(nhwc == 2);
+    CHECK(nchw == 1);  // the depthwise conv
+    CHECK(count(*after, "linear") == 1);
+    // x, w1, w2 and s in; the scaled tensor back to NCHW for the depthwise conv.
+    CHECK(count(*after, "transpose") == 5);
+    std::mt19937 rng(6);
     const std::vector<Tensor> in = random_inputs(**g, rng);
     const std::vector<Tensor> want = run_reference(reg, **g, in), got = run_reference(reg, *after, in);
     REQUIRE(want.size() == got.size());

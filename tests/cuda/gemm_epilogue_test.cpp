@@ -70,6 +70,22 @@ graph @g(%x: f32[2, 7, 7, 96], %w: f32[96, 384], %v: f32[384, 96]) -> (f32[2, 7,
   CHECK(g[1].find(" m=98 n=96 k=384 batch=1 ") != std::string::npos);
 }
 
+TEST_CASE("a 1x1 conv as layout-nhwc leaves it (rank-4 linear, bias, residual, relu) is one GEMM step") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[2, 6, 10, 8], %w: f32[16, 8], %b: f32[16], %r: f32[2, 6, 10, 16]) -> (f32[2, 6, 10, 16]) {
+  %l = linear(%x, %w, %b) : f32[2, 6, 10, 16]
+  %s = add(%l, %r) : f32[2, 6, 10, 16]
+  %y = relu(%s) : f32[2, 6, 10, 16]
+  return %y
+})");
+  const auto g = gemm_steps(l);
+  REQUIRE(g.size() == 1);
+  CHECK(g[0].find(" m=120 n=16 k=8 batch=1 ") != std::string::npos);
+  CHECK(g[0].find(" bias=b2 c=b3 ") != std::string::npos);
+  CAPTURE(l.plan);
+  CHECK(g[0].find(" beta=1 epilogue=bias") != std::string::npos);
+}
+
 TEST_CASE("what stays a kernel: shared results, later residuals, broadcast addends, activations before adds") {
   const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[4, 8], %w: f32[6, 8], %r: f32[4, 6], %c: f32[4, 1]) -> (f32[4, 6], f32[4, 6], f32[4, 6], f32[4, 6]) {
