@@ -21,7 +21,9 @@ cp -a "$src"/lib/kiln/plugins/*.so "$dst/lib/kiln/plugins/"
 # LLVM stays behind (hundreds of MB), so the plugin that links it would fail every plugin load
 # there: leave it out.
 for p in "$dst"/lib/kiln/plugins/*.so; do
-  if ldd "$p" 2>/dev/null | grep -q 'libLLVM'; then
+  # grep reads all of ldd's output: with -q it could quit early, and pipefail would take ldd's
+  # SIGPIPE for "no match".
+  if ldd "$p" 2>/dev/null | grep 'libLLVM' >/dev/null; then
     rm "$p"
     echo "carry-build.sh: left out $(basename "$p") (links LLVM)"
   fi
