@@ -1,29 +1,21 @@
 // The data-parallel strategy: every rank holds the whole model and a slice of the batch.
 #include "kiln/plugin.h"
 #include "partition.h"
+#include "strategies.h"
 
 namespace kiln::parallel {
 namespace {
 
 class DataParallel final : public Pass {
  public:
-  DataParallel(DeviceMesh mesh, std::string axis, int64_t batch_dim, std::vector<std::string> inputs)
-      : mesh_(std::move(mesh)), axis_(std::move(axis)), batch_dim_(batch_dim), inputs_(std::move(inputs)) {}
-
+  explicit DataParallel(DataParallelConfig cfg) : cfg_(std::move(cfg)) {}
   StatusOr<bool> run(Graph& g) override {
-    const std::string who = "data-parallel";
-    KILN_RETURN_IF_ERROR(start_strategy(g, mesh_, who));
-    KILN_ASSIGN_OR_RETURN(int axis, strategy_axis(mesh_, axis_, 0, who));
-    KILN_RETURN_IF_ERROR(shard_batch_inputs(g, axis, batch_dim_, inputs_, who));
-    KILN_RETURN_IF_ERROR(partition(g).status());
+    KILN_RETURN_IF_ERROR(apply_data_parallel(g, cfg_));
     return true;
   }
 
  private:
-  DeviceMesh mesh_;
-  std::string axis_;
-  int64_t batch_dim_;
-  std::vector<std::string> inputs_;
+  DataParallelConfig cfg_;
 };
 
 Status register_data_parallel(Registry& r) {
@@ -39,10 +31,13 @@ Status register_data_parallel(Registry& r) {
        "inputs to split (default: every input whose batch dim is symbolic, else the first input)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
-    KILN_ASSIGN_OR_RETURN(DeviceMesh mesh, parse_mesh_option(o.get_string("mesh")));
+    DataParallelConfig cfg;
+    KILN_ASSIGN_OR_RETURN(cfg.mesh, parse_mesh_option(o.get_string("mesh")));
     if (o.get_int("batch-dim") < 0) return invalid_argument("data-parallel: batch-dim must be >= 0");
-    return std::unique_ptr<Pass>(
-        new DataParallel(std::move(mesh), o.get_string("axis"), o.get_int("batch-dim"), o.get_strings("inputs")));
+    cfg.axis = o.get_string("axis");
+    cfg.batch_dim = o.get_int("batch-dim");
+    cfg.inputs = o.get_strings("inputs");
+    return std::unique_ptr<Pass>(new DataParallel(std::move(cfg)));
   };
   return r.add_parallel(std::move(info));
 }

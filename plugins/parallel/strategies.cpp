@@ -1,0 +1,70 @@
+// The data- and tensor-parallel policies: which inputs split along the batch, which weights
+// split column- or row-wise; the partitioner does the rest.
+#include "strategies.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "partition.h"
+
+namespace kiln::parallel {
+namespace {
+
+/// Column parallel for a replicated activation, row parallel for one already split along its
+/// features: the choice Megatron makes for each projection pair.
+std::optional<Sharding> megatron_layout(const WeightChoice& c, size_t axis, const TensorParallelConfig& cfg) {
+  const Value* w = c.node.operand(c.weight_operand);
+  const Value* x = c.node.operand(c.weight_operand == 1 ? 0 : 1);
+  const bool is_weight = w->is_graph_input() || (w->producer() && w->producer()->op_name() == "constant");
+  const bool conv = c.node.op_name() == "conv";
+  if (!is_weight || (conv ? w->type().rank() < 3 : w->type().rank() != 2) ||
+      num_elements(w->shape()) < std::max<int64_t>(cfg.min_size, 1))
+    return std::nullopt;
+  // linear's and conv's weights are [out, in, ...]; matmul's is [in, out].
+  const bool out_first = c.node.op_name() == "linear" || conv;
+  const int64_t out_dim = out_first ? 0 : 1, in_dim = out_first ? 1 : 0;
+  const Placement act = c.activation[axis];
+  Sharding s(static_cast<size_t>(cfg.mesh.rank()), Placement::replicate());
+  const int64_t feature_dim = conv ? 1 : x->type().rank() - 1;  // where the activation's features are
+  const bool split_features = act.is_shard() && act.dim == feature_dim;
+  s[axis] = Placement::shard(split_features ? in_dim : out_dim);
+  if (!check_sharding(s, cfg.mesh, w->type()).ok()) return std::nullopt;
+  return s;
+}
+
+}  // namespace
+
+Status apply_data_parallel(Graph& g, const DataParallelConfig& cfg, const std::string& who) {
+  KILN_RETURN_IF_ERROR(start_strategy(g, cfg.mesh, who));
+  KILN_ASSIGN_OR_RETURN(int axis, strategy_axis(cfg.mesh, cfg.axis, 0, who));
+  KILN_RETURN_IF_ERROR(shard_batch_inputs(g, axis, cfg.batch_dim, cfg.inputs, who));
+  return partition(g).status();
+}
+
+Status apply_tensor_parallel(Graph& g, const TensorParallelConfig& cfg, const std::string& who) {
+  KILN_RETURN_IF_ERROR(start_strategy(g, cfg.mesh, who));
+  KILN_ASSIGN_OR_RETURN(int axis, strategy_axis(cfg.mesh, cfg.axis, -1, who));
+  int dp = -1;
+  if (!cfg.data_axis.empty()) {
+    KILN_ASSIGN_OR_RETURN(dp, strategy_axis(cfg.mesh, cfg.data_axis, 0, who));
+    if (dp == axis) return invalid_argument(who + ": data-axis and axis are both '" + cfg.data_axis + "'");
+    KILN_RETURN_IF_ERROR(shard_batch_inputs(g, dp, cfg.batch_dim, cfg.inputs, who));
+  }
+  PartitionOptions opt;
+  opt.policy.weight_layout = [cfg, axis](const WeightChoice& c) {
+    return megatron_layout(c, static_cast<size_t>(axis), cfg);
+  };
+  if (cfg.sequence_parallel) opt.policy.shard_partial_sums_along = cfg.sequence_dim;
+  if (cfg.replicate_outputs)
+    for (int i = 0; i < g.num_outputs(); ++i) {
+      Sharding s(static_cast<size_t>(cfg.mesh.rank()), Placement::replicate());
+      if (dp >= 0 && g.output(i)->type().rank() > cfg.batch_dim) {
+        s[static_cast<size_t>(dp)] = Placement::shard(cfg.batch_dim);
+        if (!check_sharding(s, cfg.mesh, g.output(i)->type()).ok()) s[static_cast<size_t>(dp)] = Placement::replicate();
+      }
+      opt.output_layouts.push_back(s);
+    }
+  return partition(g, opt).status();
+}
+
+}  // namespace kiln::parallel
