@@ -16,6 +16,8 @@ inputs). STRATEGY is one of:
   tp-sp     tensor-parallel with sequence parallelism
   dp-tp     a 2 x N/2 mesh: batch over dp, tensor-parallel over tp (meshes of 4 and more)
   dp-tp-seq the same with the dp split along dim 1
+  auto      the planner's choice for the mesh's device count (objective throughput)
+  auto-memory  the planner's choice for the smallest memory per rank
   FILE.toml a pipeline with a [parallel] section (and fusion passes), run on reference
 --batch B widens a model folder's saved inputs to batch B (rows rolled, so every row differs)
 and binds the folder's `batch` dim to B.
@@ -51,6 +53,10 @@ def strategy_spec(name, ranks):
         return f'tensor-parallel{{mesh="tp={ranks}"}}'
     if name == "tp-sp":
         return f'tensor-parallel{{mesh="tp={ranks}",sequence-parallel=true}}'
+    if name == "auto":
+        return f'auto{{devices={ranks}}}'
+    if name == "auto-memory":
+        return f'auto{{devices={ranks},objective="memory"}}'
     if name in ("dp-tp", "dp-tp-seq"):
         if ranks < 4:
             return None
@@ -162,7 +168,7 @@ def main():
             if ranks > 1:
                 data_only = a.strategy.startswith("dp") and "tp" not in a.strategy
                 split = split_inputs if data_only else counts["local_shard"]
-                if a.strategy.endswith(".toml"):
+                if a.strategy.endswith(".toml") or a.strategy.startswith("auto"):
                     split = split_inputs + counts["local_shard"]
                 if split == 0:
                     print(f"FAIL {a.strategy} on {ranks} ranks split nothing: every rank computes the whole model")

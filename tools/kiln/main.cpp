@@ -21,6 +21,7 @@ commands:
   inspect   check a .kiln artifact and print what it holds
   cache     show or clear the kernel cache
   bench     time a .kiln artifact on the GPU (latency, device time, throughput, graphs on/off)
+  plan      choose how to split a model over N devices (mesh, strategy) with a cost model
   launch    start one process per rank on this host (kiln launch -n 2 -- kiln run ...)
   calibrate record max|x| of every matmul/linear input over sample inputs (FP8 scales file)
   quant-report  per-layer and end-to-end SQNR of a quantizing pipeline against fp32
@@ -98,6 +99,8 @@ std::string calibrate_usage();       // calibrate_cmd.cpp
 int cmd_quant_report(Args& args);    // quant_report_cmd.cpp
 std::string quant_report_usage();    // quant_report_cmd.cpp
 int cmd_ops(Args& args);             // ops_cmd.cpp
+int cmd_plan(Args& args);            // plan_cmd.cpp
+std::string plan_usage();            // plan_cmd.cpp
 std::string ops_usage();             // ops_cmd.cpp
 
 std::string usage_text(std::string_view command) {
@@ -111,6 +114,7 @@ std::string usage_text(std::string_view command) {
   if (command == "calibrate") return calibrate_usage();
   if (command == "quant-report") return quant_report_usage();
   if (command == "launch") return launch_usage_text();
+  if (command == "plan") return plan_usage();
   if (!artifact_usage_text(command).empty()) return artifact_usage_text(command);
   return std::string(kOverview);
 }
@@ -193,6 +197,7 @@ int dispatch(std::vector<std::string> argv) {
   if (command == "inspect") return cmd_inspect(args);
   if (command == "cache") return cmd_cache(args);
   if (command == "bench") return cmd_bench(args);
+  if (command == "plan") return cmd_plan(args);
   if (command == "calibrate") return cmd_calibrate(args);
   if (command == "quant-report") return cmd_quant_report(args);
   if (command == "launch") return cmd_launch(args);

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The automatic parallelism planner (`kiln plan`, the `auto` strategy) on small graphs where the
+best plan is known:
+
+- tiny weights and a big batch: pure data parallelism (no communication, no weight to share);
+- huge weights and a small batch: tensor parallelism (each rank reads 1/N of the weights;
+  data parallelism would read them all on every rank);
+- the memory objective: the smallest footprint of every candidate, the weights split N ways;
+- a memory limit the data-parallel plan exceeds: the planner moves to tensor parallelism;
+- a slow link (a probe file): communication is dear, data parallelism wins again;
+- an impossible limit and bad options: clear errors, exit 1.
+
+    check_planner.py KILN
+
+The weights live in a sparse side file (only a tag per weight is written, so the constants
+stay distinct for cse): planning never reads them.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+FAILURES = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        FAILURES.append(what)
+
+
+def write_mlp(path, d, ff, dtype, batch="B"):
+    """x[batch, d] -> linear(ff) -> relu -> linear(d): weights as constants in a sparse side file."""
+    size = {"f32": 4, "bf16": 2}[dtype]
+    side = os.path.basename(path) + ".bin"
+    lines = [f"graph @mlp(%x: {dtype}[{batch}, {d}]) -> ({dtype}[{batch}, {d}]) {{"]
+    offset, tags = 0, []
+    for name, shape in (("w1", (ff, d)), ("w2", (d, ff))):
+        lines.append(f'  %{name} = constant() {{value = dense<{dtype}[{shape[0]}, {shape[1]}]>(file "{side}", offset {offset})}}'
+                     f" : {dtype}[{shape[0]}, {shape[1]}]")
+        tags.append(offset)
+        offset += shape[0] * shape[1] * size
+        offset += (-offset) % 64
+    lines += [f"  %h = linear(%x, %w1) : {dtype}[{batch}, {ff}]",
+              f"  %a = relu(%h) : {dtype}[{batch}, {ff}]",
+              f"  %y = linear(%a, %w2) : {dtype}[{batch}, {d}]",
+              "  return %y", "}"]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(path + ".bin", "wb") as f:
+        for i, t in enumerate(tags):
+            f.seek(t)
+            f.write(bytes([0, 0x3F, i + 1, 0x3F]))  # small nonzero values, different per weight
+        f.truncate(offset)
+    return 2 * d * ff * size  # weight bytes
+
+
+def plan(kiln, model, *args):
+    proc = subprocess.run([kiln, "plan", model, "--json", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, proc
+    return json.loads(proc.stdout), proc
+
+
+def main():
+    kiln = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        small = os.path.join(tmp, "small.kir")
+        write_mlp(small, 64, 256, "f32")
+        big = os.path.join(tmp, "big.kir")
+        weights = write_mlp(big, 8192, 32768, "bf16")
+
+        p, proc = plan(kiln, small, "--devices", "8", "--sym", "B=65536")
+        check(p is not None and p["chosen"]["dp"] == 8 and p["chosen"]["tp"] == 1,
+              f"tiny weights, batch 65536, 8 devices: data parallel (chose {p and p['chosen']['strategy']})")
+        if p:
+            check(p["chosen"]["comm_s"] == 0, "data parallel needs no communication")
+            check(len(p["candidates"]) >= 4, f"every mesh of 8 was costed ({len(p['candidates'])} candidates)")
+
+        p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=8")
+        check(p is not None and p["chosen"]["tp"] == 8,
+              f"1 GiB of weights, batch 8, 8 devices: tensor parallel (chose {p and p['chosen']['strategy']})")
+        if p:
+            dp = [c for c in p["candidates"] if c["tp"] == 1]
+            check(len(dp) == 1 and dp[0]["step_s"] > p["chosen"]["step_s"],
+                  "data parallelism was costed and is slower")
+            check(p["chosen"]["collectives"].get("all_reduce", 0) >= 1, "tensor parallel all-reduces the row-parallel sum")
+
+        p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=1")
+        check(p is not None and p["chosen"]["tp"] == 8, "batch 1: tensor parallel")
+        if p:
+            check(all(c["dp"] == 1 for c in p["candidates"]) and p["rejected"],
+                  "a batch of 1 is not split over dp (those candidates are refused)")
+
+        p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=8", "--objective", "memory")
+        if p:
+            least = min(c["memory_bytes"] for c in p["candidates"])
+            check(p["chosen"]["memory_bytes"] == least, "memory objective: the smallest footprint of every candidate")
+            check(p["chosen"]["weight_bytes"] == weights // 8,
+                  f"memory objective: weights split 8 ways ({p['chosen']['weight_bytes']} of {weights} bytes)")
+        else:
+            check(False, "memory objective planned: " + proc.stderr)
+
+        # A big batch makes tensor parallelism's all-reduces dear: data parallel wins, until a
+        # memory limit below the whole weights rules it out.
+        p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=16384")
+        check(p is not None and p["chosen"]["tp"] == 1, f"batch 16384: data parallel (chose {p and p['chosen']['strategy']})")
+        p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=16384", "--memory-limit", "1GiB")
+        check(p is not None and p["chosen"]["tp"] > 1 and p["chosen"]["memory_bytes"] <= 2**30 and p["over_limit"] >= 1,
+              f"batch 16384 under 1 GiB a rank: weights split (chose {p and p['chosen']['strategy']})")
+
+        probe = os.path.join(tmp, "slow.toml")
+        with open(probe, "w") as f:
+            f.write("[device]\nname = \"test\"\n[link]\nmeasured = true\nbandwidth = 1e6\nlatency = 1e-3\n")
+        p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=8", "--probe", probe)
+        check(p is not None and p["chosen"]["tp"] == 1 and p["link_measured"],
+              f"a 1 MB/s link (probe): data parallel (chose {p and p['chosen']['strategy']})")
+
+        p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=8", "--memory-limit", "1MiB")
+        check(p is None and proc.returncode == 1 and "no plan fits memory-limit 1 MiB" in proc.stderr
+              and "smallest footprint found" in proc.stderr, "impossible limit: " + proc.stderr.strip())
+
+        for args, want in ((["--objective", "speed"], "objective must be"),
+                           (["--device", "a100"], "unknown device 'a100'"),
+                           (["--memory-limit", "lots"], "memory size 'lots'"),
+                           (["--probe", os.path.join(tmp, "none.toml")], "probe")):
+            p, proc = plan(kiln, small, "--devices", "2", *args)
+            check(p is None and proc.returncode == 1 and want in proc.stderr,
+                  f"{' '.join(args)}: exit {proc.returncode}, {proc.stderr.strip()}")
+        p, proc = plan(kiln, small, "--sym", "B=8")
+        check(proc.returncode == 2 and "--devices" in proc.stderr, "no --devices: usage error")
+
+        text = subprocess.run([kiln, "plan", big, "--devices", "4", "--sym", "B=8"], capture_output=True, text=True)
+        check(text.returncode == 0 and "chosen: mesh tp=4" in text.stdout and "predicted step time" in text.stdout
+              and "predicted memory per rank" in text.stdout and "candidates, best first" in text.stdout,
+              "the text plan names the mesh, the predictions and the runners-up")
+    print("PASS" if not FAILURES else f"FAIL ({len(FAILURES)})")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
