@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Writes a Llama-style decoder block as .kir with its weights in a side file: RMSNorm, q/k/v
+"""Writes a Llama-style decoder as .kir with its weights in a side file: per layer RMSNorm, q/k/v
 projections, causal attention (grouped-query when --kv-heads < --heads), the output projection
-and residual, RMSNorm, a SwiGLU MLP and residual. The tensor-parallel scaling benchmark
-(bench/parallel/scaling.sh) runs it on one GPU and split over two; the default sizes are the
-ones it measures (d 4096, ff 11008, T 2048, bf16).
+and residual, RMSNorm, a SwiGLU MLP and residual. By default one block on an activation input
+(what bench/parallel/scaling.sh measures: d 4096, ff 11008, T 2048, bf16); --layers and --vocab
+make a whole model (token embedding, the blocks, a final norm and the LM head).
 
     python3 bench/parallel/llama_block.py OUT_DIR [--d 4096] [--ff 11008] [--heads 32]
         [--kv-heads 32] [--seq 2048] [--batch 1] [--dtype bf16] [--seed 0]
+        [--layers 1] [--vocab 0] [--symbolic] [--planning-only] [--name block]
 
-Writes OUT_DIR/block.kir and OUT_DIR/block.kir.bin (random weights, scaled like a trained
-model's: N(0, 1/sqrt(fan_in))).
+Writes OUT_DIR/NAME.kir and OUT_DIR/NAME.kir.bin (random weights, scaled like a trained
+model's: N(0, 1/sqrt(fan_in))). --symbolic makes the batch and sequence the symbols B and T.
+--planning-only writes a sparse side file instead (a tag per weight, the rest zeros, no disk
+used): enough for `kiln plan`, which reads only shapes, for models too big to write.
 """
 import argparse
 import os
@@ -39,78 +42,110 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--vocab", type=int, default=0, help="0: one block on an activation input, no embedding or head")
+    ap.add_argument("--symbolic", action="store_true", help="batch and sequence as the symbols B and T")
+    ap.add_argument("--planning-only", action="store_true", help="a sparse side file: shapes only, for kiln plan")
+    ap.add_argument("--name", default="block")
     a = ap.parse_args()
-    d, ff, h, kvh, t, b, dt = a.d, a.ff, a.heads, a.kv_heads, a.seq, a.batch, a.dtype
+    d, ff, h, kvh, dt = a.d, a.ff, a.heads, a.kv_heads, a.dtype
+    b, t = ("B", "T") if a.symbolic else (a.batch, a.seq)
+    lead = "0, 0" if a.symbolic else f"{b}, {t}"  # reshape: 0 keeps a (symbolic) dim
     hd = d // h
     if d % h or h % kvh:
         raise SystemExit("d must divide into heads, heads into kv-heads")
+    if a.layers < 1:
+        raise SystemExit("--layers must be >= 1")
     os.makedirs(a.out, exist_ok=True)
     rng = np.random.default_rng(a.seed)
-    side = open(os.path.join(a.out, "block.kir.bin"), "wb")
+    side_name = f"{a.name}.kir.bin"
+    side = open(os.path.join(a.out, side_name), "wb")
     offset = 0
 
-    def weight(name, shape, fan_in):
+    def place(data_fn, nbytes):
+        """Writes a tensor's bytes 64-aligned (or, planning only, a tag) and returns its offset."""
         nonlocal offset
-        pad = (-offset) % 64
-        side.write(b"\0" * pad)
-        offset += pad
-        data = to_storage(rng.standard_normal(shape, dtype=np.float32) / np.sqrt(fan_in), dt)
-        side.write(data)
+        offset += (-offset) % 64
+        at = offset
+        side.seek(at)
+        if a.planning_only:
+            side.write(at.to_bytes(8, "little"))  # distinct bytes per weight: cse keeps them apart
+        else:
+            side.write(data_fn())
+        offset += nbytes
+        return at
+
+    elem = {"bf16": 2, "f16": 2, "f32": 4}[dt]
+
+    def weight(name, shape, fan_in):
         dims = ", ".join(map(str, shape))
-        line = (f'  %{name} = constant() {{value = dense<{dt}[{dims}]>(file "block.kir.bin", offset {offset})}}'
-                f" : {dt}[{dims}]")
-        offset += len(data)
-        return line
+        at = place(lambda: to_storage(rng.standard_normal(shape, dtype=np.float32) / np.sqrt(fan_in), dt),
+                   int(np.prod(shape)) * elem)
+        return f'  %{name} = constant() {{value = dense<{dt}[{dims}]>(file "{side_name}", offset {at})}} : {dt}[{dims}]'
 
     def norm_scale(name):
-        nonlocal offset
-        pad = (-offset) % 64
-        side.write(b"\0" * pad)
-        offset += pad
-        data = to_storage(np.ones(d, np.float32), dt)
-        side.write(data)
-        line = f'  %{name} = constant() {{value = dense<{dt}[{d}]>(file "block.kir.bin", offset {offset})}} : {dt}[{d}]'
-        offset += len(data)
-        return line
+        at = place(lambda: to_storage(np.ones(d, np.float32), dt), d * elem)
+        return f'  %{name} = constant() {{value = dense<{dt}[{d}]>(file "{side_name}", offset {at})}} : {dt}[{d}]'
 
     x = f"{dt}[{b}, {t}, {d}]"
-    lines = [
-        f"// A Llama-style decoder block (bench/parallel/llama_block.py): d {d}, ff {ff}, {h} heads"
-        f" ({kvh} for k/v), T {t}, batch {b}, {dt}.",
-        f"graph @llama_block(%x: {x}) -> ({x}) {{",
-        norm_scale("attn_norm"), norm_scale("mlp_norm"),
-        weight("wq", [d, d], d), weight("wk", [kvh * hd, d], d), weight("wv", [kvh * hd, d], d),
-        weight("wo", [d, d], d), weight("w_gate", [ff, d], d), weight("w_up", [ff, d], d),
-        weight("w_down", [d, ff], ff),
-        f"  %h = rms_norm(%x, %attn_norm) {{axis = -1, epsilon = 1e-5}} : {x}",
-        f"  %q = linear(%h, %wq) : {x}",
-        f"  %k = linear(%h, %wk) : {dt}[{b}, {t}, {kvh * hd}]",
-        f"  %v = linear(%h, %wv) : {dt}[{b}, {t}, {kvh * hd}]",
-        f"  %q4 = reshape(%q) {{shape = [{b}, {t}, {h}, {hd}]}} : {dt}[{b}, {t}, {h}, {hd}]",
-        f"  %k4 = reshape(%k) {{shape = [{b}, {t}, {kvh}, {hd}]}} : {dt}[{b}, {t}, {kvh}, {hd}]",
-        f"  %v4 = reshape(%v) {{shape = [{b}, {t}, {kvh}, {hd}]}} : {dt}[{b}, {t}, {kvh}, {hd}]",
-        f"  %qh = transpose(%q4) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {h}, {t}, {hd}]",
-        f"  %kh = transpose(%k4) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {kvh}, {t}, {hd}]",
-        f"  %vh = transpose(%v4) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {kvh}, {t}, {hd}]",
-        f"  %ctx = attention(%qh, %kh, %vh) {{causal = 1, scale = {float(1 / np.sqrt(hd))!r}}} : {dt}[{b}, {h}, {t}, {hd}]",
-        f"  %ctx_t = transpose(%ctx) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {t}, {h}, {hd}]",
-        f"  %merged = reshape(%ctx_t) {{shape = [{b}, {t}, {d}]}} : {x}",
-        f"  %attn = linear(%merged, %wo) : {x}",
-        f"  %x1 = add(%x, %attn) : {x}",
-        f"  %h2 = rms_norm(%x1, %mlp_norm) {{axis = -1, epsilon = 1e-5}} : {x}",
-        f"  %gate = linear(%h2, %w_gate) : {dt}[{b}, {t}, {ff}]",
-        f"  %up = linear(%h2, %w_up) : {dt}[{b}, {t}, {ff}]",
-        f"  %act = silu(%gate) : {dt}[{b}, {t}, {ff}]",
-        f"  %hidden = mul(%act, %up) : {dt}[{b}, {t}, {ff}]",
-        f"  %mlp = linear(%hidden, %w_down) : {x}",
-        f"  %y = add(%x1, %mlp) : {x}",
-        "  return %y",
-        "}",
-    ]
+    whole = a.layers > 1 or a.vocab > 0
+    what = (f"{a.layers} layers, vocab {a.vocab}, " if whole else "") + f"d {d}, ff {ff}, {h} heads ({kvh} for k/v)"
+    if a.vocab:
+        signature = f"graph @llama(%tokens: i64[{b}, {t}]) -> ({dt}[{b}, {t}, {a.vocab}]) {{"
+    else:
+        signature = f"graph @llama_block(%x: {x}) -> ({x}) {{"
+    lines = [f"// A Llama-style {'decoder' if whole else 'decoder block'} (bench/parallel/llama_block.py): {what},"
+             f" T {t}, batch {b}, {dt}.", signature]
+    body = []
+    if a.vocab:
+        lines.append(weight("embed", [a.vocab, d], 1))
+        body.append(f"  %x = gather(%embed, %tokens) {{axis = 0}} : {x}")
+    cur = "x"
+    for layer in range(a.layers):
+        p = f"l{layer}_" if whole else ""
+        lines += [norm_scale(f"{p}attn_norm"), norm_scale(f"{p}mlp_norm"),
+                  weight(f"{p}wq", [d, d], d), weight(f"{p}wk", [kvh * hd, d], d), weight(f"{p}wv", [kvh * hd, d], d),
+                  weight(f"{p}wo", [d, d], d), weight(f"{p}w_gate", [ff, d], d), weight(f"{p}w_up", [ff, d], d),
+                  weight(f"{p}w_down", [d, ff], ff)]
+        y = f"{p}y" if whole else "y"
+        body += [
+            f"  %{p}h = rms_norm(%{cur}, %{p}attn_norm) {{axis = -1, epsilon = 1e-5}} : {x}",
+            f"  %{p}q = linear(%{p}h, %{p}wq) : {x}",
+            f"  %{p}k = linear(%{p}h, %{p}wk) : {dt}[{b}, {t}, {kvh * hd}]",
+            f"  %{p}v = linear(%{p}h, %{p}wv) : {dt}[{b}, {t}, {kvh * hd}]",
+            f"  %{p}q4 = reshape(%{p}q) {{shape = [{lead}, {h}, {hd}]}} : {dt}[{b}, {t}, {h}, {hd}]",
+            f"  %{p}k4 = reshape(%{p}k) {{shape = [{lead}, {kvh}, {hd}]}} : {dt}[{b}, {t}, {kvh}, {hd}]",
+            f"  %{p}v4 = reshape(%{p}v) {{shape = [{lead}, {kvh}, {hd}]}} : {dt}[{b}, {t}, {kvh}, {hd}]",
+            f"  %{p}qh = transpose(%{p}q4) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {h}, {t}, {hd}]",
+            f"  %{p}kh = transpose(%{p}k4) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {kvh}, {t}, {hd}]",
+            f"  %{p}vh = transpose(%{p}v4) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {kvh}, {t}, {hd}]",
+            f"  %{p}ctx = attention(%{p}qh, %{p}kh, %{p}vh) {{causal = 1, scale = {float(1 / np.sqrt(hd))!r}}}"
+            f" : {dt}[{b}, {h}, {t}, {hd}]",
+            f"  %{p}ctx_t = transpose(%{p}ctx) {{perm = [0, 2, 1, 3]}} : {dt}[{b}, {t}, {h}, {hd}]",
+            f"  %{p}merged = reshape(%{p}ctx_t) {{shape = [{lead}, {d}]}} : {x}",
+            f"  %{p}attn = linear(%{p}merged, %{p}wo) : {x}",
+            f"  %{p}x1 = add(%{cur}, %{p}attn) : {x}",
+            f"  %{p}h2 = rms_norm(%{p}x1, %{p}mlp_norm) {{axis = -1, epsilon = 1e-5}} : {x}",
+            f"  %{p}gate = linear(%{p}h2, %{p}w_gate) : {dt}[{b}, {t}, {ff}]",
+            f"  %{p}up = linear(%{p}h2, %{p}w_up) : {dt}[{b}, {t}, {ff}]",
+            f"  %{p}act = silu(%{p}gate) : {dt}[{b}, {t}, {ff}]",
+            f"  %{p}hidden = mul(%{p}act, %{p}up) : {dt}[{b}, {t}, {ff}]",
+            f"  %{p}mlp = linear(%{p}hidden, %{p}w_down) : {x}",
+            f"  %{y} = add(%{p}x1, %{p}mlp) : {x}",
+        ]
+        cur = y
+    if a.vocab:
+        lines += [norm_scale("final_norm"), weight("lm_head", [a.vocab, d], d)]
+        body += [f"  %hf = rms_norm(%{cur}, %final_norm) {{axis = -1, epsilon = 1e-5}} : {x}",
+                 f"  %logits = linear(%hf, %lm_head) : {dt}[{b}, {t}, {a.vocab}]"]
+        cur = "logits"
+    lines += body + [f"  return %{cur}", "}"]
+    side.truncate(offset)
     side.close()
-    with open(os.path.join(a.out, "block.kir"), "w") as f:
+    with open(os.path.join(a.out, f"{a.name}.kir"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print(f"wrote {a.out}/block.kir and block.kir.bin ({offset} bytes of weights)")
+    print(f"wrote {a.out}/{a.name}.kir and {side_name} ({offset} bytes of weights"
+          f"{', sparse: planning only' if a.planning_only else ''})")
 
 
 if __name__ == "__main__":
