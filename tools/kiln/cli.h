@@ -88,6 +88,15 @@ int run_per_rank(const Graph& g, const Pipeline& p, const InputBindings& b,
                  const std::map<std::string, std::string>& files, double collective_timeout_s);
 /// Prints the graph's outputs (name, type, values) or writes those named in `files` as .npy.
 int print_outputs(const Graph& g, const std::vector<Tensor>& outs, const std::map<std::string, std::string>& files);
+/// Loads plugins and the pipeline (a file, else the one-line `passes`), imports `model` and runs
+/// the passes, or (`before_strategy`) those before the pipeline's parallel strategy, refusing a
+/// strategy in `passes` (plan_cmd.cpp).
+StatusOr<std::unique_ptr<Graph>> prepare_model(const std::string& model, const std::string& pipeline_file,
+                                               const std::string& passes, const std::map<std::string, int64_t>& symbols,
+                                               const std::vector<std::string>& plugin_paths, bool before_strategy);
+/// Gives the tensors of checkpoint folder `dir`, whole, to `g`'s constants of the same names
+/// (`--weights`, checkpoint_cmd.cpp).
+Status load_checkpoint_weights(Graph& g, const std::string& dir);
 /// Help of compile, inspect and cache ("" for other commands).
 std::string artifact_usage_text(std::string_view command);
 

@@ -21,6 +21,7 @@ struct Flags {
   std::optional<std::string> passes;
   std::string frontend;
   std::vector<std::string> plugin_paths;
+  std::string weights;  ///< --weights DIR: a checkpoint replacing the model's constants
   PassManagerOptions pm;
   // opt
   std::string output_file;
@@ -57,6 +58,7 @@ bool common_flag(const std::string& flag, Args& args, Flags& f) {
   else if (flag == "--passes") f.passes = args.value(flag);
   else if (flag == "--frontend") f.frontend = args.value(flag);
   else if (flag == "--plugin-path") f.plugin_paths.push_back(args.value(flag));
+  else if (flag == "--weights") f.weights = args.value(flag);
   else if (flag == "--reproducer-dir") f.pm.reproducer_dir = args.value(flag);
   else if (flag == "--timing") { args.no_value(flag); f.pm.timing = true; }
   else if (flag == "--print-ir-after-all") { args.no_value(flag); f.pm.print_ir_after_all = true; }
@@ -124,6 +126,7 @@ StatusOr<std::unique_ptr<Graph>> optimize(const Flags& f, Pipeline& p, bool need
   forward_symbols_to_frontend(p.frontend, f.symbols, reg);
   std::cerr << "pipeline: " << p.canonical(reg) << "\n";
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(f.model, p.frontend, reg));
+  if (!f.weights.empty()) KILN_RETURN_IF_ERROR(load_checkpoint_weights(*g, f.weights));
   KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, f.pm));
   return g;
 }

@@ -21,6 +21,7 @@ commands:
   inspect   check a .kiln artifact and print what it holds
   cache     show or clear the kernel cache
   bench     time a .kiln artifact on the GPU (latency, device time, throughput, graphs on/off)
+  checkpoint  save, reshard or print weights by logical tensor (topology-independent)
   plan      choose how to split a model over N devices (mesh, strategy) with a cost model
   launch    start one process per rank on this host (kiln launch -n 2 -- kiln run ...)
   calibrate record max|x| of every matmul/linear input over sample inputs (FP8 scales file)
@@ -49,6 +50,7 @@ pipeline:
   --passes LIST       passes in one-line form instead, e.g. "canonicalize{max-iterations=2},cse"
   --frontend NAME     read the model with this front end (default: by file extension)
   --plugin-path DIR   also load the plugins in DIR (a folder or one plugin file); repeatable
+  --weights DIR       take the model's constants from a checkpoint (kiln checkpoint --help)
 
 pass manager:
   --timing                  print the time each pass took
@@ -100,6 +102,8 @@ int cmd_quant_report(Args& args);    // quant_report_cmd.cpp
 std::string quant_report_usage();    // quant_report_cmd.cpp
 int cmd_ops(Args& args);             // ops_cmd.cpp
 int cmd_plan(Args& args);            // plan_cmd.cpp
+int cmd_checkpoint(Args& args);      // checkpoint_cmd.cpp
+std::string checkpoint_usage();      // checkpoint_cmd.cpp
 std::string plan_usage();            // plan_cmd.cpp
 std::string ops_usage();             // ops_cmd.cpp
 
@@ -115,6 +119,7 @@ std::string usage_text(std::string_view command) {
   if (command == "quant-report") return quant_report_usage();
   if (command == "launch") return launch_usage_text();
   if (command == "plan") return plan_usage();
+  if (command == "checkpoint") return checkpoint_usage();
   if (!artifact_usage_text(command).empty()) return artifact_usage_text(command);
   return std::string(kOverview);
 }
@@ -198,6 +203,7 @@ int dispatch(std::vector<std::string> argv) {
   if (command == "cache") return cmd_cache(args);
   if (command == "bench") return cmd_bench(args);
   if (command == "plan") return cmd_plan(args);
+  if (command == "checkpoint") return cmd_checkpoint(args);
   if (command == "calibrate") return cmd_calibrate(args);
   if (command == "quant-report") return cmd_quant_report(args);
   if (command == "launch") return cmd_launch(args);

@@ -44,6 +44,34 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t leas
 
 }  // namespace
 
+StatusOr<std::unique_ptr<Graph>> prepare_model(const std::string& model, const std::string& pipeline_file,
+                                               const std::string& passes, const std::map<std::string, int64_t>& symbols,
+                                               const std::vector<std::string>& plugin_paths, bool before_strategy) {
+  Registry& reg = Registry::global();
+  KILN_RETURN_IF_ERROR(load_plugins_from(plugin_paths, reg));
+  Pipeline p;
+  if (!pipeline_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(p, load_pipeline_with_plugins(pipeline_file, reg));
+  } else {
+    auto list = parse_pass_list(passes, reg);
+    if (!list.ok()) return list.status().with_context("--passes");
+    p.passes = std::move(*list);
+  }
+  if (before_strategy)
+    for (size_t i = 0; i < p.passes.size(); ++i)
+      if (p.passes[i].parallel) {
+        if (pipeline_file.empty())
+          return invalid_argument("--passes: '" + p.passes[i].name + "' is a parallel strategy; kiln plan chooses one");
+        p.passes.resize(i);  // the graph the pipeline's own strategy would see
+        break;
+      }
+  KILN_RETURN_IF_ERROR(resolve_pipeline_defaults(p, reg, model, /*need_backend=*/false));
+  forward_symbols_to_frontend(p.frontend, symbols, reg);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(model, p.frontend, reg));
+  KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, {}));
+  return g;
+}
+
 std::string plan_usage() { return std::string(kPlan); }
 
 int cmd_plan(Args& args) {
@@ -98,31 +126,8 @@ int cmd_plan(Args& args) {
   auto planner = parallel::planner_options(*options);
   if (!planner.ok()) return report(planner.status());
 
-  Registry& reg = Registry::global();
-  if (Status s = load_plugins_from(plugin_paths, reg); !s.ok()) return report(s);
-  Pipeline p;
-  if (!pipeline_file.empty()) {
-    auto loaded = load_pipeline_with_plugins(pipeline_file, reg);
-    if (!loaded.ok()) return report(loaded.status());
-    p = std::move(*loaded);
-    // Plan the graph the pipeline's own strategy would see: the passes before it.
-    for (size_t i = 0; i < p.passes.size(); ++i)
-      if (p.passes[i].parallel) {
-        p.passes.resize(i);
-        break;
-      }
-  } else {
-    auto list = parse_pass_list(passes, reg);
-    if (!list.ok()) return report(list.status().with_context("--passes"));
-    for (const StageSpec& s : *list)
-      if (s.parallel) return report(invalid_argument("--passes: '" + s.name + "' is a parallel strategy; kiln plan chooses one"));
-    p.passes = std::move(*list);
-  }
-  if (Status s = resolve_pipeline_defaults(p, reg, model, /*need_backend=*/false); !s.ok()) return report(s);
-  forward_symbols_to_frontend(p.frontend, symbols, reg);
-  auto g = import_model(model, p.frontend, reg);
+  auto g = prepare_model(model, pipeline_file, passes, symbols, plugin_paths, /*before_strategy=*/true);
   if (!g.ok()) return report(g.status());
-  if (Status s = run_pipeline_passes(**g, p, reg, {}); !s.ok()) return report(s);
   auto plan = parallel::make_plan(**g, *planner);
   if (!plan.ok()) return report(plan.status());
   std::cout << (json ? parallel::plan_json(*plan) : parallel::format_plan(*plan, top));
