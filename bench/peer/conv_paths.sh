@@ -3,10 +3,13 @@
 # Kiln's convolution paths, each with a per-step profile, to see where convolution time goes:
 # nhwc (the pipeline as shipped: layout-nhwc, cuDNN channels last), dwnchw (depthwise convs left
 # NCHW, for the generated depthwise kernel: layout-nhwc{depthwise=false}), nchw (the pipeline
-# without layout-nhwc) and, with PATHS=...,gemm, gemm (nchw with `conv = "gemm"`: im2col/1x1 GEMMs). Run from the repo root on the GPU
-# host with the carried build in build-gpu/ (scripts/carry-build.sh build build-gpu).
+# without layout-nhwc: depthwise convs as the generated kernel, `conv_depthwise` steps, 1x1 convs
+# as strided-batched cuBLASLt GEMMs, `gemm` steps, the rest cuDNN) and, on request, cudnn (nchw
+# with `depthwise = "cudnn", conv1x1 = "cudnn"`: every conv a cuDNN NCHW step) and gemm (nchw with
+# `conv = "gemm"`: im2col GEMMs). Run from the repo root on the GPU host with the carried build in
+# build-gpu/ (scripts/carry-build.sh build build-gpu).
 #
-#   [PATHS=nhwc,dwnchw,nchw,gemm] bench/peer/conv_paths.sh OUT WORKLOAD[,WORKLOAD...]
+#   [PATHS=nhwc,dwnchw,nchw,cudnn,gemm] bench/peer/conv_paths.sh OUT WORKLOAD[,WORKLOAD...]
 set -u
 PATHS=${PATHS:-nhwc,dwnchw,nchw}
 out=${1:?usage: conv_paths.sh OUT WORKLOADS}; only=${2:?usage: conv_paths.sh OUT WORKLOADS}
@@ -22,15 +25,18 @@ base=examples/pipelines/cuda-sm90-tf32.toml
 sed 's/"layout-nhwc", //' $base >/tmp/conv-nchw.toml
 sed 's/"layout-nhwc", /"layout-nhwc{depthwise=false}", /' $base >/tmp/conv-dwnchw.toml
 sed 's/allow-tf32 = true }/allow-tf32 = true, conv = "gemm" }/' /tmp/conv-nchw.toml >/tmp/conv-gemm.toml
-if grep -q layout-nhwc /tmp/conv-nchw.toml || ! grep -q 'conv = "gemm"' /tmp/conv-gemm.toml; then
-  echo "conv_paths.sh: could not derive the nchw and gemm pipelines from $base" >&2; exit 1
+sed 's/allow-tf32 = true }/allow-tf32 = true, depthwise = "cudnn", conv1x1 = "cudnn" }/' /tmp/conv-nchw.toml \
+  >/tmp/conv-cudnn.toml
+if grep -q layout-nhwc /tmp/conv-nchw.toml || ! grep -q 'conv = "gemm"' /tmp/conv-gemm.toml ||
+  ! grep -q 'conv1x1 = "cudnn"' /tmp/conv-cudnn.toml; then
+  echo "conv_paths.sh: could not derive the nchw, cudnn and gemm pipelines from $base" >&2; exit 1
 fi
 for w in ${only//,/ }; do
   m=/tmp/kiln-peer/$w/model.onnx
   [ -f "$m" ] || { echo "$w: no exported model" >>"$out/conv-paths.txt"; rc=1; continue; }
   for path in ${PATHS//,/ }; do
     p=$base; [ $path = nchw ] && p=/tmp/conv-nchw.toml; [ $path = gemm ] && p=/tmp/conv-gemm.toml
-    [ $path = dwnchw ] && p=/tmp/conv-dwnchw.toml
+    [ $path = dwnchw ] && p=/tmp/conv-dwnchw.toml; [ $path = cudnn ] && p=/tmp/conv-cudnn.toml
     echo "== $w conv=$path" >>"$out/conv-paths.txt"
     "$b/bin/kiln" bench "$m" --pipeline "$p" --target sm_90a -o "/tmp/$w-$path.kiln" --iterations 50 --profile 12 \
       >>"$out/conv-paths.txt" 2>&1 || { echo "rc=$?" >>"$out/conv-paths.txt"; rc=1; }

@@ -72,15 +72,6 @@ const char* kCases[][2] = {
   return %d, %e })"},
 };
 
-/// PyTorch's assert_close defaults; tf32 rounds operands to 10 mantissa bits (1e-2 both ways
-/// for these sums of at most 147 products of [-1, 1) values). The half types get atol = rtol:
-/// cuDNN rounds conv + residual + bias once where the reference rounds the conv first.
-test::Tolerance tolerance(const std::string& t, bool tf32) {
-  if (tf32) return {1e-2, 1e-2};
-  if (t == "f16") return {1e-3, 1e-3};
-  if (t == "bf16") return {1.6e-2, 1.6e-2};
-  return test::kAssertCloseF32;
-}
 
 /// Builds the cuda-sm90 artifact for `g` with the given backend options; its plan must hold a
 /// cuDNN conv step, or for `stem` graphs the TF32 stem kernel's launches.
@@ -131,7 +122,7 @@ int main() {
             why = run_artifact(*bytes, *inputs, got, {.cuda_graphs = graphs, .runs = 2});
           for (size_t i = 0; why.empty() && i < got.size(); ++i)
             if (const test::Verdict v =
-                    test::allclose((*want)[i], got[i], tolerance(cfg.dtype, cfg.tf32));
+                    test::allclose((*want)[i], got[i], test::fused_conv_tolerance(*parse_dtype(cfg.dtype), cfg.tf32));
                 !v.ok())
               why = "output " + std::to_string(i) + ": " + v.why;
         }

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <sstream>
+#include <tuple>
 
 #include "kiln/core/options.h"
 #include "kiln/cuda/backend.h"
@@ -41,6 +42,7 @@ TEST_CASE("allow_tf32 gives f32 convs math=tf32, half types keep math=f32") {
   LoweringOptions tf32;
   tf32.allow_tf32 = true;
   CHECK(plan_lines(lower_text(kBiasRelu, tf32).plan, "step conv")[0].find(" dtype=f32 math=tf32 ") != std::string::npos);
+  tf32.conv1x1 = "cudnn";  // the 1x1 conv too
   const LoweredGraph h = lower_text(R"(
 graph @g(%x: bf16[1, 4, 6, 6], %w: bf16[4, 4, 1, 1], %v: f16[1, 4, 6, 6], %u: f16[4, 4, 3, 3]) -> (bf16[1, 4, 6, 6], f16[1, 4, 6, 6]) {
   %c = conv(%x, %w) : bf16[1, 4, 6, 6]
@@ -168,8 +170,8 @@ graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3,
 })";
   const LoweredGraph l = lower_text(text, {.allow_tf32 = true});
   // The 7x7 stem: one kernel with bias and relu, and the 3x3 over RGB another (72 channels: one
-  // pixel tile a warp), sharing their helpers; the 1x1 conv over RGB and the 5-channel conv stay
-  // cuDNN steps.
+  // pixel tile a warp), sharing their helpers; the 1x1 conv over RGB is a GEMM and the 5-channel
+  // conv stays a cuDNN step.
   CHECK(l.kernels == std::vector<std::string>{"k0_conv_stem", "k1_conv_stem"});
   CHECK(l.source.find("#define KILN_STEM_HELPERS") == l.source.rfind("#define KILN_STEM_HELPERS"));
   const auto launches = plan_lines(l.plan, "step launch");
@@ -179,16 +181,16 @@ graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3,
   CHECK(has(l.source, "constexpr bool HAS_BIAS = true, RELU = true;"));
   CHECK(has(l.source, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"));
   const auto convs = plan_lines(l.plan, "step conv");
-  REQUIRE(convs.size() == 2);
-  CHECK(convs[0].find(" c=3 k=8 spatial=37,45 kernel=1,1 ") != std::string::npos);
-  CHECK(convs[1].find(" c=5 k=8 spatial=9,9 kernel=3,3 ") != std::string::npos);
+  REQUIRE(convs.size() == 1);
+  CHECK(convs[0].find(" c=5 k=8 spatial=9,9 kernel=3,3 ") != std::string::npos);
+  CHECK(plan_lines(l.plan, "step gemm").size() == 1);
   CHECK(has(l.source, "constexpr bool HAS_BIAS = false, RELU = false;"));
   CHECK(has(l.source, "MT = 1, NTHR = 128;"));
   compiles_everywhere(l);
   // Without tf32 the stem stays a strict-f32 cuDNN conv.
   const LoweredGraph strict = lower_text(text);
   CHECK(strict.kernels.empty());
-  CHECK(plan_lines(strict.plan, "step conv").size() == 4);
+  CHECK(plan_lines(strict.plan, "step conv").size() == 3);
 }
 
 TEST_CASE("the backend's conv option takes cudnn or gemm and names a bad value") {
@@ -209,6 +211,15 @@ TEST_CASE("the backend's conv option takes cudnn or gemm and names a bad value")
   auto b = (*info)->create(*bad);
   REQUIRE(!b.ok());
   CHECK(b.status().message() == "cuda-test: option conv='winograd' is not cudnn or gemm");
+  for (const auto& [option, value, message] :
+       {std::tuple{"depthwise", "gemm", "cuda-test: option depthwise='gemm' is not kernel or cudnn"},
+        std::tuple{"conv1x1", "kernel", "cuda-test: option conv1x1='kernel' is not gemm or cudnn"}}) {
+    auto o = resolve_options((*info)->options, {{option, std::string(value)}}, "cuda-test");
+    REQUIRE(o.ok());
+    auto made = (*info)->create(*o);
+    REQUIRE(!made.ok());
+    CHECK(made.status().message() == message);
+  }
 }
 
 }  // namespace

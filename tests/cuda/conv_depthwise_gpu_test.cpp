@@ -9,27 +9,14 @@
 #include "conv_depthwise_graphs.h"
 #include "gpu_test_util.h"
 
-namespace {
-
 using namespace kiln;
-
-/// PyTorch's assert_close tolerances; the half types get atol = rtol, since a one-ulp difference
-/// in the rounded conv (f32 accumulation here, f64 in the reference) carries through a residual
-/// add that may cancel to near zero.
-test::Tolerance tolerance(const std::string& t) {
-  if (t == "f16") return {1e-3, 1e-3};
-  if (t == "bf16") return {1.6e-2, 1.6e-2};
-  return test::kAssertCloseF32;
-}
-
-}  // namespace
 
 int main() {
   if (const int rc = start_gpu_test(); rc != 0) return rc;
   int failures = 0, cases = 0;
   for (const char* t : {"f32", "f16", "bf16"})
     for (const auto& c : test::kDepthwiseCases) {
-      const test::Tolerance tol = tolerance(t);
+      const test::Tolerance tol = test::fused_conv_tolerance(*parse_dtype(t), false);
       const std::string text = test::replace_all(c[1], "T[", std::string(t) + "[");
       failures += report_case(std::string(c[0]) + " " + t,
                               gpu_matches_reference(text, "conv_depthwise", 11, [&](const Tensor& want, const Tensor& got) {

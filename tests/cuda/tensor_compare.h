@@ -26,6 +26,18 @@ inline Tolerance assert_close_tolerance(DType t) {
   }
 }
 
+/// The tolerance for a conv whose epilogue is fused (cuDNN, the depthwise kernel, a GEMM): for f32
+/// assert_close's, for TF32 1e-2 both ways (10-bit mantissa operands, sums of at most ~150
+/// products of [-1, 1) values); the half types get atol = rtol, since the fused result is
+/// rounded once where the reference rounds the conv first, and a one-ulp difference carries
+/// through a residual add that may cancel to near zero.
+inline Tolerance fused_conv_tolerance(DType t, bool tf32) {
+  if (tf32) return {1e-2, 1e-2};
+  if (t == DType::kF16) return {1e-3, 1e-3};
+  if (t == DType::kBF16) return {1.6e-2, 1.6e-2};
+  return assert_close_tolerance(t);
+}
+
 /// A failed verdict when `got`'s type (dtype and shape) is not `want`'s, else ok().
 inline Verdict same_type(const Tensor& want, const Tensor& got) {
   if (want.type() == got.type()) return {};

@@ -132,6 +132,7 @@ class CudaBackend final : public Backend {
     autotune_ = o.has("autotune") && o.get_bool("autotune");
     if (o.has("conv")) opts_.conv = o.get_string("conv");
     if (o.has("depthwise")) opts_.depthwise = o.get_string("depthwise");
+    if (o.has("conv1x1")) opts_.conv1x1 = o.get_string("conv1x1");
     opts_.int4_exact_zeros = o.has("int4-exact-zeros") && o.get_bool("int4-exact-zeros");
     opts_.fp8 = caps_.fp8;
     opts_.max_smem_per_block = caps_.max_smem_per_block;
@@ -418,6 +419,9 @@ Status register_backend(Registry& r, const Capabilities& caps) {
                   {"depthwise", OptionType::kString, std::string("kernel"),
                    "depthwise convolutions (groups == input channels) as a generated kernel that also applies the "
                    "bias, batch norm, activation and residual add after them (kernel), or as option conv says (cudnn)"},
+                  {"conv1x1", OptionType::kString, std::string("gemm"),
+                   "1x1 convolutions with unit strides, no padding and one group as one strided-batched cuBLASLt GEMM "
+                   "with the bias, a residual add and a relu fused (gemm), or as option conv says (cudnn)"},
                   {"images", OptionType::kStringList, std::vector<std::string>{},
                    "the kernel images `kiln run` builds, a subset of the plugin's targets (default all; the runtime "
                    "loads the best one for the GPU): e.g. [compute_90] runs the portable PTX path"},
@@ -433,6 +437,8 @@ Status register_backend(Registry& r, const Capabilities& caps) {
     if (o.has("depthwise") && o.get_string("depthwise") != "kernel" && o.get_string("depthwise") != "cudnn")
       return invalid_argument(caps.plugin + ": option depthwise='" + o.get_string("depthwise") +
                               "' is not kernel or cudnn");
+    if (o.has("conv1x1") && o.get_string("conv1x1") != "gemm" && o.get_string("conv1x1") != "cudnn")
+      return invalid_argument(caps.plugin + ": option conv1x1='" + o.get_string("conv1x1") + "' is not gemm or cudnn");
     if (o.has("images"))
       for (const std::string& t : o.get_strings("images"))
         if (!builds(caps, t))

@@ -334,6 +334,13 @@ class Lowerer {
   /// tensor cores (conv_stem.cpp) when the pipeline allows TF32, absorbing a relu; false when
   /// not eligible.
   StatusOr<bool> conv_stem(const Node& n);
+  /// Whether `n` is a float conv with a 1x1 kernel, unit strides, no padding and one group (conv_1x1.cpp).
+  static bool is_pointwise_conv(const Node& n);
+  /// A 1x1 conv as one strided-batched cuBLASLt GEMM over the images (conv_1x1.cpp): a constant
+  /// bias as C (a broadcast plane shared by the images), a residual add as C or with the bias
+  /// through a kernel writing z + bias first, a relu as the epilogue; false when not eligible or
+  /// option conv1x1=cudnn.
+  StatusOr<bool> conv_1x1(const Node& n);
   /// Whether `n` is a 1-D or 2-D float conv with groups == input channels (conv_depthwise.cpp).
   static bool is_depthwise(const Node& n);
   /// A depthwise conv as one generated kernel (conv_depthwise.cpp) with its bias and the pointwise

@@ -929,6 +929,8 @@ Status Lowerer::conv(const Node& n) {
   if (stem) return ok_status();
   KILN_ASSIGN_OR_RETURN(const bool depthwise, conv_depthwise(n));
   if (depthwise) return ok_status();
+  KILN_ASSIGN_OR_RETURN(const bool pointwise_gemm, conv_1x1(n));
+  if (pointwise_gemm) return ok_status();
   KILN_ASSIGN_OR_RETURN(const bool cudnn, conv_cudnn(n));
   if (cudnn) return ok_status();
   if (conv_as_gemm(n)) return conv_gemm(n);

@@ -35,6 +35,9 @@ struct LoweringOptions {
   /// How depthwise convs (groups == input channels) lower: "kernel" (a generated kernel applying
   /// the bias and the pointwise ops after it) or "cudnn" (as `conv` says).
   std::string depthwise = "kernel";
+  /// How 1x1 convs with unit strides, no padding and one group lower: "gemm" (one strided-batched
+  /// cuBLASLt GEMM with the bias, a residual add and a relu fused) or "cudnn" (as `conv` says).
+  std::string conv1x1 = "gemm";
   /// Who is lowering, for messages: "cuda-sm80: target sm_80".
   std::string target = "cuda";
   /// Opt-in dynamic shared memory of the smallest device the plan targets (kernels needing
