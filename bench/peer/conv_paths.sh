@@ -15,7 +15,7 @@ PATHS=${PATHS:-nhwc,dwnchw,nchw}
 out=${1:?usage: conv_paths.sh OUT WORKLOADS}; only=${2:?usage: conv_paths.sh OUT WORKLOADS}
 b=$PWD/build-gpu
 export LD_LIBRARY_PATH=$b/lib KILN_CACHE_DIR=/tmp/kc KILN_COMMIT=${KILN_COMMIT:-unknown}
-cudnn=$(python3 -c "import nvidia.cudnn,os;print(os.path.dirname(nvidia.cudnn.__file__)+'/lib')" 2>/dev/null)
+cudnn=$(python3 -c "import nvidia.cudnn;print(list(nvidia.cudnn.__path__)[0]+'/lib')" 2>/dev/null)
 [ -n "$cudnn" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cudnn
 mkdir -p "$out"
 rc=0

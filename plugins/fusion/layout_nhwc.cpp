@@ -367,9 +367,9 @@ PassInfo layout_nhwc_pass_info() {
   info.options = {
       {"min-channels", OptionType::kInt, int64_t{8},
        "convs with fewer input channels (an image stem) stay NCHW"},
-      {"depthwise", OptionType::kBool, false,
-       "also depthwise convs (groups == channels); off: they stay NCHW, where the CUDA backend's "
-       "depthwise kernel runs them (cuDNN's channels-last depthwise convs measured 3x slower)"},
+      {"depthwise", OptionType::kBool, true,
+       "also depthwise convs (groups == channels), which the CUDA backend runs with its "
+       "channels-last depthwise kernel; off: they stay NCHW, with transposes around them"},
       {"pointwise-as-linear", OptionType::kBool, true,
        "1x1 convs (stride 1, no padding, one group) become linear layers over [N, H, W, C]"},
   };

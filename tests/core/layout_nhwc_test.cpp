@@ -80,13 +80,13 @@ TEST_SUITE("layout-nhwc") {
     }
   }
 
-  TEST_CASE("by default a 1x1 conv becomes a linear layer and depthwise convs stay NCHW") {
+  TEST_CASE("a 1x1 conv becomes a linear layer; depthwise = false leaves depthwise convs NCHW") {
     Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so",
                                    "kiln-plugin-backend-reference.so"});
     auto g = parse_graph(stage_kir());
     REQUIRE_MESSAGE(g.ok(), g.status().message());
     auto after = (*g)->clone();
-    auto stages = parse_pass_list("layout-nhwc,fold-layout", reg);
+    auto stages = parse_pass_list("layout-nhwc{depthwise=false},fold-layout", reg);
     REQUIRE(stages.ok());
     PassManager pm(reg, PassManagerOptions{});
     REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());

@@ -24,6 +24,16 @@ int main() {
                               }));
       ++cases;
     }
+  for (const char* t : {"f32", "f16", "bf16"})
+    for (const auto& c : test::kDepthwiseNhwcCases) {
+      const test::Tolerance tol = test::fused_conv_tolerance(*parse_dtype(t), false);
+      const std::string text = test::replace_all(c[1], "T[", std::string(t) + "[");
+      failures += report_case(std::string(c[0]) + " " + t,
+                              gpu_matches_reference(text, "conv_depthwise_nhwc", 11, [&](const Tensor& want, const Tensor& got) {
+                                return test::allclose(want, got, tol).why;
+                              }));
+      ++cases;
+    }
   std::printf("%d of %d cases failed\n", failures, cases);
   return failures == 0 ? 0 : 1;
 }

@@ -66,4 +66,43 @@ inline const char* kDepthwiseCases[][2] = {
   return %c })"},
 };
 
+// The channels-last form the layout-nhwc pass writes (conv_depthwise_nhwc.cpp): x [N, H, W, C],
+// w [K, R, S, 1]; per-channel operands broadcast along the last dim.
+inline const char* kDepthwiseNhwcCases[][2] = {
+    {"nhwc convnext 7x7 pad 3, bias",
+     R"(graph @g(%x: T[2, 56, 56, 96], %w: T[96, 7, 7, 1], %b: T[96]) -> (T[2, 56, 56, 96]) {
+  %c = conv(%x, %w, %b) {groups = 96, pads = [3, 3, 3, 3], layout = "nhwc"} : T[2, 56, 56, 96]
+  return %c })"},
+    {"nhwc mobilenet 3x3 stride 2, hardswish group",
+     R"(graph @g(%x: T[2, 112, 112, 16], %w: T[16, 3, 3, 1], %b: T[16]) -> (T[2, 56, 56, 16]) {
+  %c = conv(%x, %w, %b) {groups = 16, strides = [2, 2], pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 56, 56, 16]
+  %y = fused(%c) : T[2, 56, 56, 16] {
+    graph @body(%p: T[2, 56, 56, 16]) -> (T[2, 56, 56, 16]) {
+      %three = constant() {value = dense<T[]>[3.0]} : T[]
+      %six = constant() {value = dense<T[]>[6.0]} : T[]
+      %a = add(%p, %three) : T[2, 56, 56, 16]
+      %k = clip(%a) {min = 0.0, max = 6.0} : T[2, 56, 56, 16]
+      %m = mul(%p, %k) : T[2, 56, 56, 16]
+      %o = div(%m, %six) : T[2, 56, 56, 16]
+      return %o
+    }
+  }
+  return %y })"},
+    {"nhwc dilation 2, asymmetric pads, channel multiplier 2, per-channel scale",
+     R"(graph @g(%x: T[2, 11, 9, 6], %w: T[12, 3, 3, 1], %k: T[12]) -> (T[2, 8, 6, 12]) {
+  %c = conv(%x, %w) {groups = 6, dilations = [2, 2], pads = [1, 0, 0, 1], layout = "nhwc"} : T[2, 8, 6, 12]
+  %y = mul(%c, %k) : T[2, 8, 6, 12]
+  return %y })"},
+    {"nhwc wide rows, stride 3, 5x5 stride 1 with a residual",
+     R"(graph @g(%x: T[1, 7, 300, 4], %w: T[4, 3, 3, 1], %u: T[4, 5, 5, 1], %r: T[1, 7, 300, 4]) -> (T[1, 3, 100, 4], T[1, 7, 300, 4]) {
+  %c = conv(%x, %w) {groups = 4, strides = [3, 3], pads = [1, 1, 1, 1], layout = "nhwc"} : T[1, 3, 100, 4]
+  %d = conv(%x, %u) {groups = 4, pads = [2, 2, 2, 2], layout = "nhwc"} : T[1, 7, 300, 4]
+  %e = add(%d, %r) : T[1, 7, 300, 4]
+  return %c, %e })"},
+    {"nhwc 1-D stride 2 with bias",
+     R"(graph @g(%x: T[3, 41, 8], %w: T[8, 4, 1], %b: T[8]) -> (T[3, 20, 8]) {
+  %c = conv(%x, %w, %b) {groups = 8, strides = [2], pads = [1, 1], layout = "nhwc"} : T[3, 20, 8]
+  return %c })"},
+};
+
 }  // namespace kiln::test

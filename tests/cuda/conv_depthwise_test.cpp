@@ -121,5 +121,24 @@ TEST_CASE("the GPU test's graphs take the depthwise kernel for every dtype and c
     }
 }
 
+TEST_CASE("channels-last depthwise convs take their own kernel, with the ops after them, for every dtype") {
+  for (const char* t : {"f32", "f16", "bf16"})
+    for (const auto& c : test::kDepthwiseNhwcCases) {
+      CAPTURE(c[0]);
+      CAPTURE(t);
+      const LoweredGraph l = lower_text(test::replace_all(c[1], "T[", std::string(t) + "["));
+      CHECK(plan_lines(l.plan, "step conv").empty());
+      CHECK_FALSE(l.kernels.empty());
+      for (const std::string& k : l.kernels) CHECK(has(k, "_conv_depthwise_nhwc"));
+      compiles_everywhere(l);
+    }
+  // With depthwise = cudnn they are cuDNN conv steps (channels last).
+  LoweringOptions o;
+  o.depthwise = "cudnn";
+  const LoweredGraph l = lower_text(test::replace_all(test::kDepthwiseNhwcCases[0][1], "T[", "f32["), o);
+  REQUIRE(plan_lines(l.plan, "step conv").size() == 1);
+  CHECK(has(plan_lines(l.plan, "step conv")[0], " layout=nhwc"));
+}
+
 }  // namespace
 }  // namespace kiln::cuda

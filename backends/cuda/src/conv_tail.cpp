@@ -63,7 +63,8 @@ StatusOr<Lowerer::ConvTail> Lowerer::conv_tail(const Node& conv, int out, const 
     bool ok = true;
     std::string result;
     if (u->op_name() == "batch_norm") {
-      if (u->num_operands() != 5 || u->operand(0) != v) break;
+      // Its [C] vectors broadcast along dim 1: not a channels-last conv's channels.
+      if (u->num_operands() != 5 || u->operand(0) != v || conv.get_string("layout", "nchw") != "nchw") break;
       std::vector<std::string> p;
       for (int i = 1; i < 5 && ok; ++i) {
         ok = u->operand(i) != v && load_operand(u->operand(i), code, params, args, names, true);

@@ -346,6 +346,8 @@ class Lowerer {
   /// A depthwise conv as one generated kernel (conv_depthwise.cpp) with its bias and the pointwise
   /// ops after it (conv_tail); false when not eligible or option depthwise=cudnn.
   StatusOr<bool> conv_depthwise(const Node& n);
+  /// The same for a channels-last depthwise conv (layout = "nhwc"; conv_depthwise_nhwc.cpp).
+  StatusOr<bool> conv_depthwise_nhwc(const Node& n);
   /// What a conv kernel applies to each output `v` (f32 registers) before storing it: `code`
   /// (statements that may read the kernel's coordinates `coords`, one per result dim), the
   /// kernel parameters it reads (after the conv's own) and their buffers, and the absorbed ops.

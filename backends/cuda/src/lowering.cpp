@@ -917,10 +917,14 @@ Status Lowerer::conv_gemm(const Node& n) {
 
 Status Lowerer::conv(const Node& n) {
   if (n.get_string("layout", "nchw") == "nhwc") {
-    // Channels-last convs (the layout-nhwc pass) run through cuDNN alone.
+    // Channels-last convs (the layout-nhwc pass): depthwise ones through the generated kernel,
+    // the rest through cuDNN.
+    KILN_ASSIGN_OR_RETURN(const bool depthwise, conv_depthwise_nhwc(n));
+    if (depthwise) return ok_status();
     KILN_ASSIGN_OR_RETURN(const bool cudnn, conv_cudnn(n));
     if (cudnn) return ok_status();
-    return invalid_argument("conv " + n.result()->type().str() + ": layout=\"nhwc\" runs through cuDNN only, and " +
+    return invalid_argument("conv " + n.result()->type().str() + ": layout=\"nhwc\" runs through cuDNN (or the " +
+                            "depthwise kernel) only, and " +
                             (opts_.conv != "cudnn" ? std::string("the backend option conv is '") + opts_.conv + "'"
                                                    : std::string("cuDNN cannot take this conv (dtype, asymmetric padding or size)")) +
                             "; drop the layout-nhwc pass for it");
