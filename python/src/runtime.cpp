@@ -1,5 +1,6 @@
 // kiln.Runtime and kiln.Model: the runtime's C API (kiln/runtime.h) for Python. Host arrays
 // go through kiln_model_run; outputs come back as new arrays.
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -113,6 +114,18 @@ std::vector<nb::object> run_model(PyModel& pm, const std::vector<nb::ndarray<nb:
   return result;
 }
 
+/// Runs on device memory in the order of the caller's CUDA stream (kiln_model_run_device): each
+/// buffer is (pointer, bytes); the package checks dtypes and shapes before calling.
+void run_model_device(PyModel& pm, const std::vector<std::pair<uintptr_t, uint64_t>>& inputs,
+                      const std::vector<std::pair<uintptr_t, uint64_t>>& outputs, uintptr_t stream) {
+  std::vector<kiln_device_tensor> ins, outs;
+  for (const auto& [ptr, bytes] : inputs) ins.push_back({reinterpret_cast<void*>(ptr), bytes});
+  for (const auto& [ptr, bytes] : outputs) outs.push_back({reinterpret_cast<void*>(ptr), bytes});
+  nb::gil_scoped_release nogil;
+  check_rt(kiln_model_run_device(pm.m.get(), ins.data(), ins.size(), outs.data(), outs.size(),
+                                 reinterpret_cast<void*>(stream)));
+}
+
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
@@ -139,6 +152,7 @@ void bind_runtime(nb::module_& m) {
       .def_prop_ro("inputs", [](const PyModel& pm) { return info_list(pm.inputs); })
       .def_prop_ro("outputs", [](const PyModel& pm) { return info_list(pm.outputs); })
       .def("_run", &run_model, nb::arg("inputs"), nb::arg("torch_out") = false)
+      .def("_run_device", &run_model_device, nb::arg("inputs"), nb::arg("outputs"), nb::arg("stream"))
       .def("memory_report", [](const PyModel& pm) {
             kiln_memory_report r{};
             r.struct_size = sizeof r;

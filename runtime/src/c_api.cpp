@@ -313,6 +313,14 @@ kiln_status* kiln_model_enqueue(kiln_model* model, const kiln_host_tensor* input
   });
 }
 
+kiln_status* kiln_model_run_device(kiln_model* model, const kiln_device_tensor* inputs, size_t num_inputs,
+                                   const kiln_device_tensor* outputs, size_t num_outputs, void* stream) {
+  return guarded("kiln_model_run_device", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_run_device", "model");
+    return kiln::rt::run_device(model, inputs, num_inputs, outputs, num_outputs, static_cast<cudaStream_t>(stream));
+  });
+}
+
 kiln_status* kiln_model_synchronize(kiln_model* model) {
   return guarded("kiln_model_synchronize", [&]() -> kiln_status* {
     if (!model) return null_argument("kiln_model_synchronize", "model");
@@ -429,6 +437,7 @@ const kiln_api* kiln_get_api(uint32_t version) {
       kiln_model_input_placement,
       kiln_model_output_placement,
       kiln_model_all_gather_host,
+      kiln_model_run_device,
   };
   // One table serves every version: older hosts read only the prefix they know.
   return version >= 1 && version <= KILN_RUNTIME_API_VERSION ? &api : nullptr;

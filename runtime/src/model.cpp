@@ -356,19 +356,24 @@ kiln_status* settle_convs(kiln_model* m) {
   return nullptr;
 }
 
+/// Captures what `work` queues on the model's stream as a CUDA graph in `out` (null on failure).
+kiln_status* capture(kiln_model* m, kiln_status* (*work)(kiln_model*), cudaGraphExec_t* out, const char* what) {
+  KILN_CUDA_TRY(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
+  kiln_status* st = work(m);
+  cudaGraph_t graph = nullptr;
+  cudaError_t end = cudaStreamEndCapture(m->stream, &graph);
+  if (!st) st = cuda_status(end, "cudaStreamEndCapture");
+  if (!st) st = cuda_status(cudaGraphInstantiate(out, graph, 0), "cudaGraphInstantiate");
+  if (graph) cudaGraphDestroy(graph);
+  if (st) *out = nullptr;
+  return context(st, what);
+}
+
 /// Captures input copies, steps and output copies (the steps alone when timing) as one CUDA
 /// graph. The staging and arena addresses never change, so the graph stays valid for every
 /// later run.
 kiln_status* capture_graph(kiln_model* m) {
-  KILN_CUDA_TRY(cudaStreamBeginCapture(m->stream, cudaStreamCaptureModeThreadLocal));
-  kiln_status* st = m->steps_begin ? enqueue_steps(m) : enqueue(m);
-  cudaGraph_t graph = nullptr;
-  cudaError_t end = cudaStreamEndCapture(m->stream, &graph);
-  if (!st) st = cuda_status(end, "cudaStreamEndCapture");
-  if (!st) st = cuda_status(cudaGraphInstantiate(&m->graph, graph, 0), "cudaGraphInstantiate");
-  if (graph) cudaGraphDestroy(graph);
-  if (st) m->graph = nullptr;
-  return context(st, "capturing the plan as a CUDA graph");
+  return capture(m, m->steps_begin ? enqueue_steps : enqueue, &m->graph, "capturing the plan as a CUDA graph");
 }
 
 }  // namespace
@@ -502,26 +507,75 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   return nullptr;
 }
 
+namespace {
+
+/// Checks the buffers a run is given against the model's inputs or outputs (`what`): their
+/// count, each one's size, data where bytes are expected.
+template <typename Tensor>
+kiln_status* check_buffers(const std::string& fn, const char* what, const std::vector<kiln_model::Binding>& binds,
+                           const Tensor* given, size_t count) {
+  if (count != binds.size())
+    return invalid(fn + ": " + std::to_string(count) + " " + what + (count == 1 ? "" : "s") +
+                   " given, the model has " + std::to_string(binds.size()));
+  if (count && !given) return invalid(fn + ": " + what + "s is NULL");
+  for (size_t i = 0; i < count; ++i) {
+    const kiln_tensor_info& info = binds[i].info;
+    if (given[i].bytes != info.bytes)
+      return invalid(fn + ": " + what + " '" + info.name + "' has " + std::to_string(given[i].bytes) +
+                     " bytes, the model expects " + std::to_string(info.bytes));
+    if (info.bytes && !given[i].data) return invalid(fn + ": " + what + " '" + info.name + "' has no data");
+  }
+  return nullptr;
+}
+
+/// The plan's steps alone as a CUDA graph, for runs whose copies are not the staging ones.
+kiln_status* steps_graph(kiln_model* m, cudaGraphExec_t* out) {
+  // With timing the main graph holds the steps alone already.
+  if (m->steps_begin || !m->graph) {
+    *out = m->steps_begin ? m->graph : nullptr;
+    return nullptr;
+  }
+  if (!m->steps_graph && !m->steps.empty())
+    KILN_RT_TRY(capture(m, enqueue_steps, &m->steps_graph, "capturing the plan's steps as a CUDA graph"));
+  *out = m->steps_graph;
+  return nullptr;
+}
+
+}  // namespace
+
+kiln_status* run_device(kiln_model* m, const kiln_device_tensor* inputs, size_t num_inputs,
+                        const kiln_device_tensor* outputs, size_t num_outputs, cudaStream_t caller) {
+  const std::string fn = "kiln_model_run_device";
+  if (m->comms)
+    return make_status(KILN_STATUS_UNSUPPORTED, fn + ": per-rank models (" + m->rank_text + ") run through kiln_model_run");
+  KILN_RT_TRY(check_buffers(fn, "input", m->inputs, inputs, num_inputs));
+  KILN_RT_TRY(check_buffers(fn, "output", m->outputs, outputs, num_outputs));
+  KILN_RT_TRY(synchronize_model(m, fn.c_str()));
+  KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
+  if (!m->caller_ready) KILN_CUDA_TRY(cudaEventCreateWithFlags(&m->caller_ready, cudaEventDisableTiming));
+  if (!m->device_done) KILN_CUDA_TRY(cudaEventCreateWithFlags(&m->device_done, cudaEventDisableTiming));
+  cudaGraphExec_t graph = nullptr;
+  KILN_RT_TRY(steps_graph(m, &graph));
+  KILN_CUDA_TRY(cudaEventRecord(m->caller_ready, caller));
+  KILN_CUDA_TRY(cudaStreamWaitEvent(m->stream, m->caller_ready, 0));
+  for (size_t i = 0; i < num_inputs; ++i)
+    if (inputs[i].bytes)
+      KILN_CUDA_TRY(cudaMemcpyAsync(m->inputs[i].device, inputs[i].data, inputs[i].bytes, cudaMemcpyDeviceToDevice, m->stream));
+  if (graph) KILN_CUDA_TRY(cudaGraphLaunch(graph, m->stream));
+  else KILN_RT_TRY(enqueue_steps(m));
+  for (size_t i = 0; i < num_outputs; ++i)
+    if (outputs[i].bytes)
+      KILN_CUDA_TRY(cudaMemcpyAsync(outputs[i].data, m->outputs[i].device, outputs[i].bytes, cudaMemcpyDeviceToDevice, m->stream));
+  KILN_CUDA_TRY(cudaEventRecord(m->device_done, m->stream));
+  KILN_CUDA_TRY(cudaStreamWaitEvent(caller, m->device_done, 0));
+  return nullptr;
+}
+
 kiln_status* enqueue_model(kiln_model* m, const kiln_host_tensor* inputs, size_t num_inputs,
                            kiln_host_tensor* outputs, size_t num_outputs, const char* function) {
   const std::string fn = function;
-  auto check = [&fn](const char* what, const std::vector<kiln_model::Binding>& binds,
-                     const kiln_host_tensor* given, size_t count) -> kiln_status* {
-    if (count != binds.size())
-      return invalid(fn + ": " + std::to_string(count) + " " + what + (count == 1 ? "" : "s") +
-                     " given, the model has " + std::to_string(binds.size()));
-    if (count && !given) return invalid(fn + ": " + what + "s is NULL");
-    for (size_t i = 0; i < count; ++i) {
-      const kiln_tensor_info& info = binds[i].info;
-      if (given[i].bytes != info.bytes)
-        return invalid(fn + ": " + what + " '" + info.name + "' has " + std::to_string(given[i].bytes) +
-                       " bytes, the model expects " + std::to_string(info.bytes));
-      if (info.bytes && !given[i].data) return invalid(fn + ": " + what + " '" + info.name + "' has no data");
-    }
-    return nullptr;
-  };
-  KILN_RT_TRY(check("input", m->inputs, inputs, num_inputs));
-  KILN_RT_TRY(check("output", m->outputs, outputs, num_outputs));
+  KILN_RT_TRY(check_buffers(fn, "input", m->inputs, inputs, num_inputs));
+  KILN_RT_TRY(check_buffers(fn, "output", m->outputs, outputs, num_outputs));
   // Staging holds one run's inputs and outputs: the previous run must be done with it.
   KILN_RT_TRY(synchronize_model(m, function));
   if (m->watchdog && !m->watchdog->failure().empty())
@@ -629,6 +683,9 @@ kiln_model::~kiln_model() {
   }
   if (stream) (void)cudaStreamSynchronize(stream);
   if (graph) (void)cudaGraphExecDestroy(graph);
+  if (steps_graph) (void)cudaGraphExecDestroy(steps_graph);
+  if (caller_ready) (void)cudaEventDestroy(caller_ready);
+  if (device_done) (void)cudaEventDestroy(device_done);
   if (run_done) (void)cudaEventDestroy(run_done);
   if (steps_begin) (void)cudaEventDestroy(steps_begin);
   if (steps_end) (void)cudaEventDestroy(steps_end);

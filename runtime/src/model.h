@@ -98,6 +98,11 @@ struct kiln_model {
   /// The caller's output buffers of the run enqueued and not yet synchronized.
   std::vector<kiln_host_tensor> pending_outputs;
   bool pending = false;
+  /// kiln_model_run_device: the steps alone as a CUDA graph (made on first use when `graph`
+  /// holds the staging copies too), and the events ordering the model's stream after the
+  /// caller's and the caller's after the run.
+  cudaGraphExec_t steps_graph = nullptr;
+  cudaEvent_t caller_ready = nullptr, device_done = nullptr;
 
   /// Per-rank plans (docs/artifact.md "mesh"): this process's rank, its coordinates on the
   /// mesh (empty for a single-device plan), and the weights it keeps on the device.
@@ -159,6 +164,9 @@ kiln_status* all_gather_host(kiln_model* model, const void* send, uint64_t bytes
 /// Starts a run (see kiln_model_enqueue).
 kiln_status* enqueue_model(kiln_model* model, const kiln_host_tensor* inputs, size_t num_inputs,
                            kiln_host_tensor* outputs, size_t num_outputs, const char* function);
+/// Runs on device buffers in the order of `caller` (see kiln_model_run_device).
+kiln_status* run_device(kiln_model* model, const kiln_device_tensor* inputs, size_t num_inputs,
+                        const kiln_device_tensor* outputs, size_t num_outputs, cudaStream_t caller);
 /// Completes the pending run, if any (see kiln_model_synchronize).
 kiln_status* synchronize_model(kiln_model* model, const char* function);
 /// The device time of the last timed run (see kiln_model_device_time).

@@ -16,6 +16,7 @@ TEST_CASE("kiln_get_api returns a table for known versions only") {
   CHECK((api->model_memory_report == &kiln_model_memory_report));
   CHECK((api->status_release == &kiln_status_release));
   CHECK((api->model_profile_steps == &kiln_model_profile_steps));
+  CHECK((api->model_run_device == &kiln_model_run_device));
   CHECK(kiln_get_api(0) == nullptr);
   CHECK(kiln_get_api(KILN_RUNTIME_API_VERSION + 1) == nullptr);
 }
@@ -116,6 +117,10 @@ TEST_CASE("model functions refuse NULL handles with a message") {
   kiln_status_release(st);
   st = kiln_model_run(nullptr, nullptr, 0, nullptr, 0);
   CHECK(std::string(kiln_status_get_message(st)) == "kiln_model_run: model is NULL");
+  kiln_status_release(st);
+  st = kiln_model_run_device(nullptr, nullptr, 0, nullptr, 0, nullptr);
+  CHECK(kiln_status_get_code(st) == KILN_STATUS_INVALID_ARGUMENT);
+  CHECK(std::string(kiln_status_get_message(st)) == "kiln_model_run_device: model is NULL");
   kiln_status_release(st);
   kiln_tensor_info info;
   st = kiln_model_input_info(nullptr, 0, &info);

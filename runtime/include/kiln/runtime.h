@@ -30,7 +30,7 @@ extern "C" {
 #define KILN_RUNTIME_EXPORT
 #endif
 
-#define KILN_RUNTIME_API_VERSION 5
+#define KILN_RUNTIME_API_VERSION 6
 
 /* ---- status ------------------------------------------------------------------------------ */
 
@@ -302,6 +302,26 @@ KILN_RUNTIME_EXPORT kiln_status* kiln_model_output_placement(const kiln_model* m
 KILN_RUNTIME_EXPORT kiln_status* kiln_model_all_gather_host(kiln_model* model, const void* send, uint64_t bytes,
                                                             void* recv);
 
+/* ---- device memory (since API version 6) ----------------------------------------------------- */
+
+/* Device memory the caller owns, on the runtime's device: `bytes` bytes, as kiln_host_tensor. */
+typedef struct kiln_device_tensor {
+  void* data;
+  uint64_t bytes;
+} kiln_device_tensor;
+
+/* Runs the model on device buffers, in the order of the caller's CUDA stream `stream` (a
+ * cudaStream_t; NULL is the legacy default stream), without host copies and without waiting:
+ * the model's stream waits for the work queued on `stream` so far, copies the inputs into the
+ * model's buffers (device to device), runs the plan (a CUDA graph of the steps when the runtime
+ * uses graphs) and copies the outputs to `outputs`; then `stream` waits for that work. The
+ * buffers must stay valid until it has run on `stream` (for PyTorch: tensors on the current
+ * stream, as any kernel of theirs). A run pending from kiln_model_enqueue completes first.
+ * Per-rank (distributed) models are UNSUPPORTED: they run through kiln_model_run. */
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_run_device(kiln_model* model, const kiln_device_tensor* inputs,
+                                                       size_t num_inputs, const kiln_device_tensor* outputs,
+                                                       size_t num_outputs, void* stream);
+
 /* ---- versioned function table -------------------------------------------------------------- */
 
 typedef struct kiln_api {
@@ -342,6 +362,9 @@ typedef struct kiln_api {
   kiln_status* (*model_input_placement)(const kiln_model*, size_t, kiln_tensor_placement*);
   kiln_status* (*model_output_placement)(const kiln_model*, size_t, kiln_tensor_placement*);
   kiln_status* (*model_all_gather_host)(kiln_model*, const void*, uint64_t, void*);
+  /* version 6 */
+  kiln_status* (*model_run_device)(kiln_model*, const kiln_device_tensor*, size_t, const kiln_device_tensor*, size_t,
+                                   void*);
   /* New entries go here, at the end, with a bump of KILN_RUNTIME_API_VERSION. */
 } kiln_api;
 
