@@ -15,7 +15,8 @@ the graph against `Model.run`. Results go to --out as JSON, rewritten after ever
     PYTHONPATH=build/python python3 bench/peer/torch_compile_kiln.py --device cpu --smoke --out /tmp/t.json
 
 On the GPU Kiln builds artifacts for --target (default sm_90a) and runs them through the
-runtime; CUDA tensors cross through host memory (see docs/python.md), which the times include.
+runtime on the CUDA tensors, ordered on PyTorch's current stream (kiln_model_run_device), one
+artifact per set of input sizes.
 """
 import argparse
 import ctypes
@@ -163,6 +164,18 @@ def host_overhead(a, torch):
         out["Model.run_numpy_us"] = 1e3 * timed(torch, lambda: model.run([xs]), 2000, 200, False)
         xt = torch.from_numpy(xs)
         out["Model.run_torch_cpu_us"] = 1e3 * timed(torch, lambda: model.run([xt]), 2000, 200, False)
+        # Device buffers on PyTorch's stream: host time per call (neither side waits).
+        xd, yd = xt.cuda(), torch.empty(16, device="cuda")
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        dev_in = (ctypes.c_void_p * 2)(xd.data_ptr(), 64)
+        dev_out = (ctypes.c_void_p * 2)(yd.data_ptr(), 64)
+        lib.kiln_model_run_device.restype = ctypes.c_void_p
+        lib.kiln_model_run_device.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                              ctypes.c_size_t, ctypes.c_void_p]
+        out["kiln_model_run_device_us"] = 1e3 * timed(
+            torch, lambda: lib.kiln_model_run_device(c_api, dev_in, 1, dev_out, 1, stream), 2000, 200, False)
+        out["Model.run_torch_cuda_us"] = 1e3 * timed(torch, lambda: model.run([xd]), 2000, 200, False)
+        torch.cuda.synchronize()
     else:
         model = kiln.compile(g, backend="cpu", passes="")
         out["CompiledModel.run_numpy_us"] = 1e3 * timed(torch, lambda: model.run([xs]), 2000, 200, False)

@@ -59,9 +59,8 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
 
 
-def _host_inputs(interface: list, inputs: Any) -> tuple[list, bool, Any]:
-    """The inputs in the model's order as C-contiguous host arrays, whether torch tensors were
-    given (outputs are then torch tensors), and the device those were on."""
+def _ordered(interface: list, inputs: Any) -> list:
+    """The inputs in the model's order, from a list, a dict by name or one array."""
     if isinstance(inputs, Mapping):
         names = [i["name"] for i in interface]
         unknown = sorted(set(inputs) - set(names))
@@ -70,11 +69,17 @@ def _host_inputs(interface: list, inputs: Any) -> tuple[list, bool, Any]:
         missing = [n for n in names if n not in inputs]
         if missing:
             raise KilnError(f"input {missing[0]!r} not given")
-        inputs = [inputs[n] for n in names]
-    elif not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]
+        return [inputs[n] for n in names]
+    if not isinstance(inputs, (list, tuple)):
+        return [inputs]
+    return list(inputs)
+
+
+def _host_inputs(interface: list, inputs: Any) -> tuple[list, bool, Any]:
+    """The inputs in the model's order as C-contiguous host arrays, whether torch tensors were
+    given (outputs are then torch tensors), and the device those were on."""
     arrays, torch_out, device = [], False, None
-    for x in inputs:
+    for x in _ordered(interface, inputs):
         if _is_torch(x):
             torch_out = True
             device = x.device
@@ -176,12 +181,61 @@ class Model(_Runnable):
         """Device bytes Kiln holds for the model, by category (kiln_memory_report)."""
         return self._impl.memory_report()
 
+    def run(self, inputs: Any) -> list:
+        """As CompiledModel.run. CUDA tensors (all inputs on the runtime's device) stay on the
+        device: the run is ordered on PyTorch's current stream and returns CUDA tensors without
+        waiting (kiln_model_run_device); other inputs go through host memory."""
+        xs = _ordered(self._impl.inputs, inputs)
+        if xs and all(_is_torch(x) and x.is_cuda for x in xs):
+            return self._run_cuda(xs)
+        return super().run(inputs)
+
+    def _run_cuda(self, xs: list) -> list:
+        import torch
+
+        device = xs[0].device
+        if device.index != self._runtime.device:
+            raise KilnError(f"inputs are on {device}, the model on cuda:{self._runtime.device}")
+        ins = []
+        for info, x in zip(self._impl.inputs, xs):
+            if x.device != device or _TORCH_DTYPE_NAMES.get(x.dtype) != info["dtype"] or list(x.shape) != info["shape"]:
+                raise KilnError(f"input '{info['name']}': expected {info['dtype']}{info['shape']} on {device}, "
+                                f"got {x.dtype} {list(x.shape)} on {x.device}")
+            x = x.detach().contiguous()
+            ins.append(x)
+        outs = [torch.empty(o["shape"], dtype=getattr(torch, _TORCH_DTYPES[o["dtype"]]), device=device)
+                for o in self._impl.outputs]
+        stream = torch.cuda.current_stream(device).cuda_stream
+        self._impl._run_device([(x.data_ptr(), x.numel() * x.element_size()) for x in ins],
+                               [(o.data_ptr(), o.numel() * o.element_size()) for o in outs], stream)
+        return outs
+
+
+_TORCH_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
+                 "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool",
+                 "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+
+
+class _TorchDTypeNames(dict):
+    """torch dtype → Kiln dtype name, filled on first use (torch is imported only then)."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if not self:
+            import torch
+
+            self.update({getattr(torch, t): k for k, t in _TORCH_DTYPES.items() if hasattr(torch, t)})
+        return super().get(key, default)
+
+
+_TORCH_DTYPE_NAMES = _TorchDTypeNames()
+
 
 class Runtime:
     """Kiln's runtime on one GPU. Fails with KilnError when there is none."""
 
     def __init__(self, device: int = 0, cuda_graphs: bool = True, memory_limit: int = 0):
         self._impl = _kiln.Runtime(device, cuda_graphs, memory_limit)
+        self.device = device
 
     @property
     def device_name(self) -> str:

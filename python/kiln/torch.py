@@ -90,6 +90,8 @@ class _Builder:
         """An operand: a converted node, or a Python scalar made a constant of `like`'s dtype."""
         if isinstance(a, fx.Node):
             v = self.env[a]
+            if v is None:
+                raise Unsupported(f"'{a.name}' is a result Kiln does not compute")
             if isinstance(v, tuple):
                 raise Unsupported(f"'{a.name}' is a tuple, not a tensor")
             return v
@@ -142,9 +144,7 @@ class _Builder:
             v = self.env[src]
             if not isinstance(v, tuple):
                 raise Unsupported("getitem of a non-tuple")
-            if v[idx] is None:
-                raise Unsupported(f"result {idx} of '{src.name}' is not converted")
-            return v[idx]
+            return v[idx]  # None for a result Kiln does not compute: an error only where used
         handler = _HANDLERS.get(node.target)
         if handler is None:
             raise Unsupported(f"no Kiln lowering for {node.target}")
@@ -322,8 +322,21 @@ def _log_softmax(b, node, x, dim, half_to_float=False, dtype=None):
     return b.op("log_softmax", [b.cast(b.val(x), _out_dtype(node))], {"axis": dim})
 
 
+def _transposed_weight(y: Any) -> Any:
+    """w when `y` is w transposed (aten.t / permute [1, 0] of a 2-D tensor): nn.Linear after
+    decomposition, which Kiln takes back as one linear op (GEMM with a bias epilogue)."""
+    if not isinstance(y, fx.Node) or len(_meta(y).shape) != 2:
+        return None
+    if y.target == aten.t.default or (y.target == aten.permute.default and list(y.args[1]) == [1, 0]):
+        return y.args[0]
+    return None
+
+
 @_handles(aten.mm.default, aten.bmm.default, aten.matmul.default)
 def _matmul(b, node, x, y):
+    w = _transposed_weight(y) if node.target == aten.mm.default else None
+    if w is not None:
+        return b.op("linear", [b.val(x), b.val(w)])
     return b.op("matmul", [b.val(x), b.val(y)])
 
 
@@ -331,6 +344,9 @@ def _matmul(b, node, x, y):
 def _addmm(b, node, bias, x, y, beta=1, alpha=1):
     if beta != 1 or alpha != 1:
         raise Unsupported("addmm with alpha or beta")
+    w = _transposed_weight(y)
+    if w is not None and isinstance(bias, fx.Node) and len(_meta(bias).shape) == 1:
+        return b.op("linear", [b.val(x), b.val(w), b.val(bias)])
     return b.op("add", [b.op("matmul", [b.val(x), b.val(y)]), b.val(bias)])
 
 
@@ -579,8 +595,7 @@ def _identity(b, node, x, *args, **kw):
     return b.val(x)
 
 
-@_handles(aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default)
-def _sdpa(b, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+def _attention(b, q, k, v, mask, dropout_p, is_causal, scale):
     if dropout_p:
         raise Unsupported("attention with dropout")
     qm = _meta(q)
@@ -589,13 +604,41 @@ def _sdpa(b, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     if scale is None:
         scale = 1.0 / float(qm.shape[-1]) ** 0.5
     ops = [b.val(q), b.val(k), b.val(v)]
-    if attn_mask is not None:
-        mask = b.val(attn_mask)
-        if mask.dtype == "bool":  # True keeps a position: additive 0 / -inf
-            mask = b.op("where", [mask, b.const(0.0, ops[0].dtype), b.const(float("-inf"), ops[0].dtype)])
-        ops.append(mask)
-    y = b.op("attention", ops, {"scale": float(scale), "causal": int(bool(is_causal))})
-    return y if node.target == aten.scaled_dot_product_attention.default else (y, None)
+    if mask is not None:
+        m = b.val(mask)
+        if m.dtype == "bool":  # True keeps a position: additive 0 / -inf
+            m = b.op("where", [m, b.const(0.0, ops[0].dtype), b.const(float("-inf"), ops[0].dtype)])
+        ops.append(b.cast(m, ops[0].dtype))
+    return b.op("attention", ops, {"scale": float(scale), "causal": int(bool(is_causal))})
+
+
+# The overloads PyTorch picks per device; each returns the output first (then statistics Kiln
+# does not compute: _FIRST_RESULT_ONLY keeps those nodes out when the statistics are used).
+@_handles(aten.scaled_dot_product_attention.default)
+def _sdpa(b, node, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    # Kiln's attention takes grouped-query heads (fewer k/v heads) as they are, enable_gqa or not.
+    return _attention(b, q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+
+@_handles(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa_cpu(b, node, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    return (_attention(b, q, k, v, attn_mask, dropout_p, is_causal, scale), None)
+
+
+@_handles(aten._scaled_dot_product_flash_attention.default)
+def _sdpa_flash(b, node, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    return (_attention(b, q, k, v, None, dropout_p, is_causal, scale),) + (None,) * 8
+
+
+@_handles(aten._scaled_dot_product_efficient_attention.default)
+def _sdpa_efficient(b, node, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, scale=None):
+    return (_attention(b, q, k, v, attn_bias, dropout_p, is_causal, scale),) + (None,) * 3
+
+
+@_handles(aten._scaled_dot_product_cudnn_attention.default)
+def _sdpa_cudnn(b, node, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                return_debug_mask=False, scale=None):
+    return (_attention(b, q, k, v, attn_bias, dropout_p, is_causal, scale),) + (None,) * 8
 
 
 @_handles(aten.full.default, aten.scalar_tensor.default)
@@ -616,8 +659,10 @@ def _arange(b, node, *args, **kw):
 
 
 _FIRST_RESULT_ONLY = {aten.native_layer_norm.default, aten._native_batch_norm_legit_no_training.default,
-                      aten.max_pool2d_with_indices.default,
-                      aten._scaled_dot_product_flash_attention_for_cpu.default}
+                      aten.max_pool2d_with_indices.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+                      aten._scaled_dot_product_flash_attention.default,
+                      aten._scaled_dot_product_efficient_attention.default,
+                      aten._scaled_dot_product_cudnn_attention.default}
 
 
 def supported_ops() -> list:
@@ -909,6 +954,8 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
         frozen = {fw_placeholders[i].name: param_values[i].detach() for i in params}
         _freeze_params(fw, frozen)
         fused = _partition(fw, backend, targets, pipeline, passes)
+        # The parts of the latest graph compiled, for tests and for looking at what Kiln runs.
+        kiln_backend.last_parts = [m for m in fused.children() if isinstance(m, KilnGraphModule)]
         keep = [i for i in range(len(fw_placeholders)) if i not in params]
 
         def run(args: list) -> Any:
@@ -919,8 +966,13 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
         run._boxed_call = True
         return run
 
-    compiled = aot_autograd(fw_compiler=forward_compiler, decompositions=core_aten_decompositions())
+    # Attention stays one op (Kiln's fused attention) rather than core ATen's matmul/softmax.
+    decompositions = {op: fn for op, fn in core_aten_decompositions().items() if op not in _FIRST_RESULT_ONLY}
+    compiled = aot_autograd(fw_compiler=forward_compiler, decompositions=decompositions)
     return compiled(gm, example_inputs)
+
+
+kiln_backend.last_parts = []
 
 
 def _register_dynamo_backend() -> None:

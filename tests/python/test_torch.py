@@ -227,6 +227,31 @@ class DynamicDims(unittest.TestCase):
                 torch.testing.assert_close(compiled(x), block(x), rtol=1e-4, atol=1e-4)
 
 
+class Overloads(unittest.TestCase):
+    def test_attention_overloads_of_aot_autograd(self):
+        # torch.compile's graphs hold the device-specific attention overloads, not SDPA itself.
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+        mask = torch.randn(8, 8)
+        cases = [
+            (lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0], (q, k, v),
+             F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+            (lambda q, k, v, m: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=m, scale=0.3)[0],
+             (q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)),
+        ]
+        for fn, inputs, want in cases:
+            gm = make_fx(fn, tracing_mode="fake")(*inputs)
+            g = kiln.torch.convert(gm)
+            self.assertIn("attention", g.ops())
+            for backend in BACKENDS:
+                (got,) = kiln.compile(g, backend=backend).run(list(inputs))
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+aten = torch.ops.aten
+
+
 class WithTopK(nn.Module):
     """An op Kiln does not lower (topk) between two it does."""
 
@@ -282,6 +307,10 @@ class TorchCompile(unittest.TestCase):
             with self.subTest(module=type(module).__name__), torch.no_grad():
                 compiled = torch.compile(module, backend="kiln")
                 torch.testing.assert_close(compiled(*inputs), module(*inputs), rtol=1e-4, atol=1e-4)
+                ops = [op for part in kiln.torch.kiln_backend.last_parts for op in part.graph_.ops()]
+                self.assertIn("linear", ops)
+                if isinstance(module, GPT2Block):
+                    self.assertIn("attention", ops)
 
     def test_backend_options_pick_the_kiln_backend(self):
         mlp = MLP().eval()
@@ -299,6 +328,49 @@ class TorchCompile(unittest.TestCase):
         y.sum().backward()
         self.assertIsNotNone(mlp.fc1.weight.grad)
         self.assertTrue(any("gradients" in str(w.message) for w in caught))
+
+
+def gpu_target():
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
+
+
+@unittest.skipUnless(torch.cuda.is_available(), "no GPU here: the CUDA paths run on a GPU machine")
+class Gpu(unittest.TestCase):
+    def test_cuda_tensors_run_on_the_callers_stream(self):
+        mlp = MLP().cuda().eval()
+        x = torch.randn(2, 5, 32, device="cuda")
+        fast = kiln.torch.compile_module(mlp, (x,), targets=[gpu_target()])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = fast(x)  # ordered on `side`, no host copies
+        side.synchronize()
+        self.assertTrue(y.is_cuda)
+        with torch.no_grad():
+            torch.testing.assert_close(y, mlp(x), rtol=1e-4, atol=1e-4)
+
+    def test_model_run_takes_cuda_and_host_tensors(self):
+        g = kiln.Graph()
+        x = g.add_input("x", "f32", [4, 8])
+        g.set_outputs([g.add_node("gelu", [x])[0]], ["y"])
+        model = kiln.Runtime().load(kiln.compile(g, targets=[gpu_target()]))
+        xs = torch.randn(4, 8)
+        (on_device,) = model.run(xs.cuda())
+        (on_host,) = model.run(xs)
+        self.assertTrue(on_device.is_cuda and not on_host.is_cuda)
+        torch.testing.assert_close(on_device.cpu(), F.gelu(xs), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(on_host, F.gelu(xs), rtol=1e-5, atol=1e-5)
+        with self.assertRaisesRegex(kiln.KilnError, "input 'x'"):
+            model.run(torch.randn(4, 9, device="cuda"))
+
+    def test_torch_compile_with_gpu_targets(self):
+        block = GPT2Block().cuda().eval()
+        x = torch.randn(1, 8, 32, device="cuda")
+        torch._dynamo.reset()
+        with torch.no_grad():
+            y = torch.compile(block, backend="kiln", options={"targets": [gpu_target()]})(x)
+            torch.testing.assert_close(y, block(x), rtol=1e-3, atol=1e-3)
 
 
 if __name__ == "__main__":
