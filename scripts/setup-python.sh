@@ -41,14 +41,18 @@ if ! "$py" -c "import nanobind, numpy, scikit_build_core" 2> /dev/null; then
   echo "setup-python: installing nanobind, scikit-build-core, numpy" >&2
   "${pip[@]}" "nanobind>=2.0" "scikit-build-core>=0.9" "numpy>=1.24" >&2
 fi
+install_torch() {
+  "${pip[@]}" filelock typing-extensions sympy networkx jinja2 fsspec mpmath MarkupSafe >&2 &&
+    "${pip[@]}" --no-deps "torch==${KILN_TORCH_VERSION:-2.15.0}" >&2 &&
+    # The wheel links these NVIDIA libraries at load time even for CPU use (~500 MB, not the
+    # several GB of the full CUDA set).
+    "${pip[@]}" --no-deps nvidia-cufile nvidia-cusparselt-cu13 nvidia-nvshmem-cu13 nvidia-nccl-cu13 >&2 &&
+    "$py" -c "import torch; torch.ones(1) + 1" >&2
+}
 if [ "${KILN_PYTHON_TORCH:-1}" != 0 ] && ! "$py" -c "import torch" 2> /dev/null; then
-  echo "setup-python: installing torch (CPU use, no CUDA libraries)" >&2
-  "${pip[@]}" filelock typing-extensions sympy networkx jinja2 fsspec mpmath MarkupSafe >&2
-  "${pip[@]}" --no-deps "torch==${KILN_TORCH_VERSION:-2.15.0}" >&2
-  # The wheel links these NVIDIA libraries at load time even for CPU use (~500 MB, not the
-  # several GB of the full CUDA set).
-  "${pip[@]}" --no-deps nvidia-cufile nvidia-cusparselt-cu13 nvidia-nvshmem-cu13 nvidia-nccl-cu13 >&2
-  "$py" -c "import torch; torch.ones(1) + 1" >&2
+  echo "setup-python: installing torch (used on the CPU; only the CUDA libraries it must load)" >&2
+  # Without torch the package still builds; its torch tests skip, saying why.
+  install_torch || echo "setup-python: torch could not be installed; the torch tests will skip" >&2
 fi
 echo "setup-python: ready in $(( $(date +%s) - start )) s: $("$py" -c 'import sys, numpy, nanobind; t = "absent"
 try:

@@ -754,8 +754,8 @@ class KilnGraphModule(torch.nn.Module):
         key = tuple(sorted(symbols.items()))
         if key not in self._models:
             art = kiln.compile(self.graph_, self.pipeline, targets=self.targets, symbols=symbols, passes=self.passes)
-            if self._runtime is None:
-                self._runtime = kiln.Runtime()
+            if self._runtime is None:  # on the inputs' GPU
+                self._runtime = kiln.Runtime(next((t.device.index or 0 for t in tensors if t.is_cuda), 0))
             self._models[key] = self._runtime.load(art)
         return self._models[key]
 
