@@ -15,8 +15,20 @@ class AutoParallel final : public Pass {
   StatusOr<bool> run(Graph& g) override {
     KILN_ASSIGN_OR_RETURN(Plan plan, make_plan(g, options_));
     if (print_) std::cerr << format_plan(plan);
-    KILN_RETURN_IF_ERROR(apply_candidate(g, plan.chosen, options_));
-    return true;
+    // The plan was costed with every symbol bound; should the chosen split not apply to the
+    // symbolic graph, take the next one rather than fail.
+    Status first;
+    for (const Candidate& c : plan.ranked) {
+      std::unique_ptr<Graph> attempt = g.clone();
+      Status s = apply_candidate(*attempt, c, options_);
+      if (s.ok()) {
+        if (!first.ok()) std::cerr << "auto: " << first.message() << "; applied " << c.strategy() << " instead\n";
+        g.take_contents(*attempt);
+        return true;
+      }
+      if (first.ok()) first = s.with_context("auto: the chosen " + c.strategy() + " does not apply to @" + g.name());
+    }
+    return first;
   }
 
  private:
