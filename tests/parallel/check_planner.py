@@ -117,6 +117,32 @@ def main():
         check(p is not None and p["chosen"]["tp"] == 1 and p["link_measured"],
               f"a 1 MB/s link (probe): data parallel (chose {p and p['chosen']['strategy']})")
 
+        # The cost model's arithmetic, by hand, with round rates: on one device each op takes
+        # max(FLOPs / rate, bytes / bandwidth); tp=2's one all-reduce of y takes
+        # 2(p-1)/p * bytes / bw + 2(p-1) * latency; the activation peak is h and relu(h) together.
+        exact = os.path.join(tmp, "exact.toml")
+        with open(exact, "w") as f:
+            f.write("[matmul]\nf32 = 1e12\n[memory]\nbandwidth = 1e11\n[link]\nmeasured = true\n"
+                    "bandwidth = 1e9\nlatency = 1e-5\n")
+        b, d, ff = 4096, 64, 256
+        linear1 = max(2 * b * d * ff / 1e12, 4 * (b * d + ff * d + b * ff) / 1e11)
+        relu = max(b * ff / 1e12, 4 * 2 * b * ff / 1e11)
+        linear2 = max(2 * b * ff * d / 1e12, 4 * (b * ff + d * ff + b * d) / 1e11)
+        p, proc = plan(kiln, small, "--devices", "1", "--sym", f"B={b}", "--probe", exact)
+        if p:
+            c = p["chosen"]
+            check(abs(c["compute_s"] - (linear1 + relu + linear2)) < 1e-9 * c["compute_s"] + 1e-15,
+                  f"one device: compute {c['compute_s']:.6g} s, by hand {linear1 + relu + linear2:.6g} s")
+            check(c["weight_bytes"] == 4 * 2 * d * ff, f"one device: weights {c['weight_bytes']} bytes")
+            check(c["activation_bytes"] == 4 * 2 * b * ff, f"one device: activation peak {c['activation_bytes']} bytes")
+        else:
+            check(False, "one-device plan: " + proc.stderr)
+        p, proc = plan(kiln, small, "--devices", "2", "--sym", f"B={b}", "--probe", exact)
+        tp2 = [c for c in (p or {}).get("candidates", []) if c["tp"] == 2 and not c["sequence_parallel"]]
+        want = 2 * (1 / 2) * 4 * b * d / 1e9 + 2 * 1e-5
+        check(len(tp2) == 1 and tp2[0]["collectives"] == {"all_reduce": 1} and abs(tp2[0]["comm_s"] - want) < 1e-9 * want,
+              f"tp=2: one all-reduce of y costed {tp2 and tp2[0]['comm_s']:.6g} s, by hand {want:.6g} s")
+
         p, proc = plan(kiln, big, "--devices", "8", "--sym", "B=8", "--memory-limit", "1MiB")
         check(p is None and proc.returncode == 1 and "no plan fits memory-limit 1 MiB" in proc.stderr
               and "smallest footprint found" in proc.stderr, "impossible limit: " + proc.stderr.strip())
