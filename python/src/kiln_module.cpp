@@ -292,6 +292,10 @@ CompileResult compile_model(const ModelArg& model, const std::optional<PyPipelin
   // cpu) compiles for this process instead.
   std::vector<TargetGroup> groups;
   if (!p.targets.empty()) groups = take(group_targets(p, reg, {}));
+  // Symbols the front end bound at import (onnx's dims) need not appear in the graph any more.
+  std::set<std::string> taken;
+  if (p.frontend.options.has("dims"))
+    for (const std::string& d : p.frontend.options.get_strings("dims")) taken.insert(d.substr(0, d.find('=')));
   const bool in_process = groups.empty() || (groups.size() == 1 && (groups[0].backend->name == "reference" ||
                                                                     groups[0].backend->name == "cpu"));
   if (in_process) {
@@ -300,7 +304,7 @@ CompileResult compile_model(const ModelArg& model, const std::optional<PyPipelin
       p.backend = {be->name, take(resolve_options(be->options, {}, "backend '" + be->name + "'")), {}};
     }
     if (p.backend.name.empty()) check(resolve_pipeline_defaults(p, reg, "", /*need_backend=*/true));
-    if (!symbols.empty()) check(bind_symbols(*g, symbols, {}));
+    if (!symbols.empty()) check(bind_symbols(*g, symbols, taken));
     const BackendInfo* info = take(reg.backend(p.backend.name));
     std::unique_ptr<Backend> be = take(info->create(p.backend.options));
     if (!be) throw KilnError("backend '" + info->name + "' created nothing");
@@ -317,9 +321,6 @@ CompileResult compile_model(const ModelArg& model, const std::optional<PyPipelin
     return CompiledModel{std::shared_ptr<const Graph>(std::move(g)), shared_exe, p.canonical(reg)};
   }
 
-  std::set<std::string> taken;
-  if (p.frontend.options.has("dims"))
-    for (const std::string& d : p.frontend.options.get_strings("dims")) taken.insert(d.substr(0, d.find('=')));
   check(bind_symbols(*g, symbols, taken));
   ArtifactContents contents;
   {

@@ -230,5 +230,32 @@ class Artifacts(unittest.TestCase):
         np.testing.assert_allclose(y, mlp_reference(*inputs), rtol=1e-3, atol=1e-4)
 
 
+class RealModels(unittest.TestCase):
+    """The small exported models of tests/models (ResNet-18, GPT-2, BERT, a Llama-style decoder,
+    each from both ONNX exporters) through kiln.compile, against onnxruntime's saved outputs."""
+
+    def test_models_match_onnxruntime(self):
+        import glob
+
+        folders = sorted(glob.glob(os.path.join(SRC, "tests", "models", "*", "model.onnx")))
+        self.assertGreaterEqual(len(folders), 8)
+        backend = backends()[-1]
+        for model in folders:
+            folder = os.path.dirname(model)
+            with self.subTest(model=os.path.basename(folder)):
+                symbols = {}
+                if os.path.exists(os.path.join(folder, "dims.txt")):
+                    with open(os.path.join(folder, "dims.txt")) as f:
+                        for line in filter(str.strip, f):
+                            name, size = line.strip().split("=")
+                            symbols[name] = int(size)
+                m = kiln.compile(model, passes="canonicalize,cse,dce", backend=backend, symbols=symbols)
+                inputs = {os.path.basename(p)[6:-4]: np.load(p) for p in glob.glob(os.path.join(folder, "input_*.npy"))}
+                outs = dict(zip([o["name"] for o in m.outputs], m.run(inputs)))
+                for path in glob.glob(os.path.join(folder, "output_*.npy")):
+                    name = os.path.basename(path)[7:-4]
+                    np.testing.assert_allclose(outs[name], np.load(path), rtol=1e-3, atol=1e-4, err_msg=name)
+
+
 if __name__ == "__main__":
     unittest.main()
