@@ -176,6 +176,7 @@ class Model(_Runnable):
     def __init__(self, impl: Any, runtime: "Runtime"):
         self._impl = impl
         self._runtime = runtime  # the runtime outlives its models
+        self._cuda = None  # (input specs, output specs) as torch dtypes and sizes, made on first use
 
     def memory_report(self) -> dict:
         """Device bytes Kiln holds for the model, by category (kiln_memory_report)."""
@@ -193,41 +194,34 @@ class Model(_Runnable):
     def _run_cuda(self, xs: list) -> list:
         import torch
 
+        if self._cuda is None:  # the interface as torch types, once: this path is per call
+            def spec(info):
+                return getattr(torch, _TORCH_DTYPES[info["dtype"]]), torch.Size(info["shape"])
+            self._cuda = ([spec(i) for i in self._impl.inputs], [spec(o) for o in self._impl.outputs])
+        in_specs, out_specs = self._cuda
         device = xs[0].device
         if device.index != self._runtime.device:
             raise KilnError(f"inputs are on {device}, the model on cuda:{self._runtime.device}")
-        ins = []
-        for info, x in zip(self._impl.inputs, xs):
-            if x.device != device or _TORCH_DTYPE_NAMES.get(x.dtype) != info["dtype"] or list(x.shape) != info["shape"]:
+        if len(xs) != len(in_specs):
+            raise KilnError(f"the model takes {len(in_specs)} inputs, got {len(xs)}")
+        buffers = []
+        for (dtype, shape), x in zip(in_specs, xs):
+            if x.dtype is not dtype or x.shape != shape or x.device != device:
+                info = self._impl.inputs[len(buffers)]
                 raise KilnError(f"input '{info['name']}': expected {info['dtype']}{info['shape']} on {device}, "
                                 f"got {x.dtype} {list(x.shape)} on {x.device}")
-            x = x.detach().contiguous()
-            ins.append(x)
-        outs = [torch.empty(o["shape"], dtype=getattr(torch, _TORCH_DTYPES[o["dtype"]]), device=device)
-                for o in self._impl.outputs]
-        stream = torch.cuda.current_stream(device).cuda_stream
-        self._impl._run_device([(x.data_ptr(), x.numel() * x.element_size()) for x in ins],
-                               [(o.data_ptr(), o.numel() * o.element_size()) for o in outs], stream)
+            if not x.is_contiguous():
+                x = x.contiguous()
+            buffers.append((x.data_ptr(), x.nbytes))
+        outs = [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in out_specs]
+        self._impl._run_device(buffers, [(o.data_ptr(), o.nbytes) for o in outs],
+                               torch.cuda.current_stream(device).cuda_stream)
         return outs
 
 
 _TORCH_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16", "i64": "int64",
                  "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool",
                  "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
-
-
-class _TorchDTypeNames(dict):
-    """torch dtype → Kiln dtype name, filled on first use (torch is imported only then)."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if not self:
-            import torch
-
-            self.update({getattr(torch, t): k for k, t in _TORCH_DTYPES.items() if hasattr(torch, t)})
-        return super().get(key, default)
-
-
-_TORCH_DTYPE_NAMES = _TorchDTypeNames()
 
 
 class Runtime:

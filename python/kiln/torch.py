@@ -738,6 +738,9 @@ class KilnGraphModule(torch.nn.Module):
         self.backend, self.targets, self.pipeline, self.passes = backend, list(targets), pipeline, passes
         self._models: dict = {}
         self._runtime = None
+        # (input, dim, symbol) of every symbolic dim of the graph's inputs.
+        self._symbolic = [(i, j, d) for i, info in enumerate(self.graph_.inputs)
+                          for j, d in enumerate(info["shape"]) if isinstance(d, str)]
         if not self.targets:
             self._models[None] = kiln.compile(self.graph_, pipeline, backend=None if pipeline else backend,
                                               passes=passes)
@@ -745,19 +748,16 @@ class KilnGraphModule(torch.nn.Module):
     def _model(self, tensors: list) -> Any:
         if not self.targets:
             return self._models[None]
-        # Artifacts have static shapes: one per set of input sizes.
-        symbols: dict = {}
-        for info, t in zip(self.graph_.inputs, tensors):
-            for d, n in zip(info["shape"], t.shape):
-                if isinstance(d, str):
-                    symbols[d] = int(n)
-        key = tuple(sorted(symbols.items()))
-        if key not in self._models:
+        # Artifacts have static shapes: one per set of sizes of the symbolic dims.
+        key = tuple(tensors[i].shape[j] for i, j, _ in self._symbolic)
+        model = self._models.get(key)
+        if model is None:
+            symbols = {name: int(tensors[i].shape[j]) for i, j, name in self._symbolic}
             art = kiln.compile(self.graph_, self.pipeline, targets=self.targets, symbols=symbols, passes=self.passes)
             if self._runtime is None:  # on the inputs' GPU
                 self._runtime = kiln.Runtime(next((t.device.index or 0 for t in tensors if t.is_cuda), 0))
-            self._models[key] = self._runtime.load(art)
-        return self._models[key]
+            model = self._models[key] = self._runtime.load(art)
+        return model
 
     def forward(self, *args: Any) -> Any:
         tensors = [args[i] for i in self.tensor_inputs]
