@@ -160,12 +160,14 @@ StatusOr<bool> Lowerer::conv_depthwise(const Node& n) {
           ", TP = " + I(tl.tp) + ", PTILES = " + I(tl.ptiles) + ", CB = " + I(tl.cb) + ", CT = " + I(ct) + ", IH = " +
           I(tl.ih) + ", IW = " + I(tl.iw) + ", IWP = " + I(tl.iwp) + ";\n";
   text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ";\n";
-  std::string body = kDepthwiseBody;
-  auto subst = [&](const std::string& macro, const std::string& with) {
-    for (size_t at = body.find(macro); at != std::string::npos; at = body.find(macro, at + with.size()))
-      body.replace(at, macro.size(), with);
-  };
-  subst("TAIL\n", tail.code);
+  finish_depthwise(n, name, text, kDepthwiseBody, tail, out, blocks);
+  return true;
+}
+
+void Lowerer::finish_depthwise(const Node& n, const std::string& name, std::string text, std::string body,
+                               const ConvTail& tail, int out, int64_t blocks) {
+  const DType t = n.operand(0)->dtype();
+  body.replace(body.find("TAIL\n"), 5, tail.code);
   text += body + "}\n";
   // LOAD/STORE/ROUND of the storage type, as macros the body spells once.
   const std::string defs = "#define LOAD(e) " + load_expr(t, "(e)") + "\n#define STORE(e) " + store_expr(t, "(e)") +
@@ -173,11 +175,10 @@ StatusOr<bool> Lowerer::conv_depthwise(const Node& n) {
   add_kernel_text(name, defs + text + "#undef LOAD\n#undef STORE\n#undef ROUND\n");
   note_dtype(t);
   const int w_buf = buf(n.operand(1));
-  std::vector<int> args = {buf(x), w_buf, bias ? buf(n.operand(2)) : w_buf};
+  std::vector<int> args = {buf(n.operand(0)), w_buf, n.num_operands() == 3 ? buf(n.operand(2)) : w_buf};
   args.insert(args.end(), tail.args.begin(), tail.args.end());
   args.push_back(out);
   launch_grid(name, {blocks}, kBlock, 0, args);
-  return true;
 }
 
 }  // namespace kiln::cuda::detail

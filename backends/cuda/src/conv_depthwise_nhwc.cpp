@@ -93,19 +93,7 @@ StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n) {
           ", PL = " + I(pl) + ", NTHR = " + I(kBlock) + ", V = " + I(v) + ", QG = " + I(qg) + ";\n";
   text += "  constexpr long long TOTAL = " + I(total) + "LL;\n";
   text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ";\n";
-  std::string body = kDepthwiseNhwcBody;
-  const size_t at = body.find("TAIL\n");
-  body.replace(at, 5, tail.code);
-  text += body + "}\n";
-  const std::string defs = "#define LOAD(e) " + load_expr(t, "(e)") + "\n#define STORE(e) " + store_expr(t, "(e)") +
-                           "\n#define ROUND(e) " + round_expr(t, "(e)") + "\n";
-  add_kernel_text(name, defs + text + "#undef LOAD\n#undef STORE\n#undef ROUND\n");
-  note_dtype(t);
-  const int w_buf = buf(n.operand(1));
-  std::vector<int> args = {buf(x), w_buf, bias ? buf(n.operand(2)) : w_buf};
-  args.insert(args.end(), tail.args.begin(), tail.args.end());
-  args.push_back(out);
-  launch_grid(name, {(total + kBlock - 1) / kBlock}, kBlock, 0, args);
+  finish_depthwise(n, name, text, kDepthwiseNhwcBody, tail, out, (total + kBlock - 1) / kBlock);
   return true;
 }
 

@@ -361,6 +361,11 @@ class Lowerer {
   /// operands already have buffers and broadcast to the result (conv_tail.cpp). Their results
   /// then live in `out`.
   StatusOr<ConvTail> conv_tail(const Node& conv, int out, const std::vector<std::string>& coords);
+  /// Completes a depthwise kernel: `text` (its signature and constants) + `body` with the tail's
+  /// code at TAIL, the dtype's LOAD/STORE/ROUND macros, and its launch over `blocks` blocks
+  /// reading x, w, the bias (or w again), the tail's operands and writing `out`.
+  void finish_depthwise(const Node& n, const std::string& name, std::string text, std::string body,
+                        const ConvTail& tail, int out, int64_t blocks);
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);
