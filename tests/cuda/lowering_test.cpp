@@ -312,3 +312,20 @@ graph @g(%x: f32[B, 4]) -> (f32[B, 4]) {
 
 }  // namespace
 }  // namespace kiln::cuda
+
+namespace kiln::cuda {
+TEST_CASE("a reduction over middle dims reads along the kept trailing dims (channels-last pools)") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: f32[16, 56, 56, 96], %y: f32[4, 300]) -> (f32[16, 96], f32[1, 300]) {
+  %m = reduce_mean(%x) {axes = [1, 2], keepdims = 0} : f32[16, 96]
+  %n = reduce_max(%y) {axes = [0]} : f32[1, 300]
+  return %m, %n
+})");
+  REQUIRE(l.kernels.size() == 2);
+  // 16 images x 3 tiles of 32 channels; a 4-row max keeps one block per output.
+  CHECK(l.plan.find("kernel=" + l.kernels[0] + " grid=48,1,1") != std::string::npos);
+  CHECK(l.source.find("part[wrp][lane]") != std::string::npos);
+  CHECK(l.plan.find("kernel=" + l.kernels[1] + " grid=300,1,1") != std::string::npos);
+  compiles_everywhere(l);
+}
+}  // namespace kiln::cuda

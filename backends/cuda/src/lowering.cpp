@@ -526,6 +526,36 @@ Status Lowerer::reduce(const Node& n) {
   const int out = activation_for(n.result());
   if (rows == 0) return ok_status();
   std::string body = "  auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n";
+  // Reduced dims in one run with kept dims after them, x viewed as [O, R, I] (a channels-last
+  // global pool: [N, H*W, C]): a warp reads 32 neighbours along I for a row r, the block's 8
+  // warps take every 8th r, and shared memory combines them. A row per block would read I-strided
+  // single elements.
+  size_t first = xs.size(), last = 0;
+  for (size_t d = 0; d < xs.size(); ++d)
+    if (mask[d]) first = std::min(first, d), last = d;
+  bool middle = first < xs.size() && last + 1 < xs.size();
+  for (size_t d = first; middle && d <= last; ++d) middle = mask[d];
+  const int64_t inner = middle ? product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(last) + 1, xs.end())) : 1;
+  if (middle && inner >= 8 && len >= 64) {
+    const int64_t outer = rows / inner, tiles = (inner + 31) / 32;
+    body += "  __shared__ " + acc + " part[" + std::to_string(kBlock / 32) + "][33];\n";
+    body += "  const int lane = threadIdx.x & 31, wrp = threadIdx.x >> 5;\n";
+    body += "  for (long long blk = blockIdx.x; blk < " + int_literal(outer * tiles) + "; blk += gridDim.x) {\n";
+    body += "    const long long o = blk / " + int_literal(tiles) + ", i = (blk % " + int_literal(tiles) + ") * 32 + lane;\n";
+    body += "    " + acc + " acc = " + init + ";\n";
+    body += "    if (i < " + int_literal(inner) + ")\n";
+    body += "      for (long long r = wrp; r < " + int_literal(len) + "; r += " + std::to_string(kBlock / 32) + ")\n";
+    body += "        acc = comb(acc, (" + acc + ")" + load_expr(t, "x[(o * " + int_literal(len) + " + r) * " + int_literal(inner) + " + i]") + ");\n";
+    body += "    part[wrp][lane] = acc;\n    __syncthreads();\n";
+    body += "    if (wrp == 0 && i < " + int_literal(inner) + ") {\n";
+    body += "      for (int w = 1; w < " + std::to_string(kBlock / 32) + "; ++w) acc = comb(acc, part[w][lane]);\n";
+    body += "      y[o * " + int_literal(inner) + " + i] = " + store_expr(t, fin) + ";\n    }\n";
+    body += "    __syncthreads();\n  }\n";
+    const std::string name = kernel_name(op);
+    add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
+    launch(name, outer * tiles, {buf(x), out});
+    return ok_status();
+  }
   body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
   body += index_code("row", kd, {ks}, {"base"});
   body += "    " + acc + " acc = " + init + ";\n";
