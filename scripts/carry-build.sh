@@ -36,4 +36,11 @@ ldd "$dst"/bin/* "$dst"/lib/*.so* "$dst"/lib/kiln/plugins/*.so 2>/dev/null | awk
     esac
   done
 strip --strip-unneeded "$dst"/bin/* "$dst"/lib/*.so* "$dst"/lib/kiln/plugins/*.so 2>/dev/null || true
+# The Python package is compiled there, for that machine's Python, by
+# scripts/build-python-module.sh DEST PYTHON DEST/nanobind: carry nanobind's sources (no PyPI there).
+root=$(cd "$(dirname "$0")/.." && pwd)
+if nb=$("$root/.venv/bin/python" -c 'import nanobind, os; print(os.path.dirname(nanobind.__file__))' 2> /dev/null); then
+  cp -r "$nb" "$dst/nanobind"
+  rm -rf "$dst/nanobind/__pycache__"
+fi
 du -sh "$dst"
