@@ -144,9 +144,11 @@ StatusOr<ArtifactContents> build_artifact_contents(const Graph& g, Pipeline& p, 
   if (groups.empty()) return invalid_argument("no targets to compile for");
   ArtifactContents contents;
   std::vector<std::string> plugins = {plugin_id(reg, PluginKind::kFrontend, p.frontend.name)};
-  for (const auto& pass : p.passes)
-    if (std::find(plugins.begin() + 1, plugins.end(), plugin_id(reg, PluginKind::kPass, pass.name)) == plugins.end())
-      plugins.push_back(plugin_id(reg, PluginKind::kPass, pass.name));
+  for (const auto& pass : p.passes) {
+    // A parallel strategy sits in the pass list but is registered under its own kind.
+    const std::string id = plugin_id(reg, pass.parallel ? PluginKind::kParallel : PluginKind::kPass, pass.name);
+    if (std::find(plugins.begin() + 1, plugins.end(), id) == plugins.end()) plugins.push_back(id);
+  }
   for (const auto& [info, targets] : groups) {
     const std::string who = "backend '" + info->name + "'";
     KILN_ASSIGN_OR_RETURN(Options opts, backend_options(*info, p, reg));

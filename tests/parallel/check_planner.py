@@ -161,6 +161,15 @@ def main():
         check(text.returncode == 0 and "chosen: mesh tp=4" in text.stdout and "predicted step time" in text.stdout
               and "predicted memory per rank" in text.stdout and "candidates, best first" in text.stdout,
               "the text plan names the mesh, the predictions and the runners-up")
+
+        # An artifact records the strategy and its version, like every pass (no GPU needed).
+        art = os.path.join(tmp, "small.kiln")
+        p = subprocess.run([kiln, "compile", small, "--passes", "canonicalize,cse,auto{devices=2,print-plan=false}",
+                            "--target", "sm_90a", "--sym", "B=8", "-o", art], capture_output=True, text=True)
+        q = subprocess.run([kiln, "inspect", art], capture_output=True, text=True)
+        check(p.returncode == 0 and "auto@0.1.0" in q.stdout and "mesh: dp:2" in q.stdout,
+              "kiln compile with auto: the artifact names auto@0.1.0 and the chosen mesh: " +
+              (p.stderr.strip()[-300:] + q.stdout[:400]))
     print("PASS" if not FAILURES else f"FAIL ({len(FAILURES)})")
     return 1 if FAILURES else 0
 
