@@ -15,6 +15,9 @@ probe=${3:-}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN from PyTorch's wheel where the system has none (the cuda plugins link it).
+cudnn=$(python3 -c "import nvidia.cudnn,os;print(os.path.dirname(nvidia.cudnn.__file__)+'/lib')" 2>/dev/null || true)
+[ -n "$cudnn" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cudnn"
 kiln="$build/bin/kiln"
 gpus=$(nvidia-smi -L | wc -l)
 python3 "$root/bench/parallel/llama_block.py" "$out/block"
