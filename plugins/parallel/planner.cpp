@@ -288,6 +288,10 @@ StatusOr<ProgramCost> cost_program(const Graph& g, const DeviceModel& d) {
     c.compute_s += std::max(flops / rate, bytes / d.hbm_bytes_per_s);
   }
   for (const Value* v : g.outputs()) note_weight(v);
+  c.splits_nothing = true;
+  for (const Value* in : g.inputs())
+    for (const Placement& pl : in->sharding()) c.splits_nothing &= !pl.is_shard();
+  for (const auto& n : g.nodes()) c.splits_nothing &= n->op_name() != "local_shard";
   for (const Value* w : weights) c.weight_bytes += value_bytes(*w);
   c.activation_bytes = peak_activation_bytes(g);
   return c;
@@ -379,6 +383,7 @@ StatusOr<Plan> make_plan(const Graph& global, const PlannerOptions& o) {
     c.compute_s = cost->compute_s, c.comm_s = cost->comm_s, c.flops = cost->flops;
     c.weight_bytes = cost->weight_bytes, c.activation_bytes = cost->activation_bytes;
     c.collectives = cost->collectives;
+    c.splits_nothing = cost->splits_nothing && o.devices > 1;
     std::ostringstream key;
     key << c.dp << "x" << c.tp << " " << c.step_s() << " " << c.memory_bytes();
     for (const auto& [op, k] : c.collectives) key << " " << op << k;
@@ -518,7 +523,8 @@ std::string format_plan(const Plan& p, int runners_up) {
     for (const auto& [op, n] : k.collectives) s += (s.empty() ? "" : ", ") + std::to_string(n) + " " + op;
     return s.empty() ? std::string("none") : s;
   };
-  out << "chosen: mesh " << c.mesh() << ", " << c.strategy() << "\n"
+  out << "chosen: mesh " << c.mesh() << ", " << c.strategy()
+      << (c.splits_nothing ? " (splits nothing: every rank computes the whole model)" : "") << "\n"
       << "  predicted step time " << seconds_str(c.step_s()) << " (compute " << seconds_str(c.compute_s)
       << ", communication " << seconds_str(c.comm_s) << "; collectives: " << collectives(c) << ")\n"
       << "  predicted memory per rank " << format_bytes(static_cast<double>(c.memory_bytes())) << " (weights "
@@ -559,7 +565,7 @@ std::string plan_json(const Plan& p) {
     o.precision(9);
     o << "{\"mesh\": " << quote(c.mesh()) << ", \"dp\": " << c.dp << ", \"tp\": " << c.tp
       << ", \"sequence_parallel\": " << (c.sequence_parallel ? "true" : "false") << ", \"min_size\": " << c.min_size
-      << ", \"strategy\": " << quote(c.strategy()) << ", \"step_s\": " << c.step_s() << ", \"compute_s\": " << c.compute_s
+      << ", \"strategy\": " << quote(c.strategy()) << ", \"splits_nothing\": " << (c.splits_nothing ? "true" : "false") << ", \"step_s\": " << c.step_s() << ", \"compute_s\": " << c.compute_s
       << ", \"comm_s\": " << c.comm_s << ", \"flops\": " << c.flops << ", \"weight_bytes\": " << c.weight_bytes
       << ", \"activation_bytes\": " << c.activation_bytes << ", \"memory_bytes\": " << c.memory_bytes()
       << ", \"collectives\": {";

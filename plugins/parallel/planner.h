@@ -54,6 +54,7 @@ struct Candidate {
   double flops = 0;      ///< per rank
   int64_t weight_bytes = 0, activation_bytes = 0;  ///< per rank
   std::map<std::string, int> collectives;          ///< count per collective op
+  bool splits_nothing = false;  ///< every rank computes the whole model (no input or weight split)
   double step_s() const { return compute_s + comm_s; }
   int64_t memory_bytes() const { return weight_bytes + activation_bytes; }
   /// "dp=2, tp=4"
@@ -96,6 +97,7 @@ struct ProgramCost {
   double compute_s = 0, comm_s = 0, flops = 0;
   int64_t weight_bytes = 0, activation_bytes = 0;
   std::map<std::string, int> collectives;
+  bool splits_nothing = false;  ///< no input is sharded and no value is cut by local_shard
 };
 StatusOr<ProgramCost> cost_program(const Graph& per_rank, const DeviceModel& device);
 

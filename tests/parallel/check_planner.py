@@ -162,6 +162,13 @@ def main():
               and "predicted memory per rank" in text.stdout and "candidates, best first" in text.stdout,
               "the text plan names the mesh, the predictions and the runners-up")
 
+        # 3 devices: B=64 and 256 hidden units do not split 3 ways; the plan says it split nothing.
+        p, proc = plan(kiln, small, "--devices", "3", "--sym", "B=64")
+        check(p is not None and p["chosen"]["splits_nothing"] and not any(c["dp"] == 3 for c in p["candidates"]),
+              "3 devices for a model that does not divide by 3: marked as splitting nothing")
+        p, proc = plan(kiln, small, "--devices", "2", "--sym", "B=64")
+        check(p is not None and not any(c["splits_nothing"] for c in p["candidates"]), "2 devices: every candidate splits")
+
         # An artifact records the strategy and its version, like every pass (no GPU needed).
         art = os.path.join(tmp, "small.kiln")
         p = subprocess.run([kiln, "compile", small, "--passes", "canonicalize,cse,auto{devices=2,print-plan=false}",
