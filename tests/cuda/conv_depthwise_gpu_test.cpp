@@ -34,6 +34,15 @@ int main() {
                               }));
       ++cases;
     }
+  for (const char* t : {"f32", "f16", "bf16"}) {
+    const test::Tolerance tol = test::fused_conv_tolerance(*parse_dtype(t), false);
+    failures += report_case(std::string("nhwc constant filters: 3x3 stride 2 + swish + residual, 5x5 + relu, 1-D ") + t,
+                            gpu_matches_reference(test::depthwise_nhwc_constant_graph(t), "conv_depthwise_nhwc", 12,
+                                                  [&](const Tensor& want, const Tensor& got) {
+                                                    return test::allclose(want, got, tol).why;
+                                                  }));
+    ++cases;
+  }
   std::printf("%d of %d cases failed\n", failures, cases);
   return failures == 0 ? 0 : 1;
 }

@@ -105,4 +105,35 @@ inline const char* kDepthwiseNhwcCases[][2] = {
   return %c })"},
 };
 
+/// `count` values in [-0.5, 0.5), multiples of 1/16 (exact in every float dtype), as a dense list.
+inline std::string sixteenths(int count, int seed) {
+  std::string s;
+  for (int k = 0; k < count; ++k) s += (k ? ", " : "") + std::to_string(((k * 37 + seed * 11) % 17 - 8) / 16.0);
+  return s;
+}
+
+/// Channels-last depthwise convs with constant weights [C, k..., 1] (layout-nhwc's form; the kernel
+/// reads them transposed to [taps][C]) in dtype `t`: a 3x3 stride-2 conv with bias and a swish +
+/// residual group, a 5x5 one with a relu, a 1-D one.
+inline std::string depthwise_nhwc_constant_graph(const std::string& t) {
+  return replace_all("graph @g(%x: T[2, 14, 13, 24], %b: T[24], %r: T[2, 7, 7, 24], %s: T[3, 21, 8]) -> (T[2, 7, 7, 24], "
+         "T[2, 14, 13, 24], T[3, 11, 8]) {\n"
+         "  %w = constant() {value = dense<T[24, 3, 3, 1]>[" + sixteenths(216, 1) + "]} : T[24, 3, 3, 1]\n"
+         "  %c = conv(%x, %w, %b) {groups = 24, strides = [2, 2], pads = [1, 1, 1, 1], layout = \"nhwc\"} : T[2, 7, 7, 24]\n"
+         "  %y = fused(%c, %r) : T[2, 7, 7, 24] {\n"
+         "    graph @body(%p: T[2, 7, 7, 24], %q: T[2, 7, 7, 24]) -> (T[2, 7, 7, 24]) {\n"
+         "      %a = silu(%p) : T[2, 7, 7, 24]\n"
+         "      %o = add(%a, %q) : T[2, 7, 7, 24]\n"
+         "      return %o\n"
+         "    }\n"
+         "  }\n"
+         "  %v = constant() {value = dense<T[24, 5, 5, 1]>[" + sixteenths(600, 2) + "]} : T[24, 5, 5, 1]\n"
+         "  %d = conv(%x, %v) {groups = 24, pads = [2, 2, 2, 2], layout = \"nhwc\"} : T[2, 14, 13, 24]\n"
+         "  %e = relu(%d) : T[2, 14, 13, 24]\n"
+         "  %u = constant() {value = dense<T[8, 4, 1]>[" + sixteenths(32, 3) + "]} : T[8, 4, 1]\n"
+         "  %f = conv(%s, %u) {groups = 8, strides = [2], pads = [1, 2], layout = \"nhwc\"} : T[3, 11, 8]\n"
+         "  return %y, %e, %f\n"
+         "}\n", "T[", t + "[");
+}
+
 }  // namespace kiln::test

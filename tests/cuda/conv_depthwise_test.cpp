@@ -140,5 +140,28 @@ TEST_CASE("channels-last depthwise convs take their own kernel, with the ops aft
   CHECK(has(plan_lines(l.plan, "step conv")[0], " layout=nhwc"));
 }
 
+TEST_CASE("constant channels-last filters are read transposed to [taps][C]; input filters as stored") {
+  for (const char* t : {"f32", "f16", "bf16"}) {
+    CAPTURE(t);
+    const LoweredGraph l = lower_text(test::depthwise_nhwc_constant_graph(t));
+    CHECK(l.kernels == std::vector<std::string>{"k0_conv_depthwise_nhwc", "k1_conv_depthwise_nhwc",
+                                                "k2_conv_depthwise_nhwc"});
+    CHECK(plan_lines(l.plan, "step conv").empty());
+    compiles_everywhere(l);
+  }
+  const LoweredGraph l = lower_text(test::depthwise_nhwc_constant_graph("f32"));
+  // Each filter is a [taps, C] weight of its own; the [C, k..., 1] originals are left unread.
+  CHECK(has(l.plan, "kind=weight dtype=f32 shape=9x24 bytes=864 "));
+  CHECK(has(l.plan, "kind=weight dtype=f32 shape=25x24 bytes=2400 "));
+  CHECK(has(l.plan, "kind=weight dtype=f32 shape=4x8 bytes=128 "));
+  CHECK(has(l.plan, "kind=weight dtype=f32 shape=0 bytes=0 "));
+  CHECK(has(l.source, "HAS_BIAS = true, TAPS_MAJOR = true;"));
+  CHECK(!has(l.source, "TAPS_MAJOR = false"));
+  // The residual of the swish group is read at [n, p, q, c].
+  CHECK(has(l.source, "tail0[(long long)n * 1176LL + (long long)p * 168LL + (long long)q * 24LL + (long long)c * 1LL]"));
+  const LoweredGraph in = lower_text(test::replace_all(test::kDepthwiseNhwcCases[0][1], "T[", "f32["));
+  CHECK(has(in.source, "TAPS_MAJOR = false;"));
+}
+
 }  // namespace
 }  // namespace kiln::cuda

@@ -36,7 +36,7 @@ constexpr const char* kDepthwiseNhwcBody = R"(
     }
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      const float wv = LOAD(w[(c * R + r) * S + s]);
+      const float wv = LOAD(w[TAPS_MAJOR ? (r * S + s) * C + c : (c * R + r) * S + s]);
 #pragma unroll
       for (int u = 0; u < V; ++u) acc[u] = fmaf(in[u * SW + s * DW], wv, acc[u]);
     }
@@ -78,6 +78,18 @@ StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n) {
   const int64_t v = std::min<int64_t>(sw == 1 ? 4 : sw == 2 ? 2 : 1, q);
   const int64_t qg = (q + v - 1) / v, total = xs[0] * p * qg * c;
   KILN_ASSIGN_OR_RETURN(const std::string st, storage(n, t));
+  // Constant filters are transposed to [taps][K] at compile time, so that a warp's weight loads
+  // (consecutive channels of one tap) are coalesced like its input loads; as stored, [K, taps],
+  // lanes read addresses R * S elements apart (32 sectors a load). Others are read as stored.
+  int w_buf = buf(n.operand(1));
+  const std::optional<Tensor> filters = weight_tensor(w_buf);
+  if (filters) {
+    const int64_t taps = r * s;
+    Tensor by_tap(t, {taps, c});
+    for (int64_t o = 0; o < c; ++o)
+      for (int64_t k = 0; k < taps; ++k) by_tap.set_f64(k * c + o, filters->get_f64(o * taps + k));
+    w_buf = host_weight(by_tap);
+  }
   const bool bias = n.num_operands() == 3;
   const int out = activation_for(n.result());
   KILN_ASSIGN_OR_RETURN(const ConvTail tail, conv_tail(n, out, two_d ? std::vector<std::string>{"n", "p", "q", "c"}
@@ -92,8 +104,9 @@ StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n) {
   text += "  constexpr int SH = " + I(sh) + ", SW = " + I(sw) + ", DH = " + I(dh) + ", DW = " + I(dw) + ", PT = " + I(pt) +
           ", PL = " + I(pl) + ", NTHR = " + I(kBlock) + ", V = " + I(v) + ", QG = " + I(qg) + ";\n";
   text += "  constexpr long long TOTAL = " + I(total) + "LL;\n";
-  text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ";\n";
-  finish_depthwise(n, name, text, kDepthwiseNhwcBody, tail, out, (total + kBlock - 1) / kBlock);
+  text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ", TAPS_MAJOR = " +
+          (filters ? "true" : "false") + ";\n";
+  finish_depthwise(n, name, text, kDepthwiseNhwcBody, tail, out, (total + kBlock - 1) / kBlock, w_buf);
   return true;
 }
 

@@ -363,9 +363,10 @@ class Lowerer {
   StatusOr<ConvTail> conv_tail(const Node& conv, int out, const std::vector<std::string>& coords);
   /// Completes a depthwise kernel: `text` (its signature and constants) + `body` with the tail's
   /// code at TAIL, the dtype's LOAD/STORE/ROUND macros, and its launch over `blocks` blocks
-  /// reading x, w, the bias (or w again), the tail's operands and writing `out`.
+  /// reading x, w (buffer `w_buf` in its place when given), the bias (or w again), the tail's
+  /// operands and writing `out`.
   void finish_depthwise(const Node& n, const std::string& name, std::string text, std::string body,
-                        const ConvTail& tail, int out, int64_t blocks);
+                        const ConvTail& tail, int out, int64_t blocks, int w_buf = -1);
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);
