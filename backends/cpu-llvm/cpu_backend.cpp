@@ -85,6 +85,15 @@ class CpuExecutable final : public Executable {
   CpuExecutable(std::unique_ptr<Graph> g, const CpuSettings& s)
       : graph_(std::move(g)), settings_(s), pool_(s.threads) {}
 
+  StatusOr<std::map<std::string, Tensor>> read_state() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return interp_.state_of(*graph_);
+  }
+  Status write_state(const std::map<std::string, Tensor>& values) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return interp_.set_state(*graph_, values);
+  }
+
   StatusOr<std::vector<Tensor>> run(std::span<const Tensor> inputs) override {
     if (static_cast<int>(inputs.size()) != graph_->num_inputs())
       return invalid_argument("cpu: the graph takes " + std::to_string(graph_->num_inputs()) +

@@ -17,6 +17,14 @@ class ReferenceExecutable final : public kiln::Executable {
     std::lock_guard<std::mutex> lock(mu_);  // runs of one model are steps: one at a time
     return interp_.run(*graph_, inputs);
   }
+  kiln::StatusOr<std::map<std::string, kiln::Tensor>> read_state() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return interp_.state_of(*graph_);
+  }
+  kiln::Status write_state(const std::map<std::string, kiln::Tensor>& values) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return interp_.set_state(*graph_, values);
+  }
 
  private:
   std::unique_ptr<kiln::Graph> graph_;

@@ -112,6 +112,51 @@ Status run_pipeline_passes(Graph& g, const Pipeline& p, const Registry& reg,
   return s;
 }
 
+Status prepare_pipeline(const PipelineRequest& r, Registry& reg, Pipeline& p) {
+  if (!r.pipeline_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(p, load_pipeline_with_plugins(r.pipeline_file, reg));
+  } else if (r.passes) {
+    auto passes = parse_pass_list(*r.passes, reg);
+    if (!passes.ok()) return passes.status().with_context("--passes");
+    p.passes = std::move(*passes);
+  }
+  if (!r.frontend.empty() && r.frontend != p.frontend.name) {
+    KILN_ASSIGN_OR_RETURN(const FrontendInfo* fe, reg.frontend(r.frontend));
+    KILN_ASSIGN_OR_RETURN(p.frontend.options, resolve_options(fe->options, {}, "frontend '" + fe->name + "'"));
+    p.frontend.name = fe->name;
+  }
+  if (!r.backend.empty() && r.backend != p.backend.name) {
+    KILN_ASSIGN_OR_RETURN(const BackendInfo* be, reg.backend(r.backend));
+    KILN_ASSIGN_OR_RETURN(p.backend.options, resolve_options(be->options, {}, "backend '" + be->name + "'"));
+    p.backend.name = be->name;
+    p.targets.clear();
+  }
+  KILN_RETURN_IF_ERROR(resolve_pipeline_defaults(p, reg, r.model, r.need_backend));
+  forward_symbols_to_frontend(p.frontend, r.symbols, reg);
+  return ok_status();
+}
+
+StatusOr<std::unique_ptr<Graph>> import_and_run_passes(const std::string& model, const Pipeline& p,
+                                                       const Registry& reg, const PassManagerOptions& pm,
+                                                       const std::function<Status(Graph&)>& before_passes) {
+  std::fprintf(stderr, "pipeline: %s\n", p.canonical(reg).c_str());
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(model, p.frontend, reg));
+  if (before_passes) KILN_RETURN_IF_ERROR(before_passes(*g));
+  KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, pm));
+  return g;
+}
+
+StatusOr<std::unique_ptr<Executable>> compile_graph(const Graph& g, const StageSpec& backend, const Registry& reg) {
+  KILN_ASSIGN_OR_RETURN(const BackendInfo* info, reg.backend(backend.name));
+  const std::string who = "backend '" + info->name + "'";
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, info->create(backend.options));
+  if (!be) return internal_error(who + " created nothing");
+  auto exe = be->compile(g);
+  if (!exe.ok()) return exe.status().with_context(who);
+  if (!*exe) return internal_error(who + " compiled nothing");
+  return std::move(*exe);
+}
+
 TensorType interface_type(const Graph& g, const Value* v) {
   if (!g.is_per_rank()) return v->type();
   return TensorType{v->dtype(), global_shape(v->shape(), v->sharding(), g.mesh())};
@@ -156,14 +201,9 @@ StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& b
     KILN_ASSIGN_OR_RETURN(auto outs, run_mesh(g.mesh(), program, pieces));
     return assemble_outputs(g, outs);
   }
-  KILN_ASSIGN_OR_RETURN(const BackendInfo* info, reg.backend(backend.name));
-  const std::string who = "backend '" + info->name + "'";
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, info->create(backend.options));
-  if (!be) return internal_error(who + " created nothing");
-  auto exe = be->compile(g);
-  if (!exe.ok()) return exe.status().with_context(who);
-  if (!*exe) return internal_error(who + " compiled nothing");
-  auto outs = (*exe)->run(inputs);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> exe, compile_graph(g, backend, reg));
+  const std::string who = "backend '" + backend.name + "'";
+  auto outs = exe->run(inputs);
   if (!outs.ok()) return outs.status().with_context(who);
   if (static_cast<int>(outs->size()) != g.num_outputs())
     return internal_error(who + " returned " + std::to_string(outs->size()) + " outputs, the graph has " +

@@ -83,6 +83,31 @@ void Interpreter::commit_assigns() {
   staged_.clear();
 }
 
+std::map<std::string, Tensor> Interpreter::state_of(const Graph& g) const {
+  std::map<std::string, Tensor> out;
+  for (const auto& n : g.nodes()) {
+    if (n->op_name() != "variable") continue;
+    const std::string name = n->get_string("name");
+    const Tensor* held = variable_value(name);
+    out[name] = held ? *held : n->attr("init")->as_tensor();
+  }
+  return out;
+}
+
+Status Interpreter::set_state(const Graph& g, const std::map<std::string, Tensor>& values) {
+  std::map<std::string, TensorType> vars;
+  for (const auto& n : g.nodes())
+    if (n->op_name() == "variable") vars[n->get_string("name")] = n->result()->type();
+  for (const auto& [name, t] : values) {
+    auto it = vars.find(name);
+    if (it == vars.end()) return not_found("graph @" + g.name() + " has no variable '" + name + "'");
+    if (t.type() != it->second)
+      return invalid_argument("variable '" + name + "' is " + it->second.str() + ", the value given is " + t.type().str());
+  }
+  for (const auto& [name, t] : values) state_[name] = t;
+  return ok_status();
+}
+
 StatusOr<std::vector<Tensor>> Interpreter::run(const Graph& g, std::span<const Tensor> inputs) {
   // Regions (fused bodies run by their node's kernel) hold no state: only a top-level run
   // starts and ends a step.

@@ -104,6 +104,7 @@ void register_core_ops(OpRegistry& r) {
   register_quant_ops(r);
   register_state_ops(r);
   register_collective_ops(r);
+  register_loss_ops(r);
 }
 
 StatusOr<std::vector<TensorType>> infer_node_types(const Node& node,

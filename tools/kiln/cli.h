@@ -52,6 +52,10 @@ int report(const Status& s);
 /// "kiln: note: ..." on stderr.
 void note(const std::string& msg);
 
+/// Reads the pass manager's flags (--timing, --print-ir-after-*, --no-verify-each,
+/// --reproducer-dir) into `pm`; false when `flag` is not one of them.
+bool pass_manager_flag(const std::string& flag, Args& args, PassManagerOptions& pm);
+
 int cmd_plugins(Args& args);
 int cmd_opt(Args& args);
 int cmd_run(Args& args);

@@ -59,12 +59,7 @@ bool common_flag(const std::string& flag, Args& args, Flags& f) {
   else if (flag == "--frontend") f.frontend = args.value(flag);
   else if (flag == "--plugin-path") f.plugin_paths.push_back(args.value(flag));
   else if (flag == "--weights") f.weights = args.value(flag);
-  else if (flag == "--reproducer-dir") f.pm.reproducer_dir = args.value(flag);
-  else if (flag == "--timing") { args.no_value(flag); f.pm.timing = true; }
-  else if (flag == "--print-ir-after-all") { args.no_value(flag); f.pm.print_ir_after_all = true; }
-  else if (flag == "--print-ir-after-change") { args.no_value(flag); f.pm.print_ir_after_change = true; }
-  else if (flag == "--no-verify-each") { args.no_value(flag); f.pm.verify_each = false; }
-  else return false;
+  else return pass_manager_flag(flag, args, f.pm);
   return true;
 }
 
@@ -104,34 +99,24 @@ StatusOr<std::unique_ptr<Graph>> optimize(const Flags& f, Pipeline& p, bool need
   } else {
     KILN_RETURN_IF_ERROR(load_plugins_from(f.plugin_paths, reg));
   }
-  if (!f.pipeline_file.empty()) {
-    KILN_ASSIGN_OR_RETURN(p, load_pipeline_with_plugins(f.pipeline_file, reg));
-  } else if (f.passes) {
-    auto passes = parse_pass_list(*f.passes, reg);
-    if (!passes.ok()) return passes.status().with_context("--passes");
-    p.passes = std::move(*passes);
-  }
-  if (!f.frontend.empty() && f.frontend != p.frontend.name) {
-    KILN_ASSIGN_OR_RETURN(const FrontendInfo* fe, reg.frontend(f.frontend));
-    KILN_ASSIGN_OR_RETURN(p.frontend.options, resolve_options(fe->options, {}, "frontend '" + fe->name + "'"));
-    p.frontend.name = fe->name;
-  }
-  if (!f.backend.empty() && f.backend != p.backend.name) {
-    KILN_ASSIGN_OR_RETURN(const BackendInfo* be, reg.backend(f.backend));
-    KILN_ASSIGN_OR_RETURN(p.backend.options, resolve_options(be->options, {}, "backend '" + be->name + "'"));
-    p.backend.name = be->name;
-    p.targets.clear();
-  }
-  KILN_RETURN_IF_ERROR(resolve_pipeline_defaults(p, reg, f.model, need_backend));
-  forward_symbols_to_frontend(p.frontend, f.symbols, reg);
-  std::cerr << "pipeline: " << p.canonical(reg) << "\n";
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_model(f.model, p.frontend, reg));
-  if (!f.weights.empty()) KILN_RETURN_IF_ERROR(load_checkpoint_weights(*g, f.weights));
-  KILN_RETURN_IF_ERROR(run_pipeline_passes(*g, p, reg, f.pm));
+  PipelineRequest r{f.model, f.pipeline_file, f.passes, f.frontend, f.backend, f.symbols, need_backend};
+  KILN_RETURN_IF_ERROR(prepare_pipeline(r, reg, p));
+  auto load_weights = [&](Graph& g) { return f.weights.empty() ? ok_status() : load_checkpoint_weights(g, f.weights); };
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, import_and_run_passes(f.model, p, reg, f.pm, load_weights));
   return g;
 }
 
 }  // namespace
+
+bool pass_manager_flag(const std::string& flag, Args& args, PassManagerOptions& pm) {
+  if (flag == "--reproducer-dir") pm.reproducer_dir = args.value(flag);
+  else if (flag == "--timing") { args.no_value(flag); pm.timing = true; }
+  else if (flag == "--print-ir-after-all") { args.no_value(flag); pm.print_ir_after_all = true; }
+  else if (flag == "--print-ir-after-change") { args.no_value(flag); pm.print_ir_after_change = true; }
+  else if (flag == "--no-verify-each") { args.no_value(flag); pm.verify_each = false; }
+  else return false;
+  return true;
+}
 
 int cmd_opt(Args& args) {
   Flags f;

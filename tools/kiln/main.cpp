@@ -23,6 +23,7 @@ commands:
   bench     time a .kiln artifact on the GPU (latency, device time, throughput, graphs on/off)
   checkpoint  save, reshard or print weights by logical tensor (topology-independent)
   plan      choose how to split a model over N devices (mesh, strategy) with a cost model
+  train     run training steps (autodiff + optimizer pipeline) on .npy batches, with checkpoints
   launch    start one process per rank on this host (kiln launch -n 2 -- kiln run ...)
   calibrate record max|x| of every matmul/linear input over sample inputs (FP8 scales file)
   quant-report  per-layer and end-to-end SQNR of a quantizing pipeline against fp32
@@ -105,6 +106,8 @@ int cmd_plan(Args& args);            // plan_cmd.cpp
 int cmd_checkpoint(Args& args);      // checkpoint_cmd.cpp
 std::string checkpoint_usage();      // checkpoint_cmd.cpp
 std::string plan_usage();            // plan_cmd.cpp
+int cmd_train(Args& args);           // train_cmd.cpp
+std::string train_usage();           // train_cmd.cpp
 std::string ops_usage();             // ops_cmd.cpp
 
 std::string usage_text(std::string_view command) {
@@ -115,6 +118,7 @@ std::string usage_text(std::string_view command) {
   if (command == "run") return std::string(kRun) + std::string(kCommon);
   if (command == "compile") return artifact_usage_text(command) + std::string(kCommon);
   if (command == "bench") return bench_usage_text();
+  if (command == "train") return train_usage();
   if (command == "calibrate") return calibrate_usage();
   if (command == "quant-report") return quant_report_usage();
   if (command == "launch") return launch_usage_text();
@@ -207,6 +211,7 @@ int dispatch(std::vector<std::string> argv) {
   if (command == "calibrate") return cmd_calibrate(args);
   if (command == "quant-report") return cmd_quant_report(args);
   if (command == "launch") return cmd_launch(args);
+  if (command == "train") return cmd_train(args);
   throw UsageError{"unknown command '" + command + "'"};
 }
 

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,6 +61,32 @@ StatusOr<std::unique_ptr<Graph>> import_model(const std::string& path, const Sta
 /// the per-pass times.
 Status run_pipeline_passes(Graph& g, const Pipeline& p, const Registry& reg,
                            const PassManagerOptions& opts, std::vector<PassTiming>* timings = nullptr);
+
+/// What a command asks of the pipeline: the model, a pipeline file or a pass list, overrides.
+struct PipelineRequest {
+  std::string model;
+  std::string pipeline_file;               ///< "" = none
+  std::optional<std::string> passes;       ///< a one-line pass list instead of a file
+  std::string frontend, backend;           ///< "" = the pipeline's, else chosen by default
+  std::map<std::string, int64_t> symbols;  ///< --sym bindings handed to the front end
+  bool need_backend = true;
+};
+
+/// Fills `p` from `r`: the pipeline file (with the plugins it names) or pass list, the front-end
+/// and backend overrides, then the defaults. A `p` filled before (a reproducer's) stays when
+/// `r` names neither a file nor passes.
+Status prepare_pipeline(const PipelineRequest& r, Registry& reg, Pipeline& p);
+
+/// Logs the canonical pipeline ("pipeline: ..." on stderr), imports `model` with its front end
+/// and runs its passes: what `kiln opt`, `kiln run` and `kiln train` share. `before_passes`, when
+/// given, sees the imported graph first (`--weights` loads a checkpoint's weights there).
+StatusOr<std::unique_ptr<Graph>> import_and_run_passes(const std::string& model, const Pipeline& p,
+                                                       const Registry& reg, const PassManagerOptions& pm,
+                                                       const std::function<Status(Graph&)>& before_passes = {});
+
+/// Compiles `g` with the backend into an executable that runs many times (keeping the state
+/// of its variables from one run to the next).
+StatusOr<std::unique_ptr<Executable>> compile_graph(const Graph& g, const StageSpec& backend, const Registry& reg);
 
 /// The type callers see for graph input or output `v`: for a per-rank program, the whole
 /// value's (its pieces on every rank put together), else the value's own.

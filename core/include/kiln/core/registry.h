@@ -51,6 +51,16 @@ class Executable {
   virtual ~Executable() = default;
   /// Inputs in graph-input order; returns outputs in graph-output order.
   virtual StatusOr<std::vector<Tensor>> run(std::span<const Tensor> inputs) = 0;
+  /// Every `variable` of the graph with the value it holds now (its init before any assign),
+  /// by name: what a training checkpoint saves. Backends that keep no host state refuse.
+  virtual StatusOr<std::map<std::string, Tensor>> read_state() {
+    return Status(StatusCode::kUnimplemented, "this backend cannot read variable state");
+  }
+  /// Gives variables the values in `values` (a checkpoint being restored): each name must be a
+  /// variable of the graph, with its type.
+  virtual Status write_state(const std::map<std::string, Tensor>& values) {
+    return Status(StatusCode::kUnimplemented, "this backend cannot write variable state");
+  }
 };
 
 struct ArtifactContents;

@@ -41,6 +41,10 @@ class Interpreter {
   /// (run_mesh sets it); null for a single-device run, where collectives are refused.
   void set_mesh_context(MeshContext* ctx) { mesh_ = ctx; }
   MeshContext* mesh_context() const { return mesh_; }
+  /// Every top-level `variable` of `g` with the value it holds (its init until an assign).
+  std::map<std::string, Tensor> state_of(const Graph& g) const;
+  /// Sets variables of `g` from `values`; each name must be a variable of `g`, with its type.
+  Status set_state(const Graph& g, const std::map<std::string, Tensor>& values);
   /// Forgets every variable's value: the next run starts from the `init` values again.
   void reset_state() {
     state_.clear();

@@ -1,0 +1,16 @@
+// Entry point of the kiln-training plugin: registers the autocast, autodiff, remat and optimizer passes.
+#include "autodiff.h"
+#include "kiln/plugin.h"
+
+namespace {
+
+kiln::Status register_training(kiln::Registry& r) {
+  KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::autocast_pass_info()));
+  KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::autodiff_pass_info()));
+  KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::remat_pass_info()));
+  return r.add_pass(kiln::training::optimizer_pass_info());
+}
+
+}  // namespace
+
+KILN_PLUGIN("kiln-training", "0.1.0", register_training)

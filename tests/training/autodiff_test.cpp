@@ -1,0 +1,432 @@
+// The autodiff pass: every gradient rule against f64 central finite differences on the
+// reference interpreter (one table row per op), the rule table's coverage of the core op set,
+// and the pass's errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "autodiff.h"
+#include "kiln/ir/interpreter.h"
+#include "kiln/ir/text.h"
+#include "kiln/ir/verifier.h"
+
+namespace kiln::training {
+namespace {
+
+TensorType f64(std::vector<int64_t> shape) { return {DType::kF64, shape_of(shape)}; }
+
+struct Input {
+  TensorType type;
+  double lo = -1, hi = 1;
+  std::vector<int64_t> ints = {};  ///< values of an integer or bool input
+};
+
+struct Case {
+  std::string name;  ///< the op, plus a variant after ':'
+  std::vector<Input> inputs;
+  AttrMap attrs = {};
+  int results = 1;
+  double h = 1e-6;     ///< finite-difference step
+  double tol = 1e-6;   ///< |analytic - fd| <= tol * (1 + |fd|)
+  std::string op() const { return name.substr(0, name.find(':')); }
+};
+
+Input ints(DType t, std::vector<int64_t> shape, std::vector<int64_t> values) {
+  return {TensorType{t, shape_of(shape)}, 0, 0, std::move(values)};
+}
+Input pos(std::vector<int64_t> shape) { return {f64(shape), 0.5, 2.0}; }
+Input in(std::vector<int64_t> shape, double lo = -1, double hi = 1) { return {f64(shape), lo, hi}; }
+
+std::vector<Case> cases() {
+  const Input a23{f64({2, 3})}, b23{f64({2, 3})}, b3{f64({3})}, b13{f64({1, 3})};
+  std::vector<Case> c = {
+      {"identity", {a23}}, {"neg", {a23}}, {"abs", {a23}}, {"exp", {a23}}, {"log", {pos({2, 3})}},
+      {"sqrt", {pos({2, 3})}}, {"rsqrt", {pos({2, 3})}}, {"reciprocal", {pos({2, 3})}}, {"sin", {a23}},
+      {"cos", {a23}}, {"tanh", {a23}}, {"sigmoid", {a23}}, {"softplus", {a23}}, {"erf", {a23}}, {"silu", {a23}},
+      {"gelu", {a23}}, {"gelu:tanh", {a23}, {{"approximate", Attribute("tanh")}}}, {"relu", {a23}},
+      {"leaky_relu", {a23}, {{"alpha", Attribute(0.2)}}},
+      {"clip", {in({2, 3}, -2, 2)}, {{"min", Attribute(-0.5)}, {"max", Attribute(0.7)}}},
+      {"clip:min", {in({2, 3}, -2, 2)}, {{"min", Attribute(-0.5)}}},
+      {"cast", {a23}, {{"to", Attribute(DType::kF32)}}, 1, 1e-3, 1e-5},
+      {"add", {a23, b3}}, {"add:bcast", {a23, b13}}, {"sub", {a23, b3}}, {"mul", {a23, b13}},
+      {"div", {a23, in({3}, 0.5, 2)}}, {"pow", {pos({2, 3}), b3}},
+      {"maximum", {a23, b3}}, {"minimum", {a23, b23}},
+      {"mod", {in({2, 3}, 2, 3), in({3}, 0.7, 0.9)}}, {"mod:fmod", {in({2, 3}, -3, -2), in({3}, 0.7, 0.9)}, {{"fmod", Attribute(1)}}},
+      {"where", {ints(DType::kBool, {2, 3}, {1, 0, 1, 0, 0, 1}), a23, b3}},
+      {"reduce_sum", {in({2, 3, 4})}, {{"axes", Attribute(std::vector<int64_t>{1})}, {"keepdims", Attribute(0)}}},
+      {"reduce_sum:all", {a23}},
+      {"reduce_mean", {in({2, 3, 4})}, {{"axes", Attribute(std::vector<int64_t>{0, -1})}}},
+      {"reduce_max", {in({2, 3, 4})}, {{"axes", Attribute(std::vector<int64_t>{2})}, {"keepdims", Attribute(0)}}},
+      {"reduce_min", {in({2, 3, 4})}, {{"axes", Attribute(std::vector<int64_t>{1})}}},
+      {"amax", {a23}, {}, 1, 1e-3, 1e-4},
+      {"softmax", {in({2, 3, 4})}, {{"axis", Attribute(1)}}}, {"log_softmax", {in({2, 4})}},
+      {"layer_norm", {in({2, 3, 4}), in({4}), in({4})}},
+      {"layer_norm:axis1", {in({2, 3, 4}), in({3, 4})}, {{"axis", Attribute(1)}}},
+      {"rms_norm", {in({2, 3, 4}), in({4})}},
+      {"batch_norm", {in({2, 3, 2}), in({3}), in({3}), in({3}), pos({3})}},
+      {"matmul", {in({2, 3, 4}), in({4, 5})}}, {"matmul:batch", {in({2, 1, 3, 4}), in({3, 4, 2})}},
+      {"matmul:vec", {in({4}), in({2, 4, 3})}}, {"matmul:mat_vec", {in({3, 4}), in({4})}},
+      {"linear", {in({2, 3, 4}), in({5, 4}), in({5})}}, {"linear:nobias", {in({4}), in({5, 4})}},
+      {"attention", {in({1, 2, 3, 4}), in({1, 2, 3, 4}), in({1, 2, 3, 2})}, {{"scale", Attribute(0.5)}}},
+      {"attention:gqa_causal_mask",
+       {in({1, 4, 3, 2}), in({1, 2, 5, 2}), in({1, 2, 5, 3}), in({3, 5})},
+       {{"scale", Attribute(0.7)}, {"causal", Attribute(1)}}},
+      {"reshape", {a23}, {{"shape", Attribute(std::vector<int64_t>{3, 2})}}},
+      {"flatten", {in({2, 3, 2})}, {{"axis", Attribute(2)}}},
+      {"squeeze", {in({2, 1, 3})}, {{"axes", Attribute(std::vector<int64_t>{1})}}},
+      {"unsqueeze", {a23}, {{"axes", Attribute(std::vector<int64_t>{0, 3})}}},
+      {"transpose", {in({2, 3, 4})}, {{"perm", Attribute(std::vector<int64_t>{2, 0, 1})}}},
+      {"transpose:default", {a23}},
+      {"expand", {b13}, {{"shape", Attribute(std::vector<int64_t>{2, 4, 3})}}},
+      {"slice", {in({4, 5})}, {{"starts", Attribute(std::vector<int64_t>{1, -3})}, {"ends", Attribute(std::vector<int64_t>{3, 100})}}},
+      {"concat", {a23, in({2, 2})}, {{"axis", Attribute(1)}}},
+      {"split", {in({5, 2})}, {{"axis", Attribute(0)}, {"sizes", Attribute(std::vector<int64_t>{2, 3})}}, 2},
+      {"gather", {in({5, 3}), ints(DType::kI64, {2, 2}, {0, 4, -1, 0})}},
+      {"gather:axis1", {in({2, 4, 3}), ints(DType::kI32, {3}, {3, 1, 3})}, {{"axis", Attribute(1)}}},
+      {"pad", {a23}, {{"pads", Attribute(std::vector<int64_t>{1, 0, 0, 2})}}},
+      {"pad:crop", {in({3, 4})}, {{"pads", Attribute(std::vector<int64_t>{-1, 1, 0, -2})}}},
+      {"cross_entropy", {in({4, 5}), ints(DType::kI64, {4}, {1, 4, -100, 0})}},
+      {"cross_entropy:sum_3d", {in({2, 2, 3}), ints(DType::kI32, {2, 2}, {2, 0, 1, 7})},
+       {{"reduction", Attribute("sum")}, {"ignore_index", Attribute(7)}}},
+      {"mse_loss", {a23, b23}},
+      {"mse_loss:sum", {a23, b23}, {{"reduction", Attribute("sum")}}},
+  };
+  return c;
+}
+
+/// The forward graph of a case: its op applied to the inputs, then a scalar loss
+/// sum_i sum(y_i * r_i) with fixed random weights r_i (a plain sum would hide transposes).
+std::unique_ptr<Graph> forward_graph(const Case& c, std::mt19937& rng) {
+  auto g = std::make_unique<Graph>("fd");
+  std::vector<Value*> ins;
+  for (size_t i = 0; i < c.inputs.size(); ++i) ins.push_back(g->add_input("in" + std::to_string(i), c.inputs[i].type));
+  Builder b(*g);
+  std::vector<Value*> ys;
+  if (c.op() == "fused") {
+    // A fused group exp(a) * b + a: its gradient comes from its region.
+    Node* n = *g->create_node("fused", ins, {ins[0]->type()});
+    Graph& body = n->add_region("body");
+    Value *u = body.add_input("u", ins[0]->type()), *v = body.add_input("v", ins[1]->type());
+    Builder rb(body);
+    body.set_outputs({rb.add(rb.mul(rb.unary("exp", u), v), u)});
+    ys = {n->result()};
+  } else {
+    ys = b.op_n(c.op(), ins, c.results, c.attrs);
+  }
+  std::uniform_real_distribution<double> real(-1, 1);
+  Value* loss = nullptr;
+  for (Value* y : ys) {
+    Tensor r(DType::kF64, static_sizes(y->shape()));
+    for (int64_t i = 0; i < r.numel(); ++i) r.set_f64(i, real(rng));
+    Value* term = b.reduce("reduce_sum", b.mul(b.cast(y, DType::kF64), b.constant(r)), {}, false);
+    loss = loss ? b.add(loss, term) : term;
+  }
+  g->set_outputs({loss}, {"loss"});
+  return g;
+}
+
+std::vector<Tensor> case_inputs(const Case& c, std::mt19937& rng) {
+  std::vector<Tensor> out;
+  for (const Input& in : c.inputs) {
+    Tensor t(in.type.dtype, static_sizes(in.type.shape));
+    std::uniform_real_distribution<double> real(in.lo, in.hi);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (is_float(in.type.dtype)) t.set_f64(i, real(rng));
+      else t.set_i64(i, in.ints.at(static_cast<size_t>(i)));
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+double run_loss(const Graph& g, const std::vector<Tensor>& inputs) {
+  auto out = Interpreter().run(g, inputs);
+  REQUIRE_MESSAGE(out.ok(), out.status().message());
+  return (*out)[0].get_f64(0);
+}
+
+/// Checks the analytic gradient of every float input of `c` against central differences.
+void check_case(const Case& c) {
+  CAPTURE(c.name);
+  std::mt19937 rng(std::hash<std::string>()(c.name) & 0xffff);
+  auto fwd = forward_graph(c, rng);
+  REQUIRE_MESSAGE(verify(*fwd).ok(), std::string(verify(*fwd).message()));
+  const std::vector<Tensor> inputs = case_inputs(c, rng);
+  AutodiffConfig cfg;
+  cfg.loss = "loss";
+  for (int i = 0; i < fwd->num_inputs(); ++i)
+    if (is_float(fwd->input(i)->dtype())) cfg.params.push_back(fwd->input(i)->name());
+  auto joint = fwd->clone();
+  auto params = differentiate(*joint, cfg);
+  REQUIRE_MESSAGE(params.ok(), params.status().message());
+  Status v = verify(*joint);
+  REQUIRE_MESSAGE(v.ok(), std::string(v.message() + "\n" + print_graph(*joint)));
+  auto out = Interpreter().run(*joint, inputs);
+  REQUIRE_MESSAGE(out.ok(), std::string(out.status().message() + "\n" + print_graph(*joint)));
+  CHECK((*out)[0].get_f64(0) == doctest::Approx(run_loss(*fwd, inputs)).epsilon(1e-12));
+  size_t grad_out = 1;
+  for (int i = 0; i < fwd->num_inputs(); ++i) {
+    if (!is_float(fwd->input(i)->dtype())) continue;
+    const Tensor& grad = (*out)[grad_out++];
+    REQUIRE(grad.shape() == inputs[static_cast<size_t>(i)].shape());
+    for (int64_t j = 0; j < grad.numel(); ++j) {
+      std::vector<Tensor> plus = inputs, minus = inputs;
+      Tensor &p = plus[static_cast<size_t>(i)], &m = minus[static_cast<size_t>(i)];
+      p = Tensor(p.dtype(), p.shape());
+      m = Tensor(m.dtype(), m.shape());
+      for (int64_t k = 0; k < p.numel(); ++k) {
+        const double x = inputs[static_cast<size_t>(i)].get_f64(k);
+        p.set_f64(k, k == j ? x + c.h : x);
+        m.set_f64(k, k == j ? x - c.h : x);
+      }
+      const double fd = (run_loss(*fwd, plus) - run_loss(*fwd, minus)) / (2 * c.h);
+      const double an = grad.get_f64(j);
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK_MESSAGE(std::abs(an - fd) <= c.tol * (1 + std::abs(fd)), "analytic " << an << " vs finite difference " << fd);
+    }
+  }
+}
+
+TEST_CASE("every gradient rule matches f64 central finite differences") {
+  std::vector<Case> all = cases();
+  all.push_back({"fused", {in({2, 3}), in({2, 3})}});
+  for (const Case& c : all) check_case(c);
+}
+
+TEST_CASE("every op with a gradient rule has a finite-difference case") {
+  std::set<std::string> tested;
+  for (const Case& c : cases()) tested.insert(c.op());
+  for (const auto& [op, entry] : rule_table())
+    if (entry.kind == RuleKind::kRule) CHECK_MESSAGE(tested.count(op), "gradient rule of '" << op << "' has no finite-difference case");
+}
+
+TEST_CASE("every core op has a gradient rule, a non-differentiable mark or an explicit refusal") {
+  for (const OpDef* def : OpRegistry::global().all()) {
+    if (!def->library.empty()) continue;
+    CHECK_MESSAGE(rule_for(def->name).kind != RuleKind::kMissing,
+                  "core op '" << def->name << "' is missing from the autodiff rule table (grad_rules.cpp)");
+  }
+}
+
+std::unique_ptr<Graph> parse(const std::string& text) {
+  auto g = parse_graph(text);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  return std::move(g).value();
+}
+
+AutodiffConfig cfg(std::string loss, std::vector<std::string> params) {
+  AutodiffConfig c;
+  c.loss = std::move(loss);
+  c.params = std::move(params);
+  return c;
+}
+
+std::string differentiate_error(const std::string& text, AutodiffConfig cfg) {
+  auto g = parse(text);
+  auto r = differentiate(*g, cfg);
+  REQUIRE_FALSE(r.ok());
+  return r.status().message();
+}
+
+const char* kMlp = R"(graph @mlp(%x: f32[4, 3], %t: i64[4]) -> (%loss: f32[]) {
+  %w1 = constant() {value = dense<f32[2, 3]>[0.1, -0.2, 0.3, 0.4, 0.5, -0.6]} : f32[2, 3]
+  %b1 = constant() {value = dense<f32[2]>[0.01, -0.02]} : f32[2]
+  %h = linear(%x, %w1, %b1) : f32[4, 2]
+  %a = tanh(%h) : f32[4, 2]
+  %eps = constant() {value = dense<f32[]>[0.5]} : f32[]
+  %s = mul(%a, %eps) : f32[4, 2]
+  %loss = cross_entropy(%s, %t) : f32[]
+  return %loss
+})";
+
+TEST_CASE("params = [] differentiates every float constant of rank >= 1 the loss depends on") {
+  auto g = parse(kMlp);
+  auto params = differentiate(*g, {});
+  REQUIRE_MESSAGE(params.ok(), params.status().message());
+  REQUIRE(params->size() == 2);
+  CHECK((*params)[0]->name() == "w1");
+  CHECK((*params)[1]->name() == "b1");
+  REQUIRE(g->num_outputs() == 3);
+  CHECK(g->output_name(0) == "loss");
+  CHECK(g->output_name(1) == "w1.grad");
+  CHECK(g->output_name(2) == "b1.grad");
+  CHECK(verify(*g).ok());
+}
+
+TEST_CASE("autodiff errors name what is wrong") {
+  CHECK(differentiate_error(kMlp, cfg("nope", {})) == "autodiff: the graph has no output 'nope' (option 'loss'); its outputs: loss");
+  CHECK(differentiate_error(kMlp, cfg("", {"w9"})) == "autodiff: no value named 'w9' (option 'params')");
+  CHECK(differentiate_error(kMlp, cfg("", {"t"})) == "autodiff: parameter 't' is i64[4], not float");
+  const char* vector_loss = R"(graph @g(%x: f32[2]) -> (f32[2]) {
+  %y = exp(%x) : f32[2]
+  return %y
+})";
+  CHECK(differentiate_error(vector_loss, cfg("", {"x"})) == "autodiff: the loss must be a float scalar, got f32[2]");
+  const char* conv = R"(graph @g(%x: f32[1, 1, 3, 3], %w: f32[1, 1, 2, 2]) -> (f32[]) {
+  %y = conv(%x, %w) : f32[1, 1, 2, 2]
+  %l = reduce_sum(%y) {keepdims = 0} : f32[]
+  return %l
+})";
+  CHECK(differentiate_error(conv, cfg("", {"w"})).find(
+            "autodiff: cannot differentiate op 'conv': no gradient rule yet") != std::string::npos);
+  const char* strided = R"(graph @g(%x: f32[4]) -> (f32[]) {
+  %y = slice(%x) {starts = [0], ends = [4], steps = [2]} : f32[2]
+  %l = reduce_sum(%y) {keepdims = 0} : f32[]
+  return %l
+})";
+  CHECK(differentiate_error(strided, cfg("", {"x"})).find(
+            "gradient of 'slice': slice with step 2 has no gradient rule (only step 1)") != std::string::npos);
+}
+
+TEST_CASE("an op without any table entry is a clear error naming it") {
+  OpDef def{.name = "autodiff_test_unknown",
+            .summary = "test op",
+            .inputs = {"x"},
+            .outputs = {"y"},
+            .result_rule = "same as x",
+            .attrs = {},
+            .num_regions = 0,
+            .infer = [](InferContext& c) { c.results = {c.operand(0)}; return ok_status(); },
+            .reference = [](KernelContext& c) { c.output() = c.input(0); return ok_status(); }};
+  def.library = "test";
+  if (!OpRegistry::global().find(def.name)) REQUIRE(OpRegistry::global().add(def).ok());
+  const char* text = R"(graph @g(%x: f32[2]) -> (f32[]) {
+  %y = autodiff_test_unknown(%x) : f32[2]
+  %l = reduce_sum(%y) {keepdims = 0} : f32[]
+  return %l
+})";
+  CHECK(differentiate_error(text, cfg("", {"x"})).find("autodiff: no gradient rule for op 'autodiff_test_unknown'") !=
+        std::string::npos);
+}
+
+TEST_CASE("gradients flow through integer indices only into the float data") {
+  // Non-differentiable ops (argmax, comparisons) stop the gradient without an error.
+  const char* text = R"(graph @g(%x: f32[2, 3]) -> (f32[]) {
+  %i = argmax(%x) {axis = 1} : i64[2, 1]
+  %f = cast(%i) {to = f32} : f32[2, 1]
+  %y = mul(%x, %f) : f32[2, 3]
+  %l = reduce_sum(%y) {keepdims = 0} : f32[]
+  return %l
+})";
+  auto g = parse(text);
+  auto r = differentiate(*g, cfg("", {"x"}));
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  Tensor x = Tensor::from_f64(DType::kF32, {2, 3}, std::vector<double>{1, 5, 2, 7, 0, 3});
+  auto out = Interpreter().run(*g, {&x, 1});
+  REQUIRE(out.ok());
+  // d/dx of x * argmax(x): the argmax index as a constant factor.
+  CHECK((*out)[1].to_f64() == std::vector<double>{1, 1, 1, 0, 0, 0});
+}
+
+}  // namespace
+}  // namespace kiln::training
+
+namespace kiln::training {
+namespace {
+
+StatusOr<bool> run_optimizer(Graph& g, std::map<std::string, OptionValue> given) {
+  const PassInfo info = optimizer_pass_info();
+  KILN_ASSIGN_OR_RETURN(Options o, resolve_options(info.options, given, "pass 'optimizer'"));
+  KILN_ASSIGN_OR_RETURN(auto pass, info.create(o));
+  return pass->run(g);
+}
+
+TEST_CASE("optimizer turns weights into variables with PyTorch-named state") {
+  auto g = parse(kMlp);
+  REQUIRE(differentiate(*g, {}).ok());
+  auto r = run_optimizer(*g, {{"max-grad-norm", 1.0}});
+  REQUIRE_MESSAGE(r.ok(), r.status().message());
+  Status v = verify(*g);
+  REQUIRE_MESSAGE(v.ok(), v.message());
+  std::set<std::string> vars, assigned;
+  for (const auto& n : g->nodes()) {
+    if (n->op_name() == "variable") vars.insert(n->get_string("name"));
+    if (n->op_name() == "assign") assigned.insert(n->get_string("name"));
+  }
+  const std::set<std::string> want{"b1", "b1.exp_avg", "b1.exp_avg_sq", "optimizer.step",
+                                   "w1", "w1.exp_avg", "w1.exp_avg_sq"};
+  CHECK(vars == want);
+  CHECK(assigned == want);
+  REQUIRE(g->num_outputs() == 2);  // the grads are consumed; clipping reports the norm
+  CHECK(g->output_name(0) == "loss");
+  CHECK(g->output_name(1) == "grad_norm");
+}
+
+TEST_CASE("sgd with momentum keeps a momentum_buffer per weight") {
+  auto g = parse(kMlp);
+  REQUIRE(differentiate(*g, cfg("", {"w1"})).ok());
+  REQUIRE(run_optimizer(*g, {{"algorithm", std::string("sgd")}, {"momentum", 0.9}, {"keep-grads", true}}).ok());
+  std::set<std::string> vars;
+  for (const auto& n : g->nodes())
+    if (n->op_name() == "variable") vars.insert(n->get_string("name"));
+  CHECK(vars == std::set<std::string>{"optimizer.step", "w1", "w1.momentum_buffer"});
+  CHECK(g->output_name(1) == "w1.grad");
+}
+
+TEST_CASE("optimizer errors name what is wrong") {
+  auto g = parse(kMlp);
+  auto r = run_optimizer(*g, {});
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message() == "optimizer: the graph has no '<param>.grad' outputs; run autodiff before it");
+  const PassInfo info = optimizer_pass_info();
+  auto bad = [&](std::map<std::string, OptionValue> given) {
+    auto o = resolve_options(info.options, given, "pass 'optimizer'");
+    REQUIRE(o.ok());
+    auto p = info.create(*o);
+    REQUIRE_FALSE(p.ok());
+    return p.status().message();
+  };
+  CHECK(bad({{"algorithm", std::string("adam")}}) == "optimizer: option 'algorithm' must be \"sgd\" or \"adamw\", got \"adam\"");
+  CHECK(bad({{"nesterov", true}}) == "optimizer: option 'nesterov' needs algorithm sgd with momentum > 0");
+  CHECK(bad({{"beta2", 1.0}}) == "optimizer: options 'beta1' and 'beta2' must be in [0, 1)");
+  // A weight given as a graph input cannot be updated in place.
+  auto in = parse(R"(graph @g(%x: f32[2], %w: f32[2]) -> (%loss: f32[]) {
+  %y = mul(%x, %w) : f32[2]
+  %loss = reduce_sum(%y) {keepdims = 0} : f32[]
+  return %loss
+})");
+  REQUIRE(differentiate(*in, cfg("", {"w"})).ok());
+  auto e = run_optimizer(*in, {});
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.status().message() ==
+        "optimizer: parameter 'w' is a graph input; the weights a step updates must be constants or variables");
+}
+
+}  // namespace
+}  // namespace kiln::training
+
+namespace kiln::training {
+namespace {
+
+TEST_CASE("autocast runs contractions in bf16 and the rest in f32; gradients of f32 weights stay f32") {
+  auto g = parse(kMlp);
+  const PassInfo info = autocast_pass_info();
+  auto o = resolve_options(info.options, {}, "pass 'autocast'");
+  REQUIRE(o.ok());
+  auto pass = info.create(*o);
+  REQUIRE(pass.ok());
+  auto changed = (*pass)->run(*g);
+  REQUIRE_MESSAGE(changed.ok(), changed.status().message());
+  CHECK(*changed);
+  REQUIRE_MESSAGE(verify(*g).ok(), verify(*g).message());
+  for (const auto& n : g->nodes()) {
+    if (n->op_name() == "linear") CHECK(n->result()->dtype() == DType::kBF16);
+    if (n->op_name() == "tanh" || n->op_name() == "cross_entropy") CHECK(n->result()->dtype() == DType::kF32);
+  }
+  auto params = differentiate(*g, {});
+  REQUIRE_MESSAGE(params.ok(), params.status().message());
+  CHECK(g->output(1)->dtype() == DType::kF32);  // w1.grad: the master weight's gradient
+  CHECK(verify(*g).ok());
+  auto bad = resolve_options(info.options, {{"dtype", std::string("f8")}}, "pass 'autocast'");
+  REQUIRE(bad.ok());
+  CHECK(info.create(*bad).status().message() == "autocast: option 'dtype' must be bf16 or f16, got 'f8'");
+}
+
+}  // namespace
+}  // namespace kiln::training

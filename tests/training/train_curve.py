@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Trains a small task with `kiln train` and checks every step's loss against a NumPy float64
+implementation of the same model, loss and optimizer from the same initial weights and data
+(tests/training/models.py). Also checks that a run resumed from a checkpoint repeats the
+uninterrupted run's losses exactly.
+
+  train_curve.py KILN TASK BACKEND [--steps N] [--tolerance 0.01] [--workdir DIR]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+PASSES_AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-horizontal", "fuse-rows",
+                "fuse-pointwise", "dce", "schedule-memory"]
+
+
+def write_task(task, steps, workdir, autocast=None, remat=None):
+    """The model .kir, its training pipeline and the data folder; returns their paths. With
+    `autocast` (bf16 or f16) the pipeline starts with the autocast pass; with `remat` (a policy)
+    the remat pass follows autodiff."""
+    model = task()
+    kir = os.path.join(workdir, "model.kir")
+    with open(kir, "w") as f:
+        f.write(model.kir())
+    toml = os.path.join(workdir, "train.toml")
+    with open(toml, "w") as f:
+        f.write('frontend = "kir"\n')
+        if autocast:
+            f.write(f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{autocast}" }}\n')
+        f.write('\n[[passes]]\nname = "autodiff"\n')
+        if remat:
+            f.write(f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat}" }}\n')
+        f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {task.PIPELINE_OPTIMIZER}\n')
+        for p in PASSES_AFTER:
+            f.write(f'\n[[passes]]\nname = "{p}"\n')
+        f.write('\n[backend]\nname = "reference"\n')
+    data = os.path.join(workdir, "data")
+    os.makedirs(data, exist_ok=True)
+    batches = task.batches(steps)
+    for name, array in batches.items():
+        np.save(os.path.join(data, name + ".npy"), array)
+    return model, kir, toml, data, batches
+
+
+def train(kiln, kir, toml, data, backend, steps, workdir, extra=()):
+    out = os.path.join(workdir, f"losses-{backend}-{len(extra)}.npy")
+    cmd = [kiln, "train", kir, "--pipeline", toml, "--data", data, "--steps", str(steps), "--backend", backend,
+           "--loss-file", out, *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+    lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+    for l in r.stderr.splitlines():
+        if l.startswith("remat:") and not extra:
+            print("  " + l)
+    return np.load(out), lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kiln")
+    ap.add_argument("task", choices=sorted(models.TASKS))
+    ap.add_argument("backend")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--tolerance", type=float, default=0.01)
+    ap.add_argument("--workdir")
+    ap.add_argument("--remat", choices=["none", "selective", "full"], help="add the remat pass after autodiff")
+    ap.add_argument("--autocast", choices=["bf16", "f16"], help="contractions in low precision (vs the f64 reference)")
+    args = ap.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix=f"kiln-train-{args.task}-")
+    os.makedirs(workdir, exist_ok=True)
+    task = models.TASKS[args.task]
+    model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat)
+
+    t0 = time.time()
+    ref = model.reference_losses(batches, args.steps)
+    t1 = time.time()
+    got, lines = train(args.kiln, kir, toml, data, args.backend, args.steps, workdir)
+    t2 = time.time()
+    print(f"{args.task}{' autocast ' + args.autocast if args.autocast else ''}{' remat ' + args.remat if args.remat else ''} on {args.backend}: {args.steps} steps in {t2 - t1:.1f} s (numpy reference {t1 - t0:.1f} s)")
+    print(f"  loss: step 1 {got[0]:.5f} (reference {ref[0]:.5f}), step {args.steps} {got[-1]:.5f} (reference {ref[-1]:.5f})")
+    if len(lines) != args.steps:
+        sys.exit(f"FAIL: expected {args.steps} progress lines, got {len(lines)}")
+    rel = np.abs(got - ref) / np.abs(ref)
+    worst = int(rel.argmax())
+    print(f"  worst relative difference {rel[worst]:.2e} at step {worst + 1} (tolerance {args.tolerance})")
+    if not np.all(np.isfinite(got)) or rel[worst] > args.tolerance:
+        sys.exit(f"FAIL: the loss curve leaves the reference at step {worst + 1}: {got[worst]} vs {ref[worst]}")
+    if not ref[-1] < 0.8 * ref[0]:
+        sys.exit(f"FAIL: the reference did not learn ({ref[0]} -> {ref[-1]}): the task proves nothing")
+
+    # Resuming: half the steps with a checkpoint, then the rest from it, repeat the losses exactly.
+    half = max(1, min(args.steps // 2, 20))
+    ckpt = os.path.join(workdir, "half.ckpt")
+    first, _ = train(args.kiln, kir, toml, data, args.backend, half, workdir, ["--checkpoint", ckpt])
+    rest, _ = train(args.kiln, kir, toml, data, args.backend, 2 * half, workdir, ["--resume", ckpt])
+    resumed = np.concatenate([first, rest])
+    if not np.array_equal(resumed, got[: 2 * half]):
+        sys.exit(f"FAIL: the resumed run's losses differ:\n{resumed}\n{got[:2 * half]}")
+    print(f"  resumed at step {half}: the {2 * half} losses equal the uninterrupted run's")
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
