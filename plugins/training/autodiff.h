@@ -72,5 +72,6 @@ PassInfo autocast_pass_info();
 PassInfo autodiff_pass_info();
 PassInfo optimizer_pass_info();
 PassInfo remat_pass_info();
+PassInfo decompose_losses_pass_info();
 
 }  // namespace kiln::training

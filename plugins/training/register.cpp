@@ -1,4 +1,4 @@
-// Entry point of the kiln-training plugin: registers the autocast, autodiff, remat and optimizer passes.
+// Entry point of the kiln-training plugin: registers the training passes (autocast, autodiff, remat, optimizer, decompose-losses).
 #include "autodiff.h"
 #include "kiln/plugin.h"
 
@@ -8,6 +8,7 @@ kiln::Status register_training(kiln::Registry& r) {
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::autocast_pass_info()));
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::autodiff_pass_info()));
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::remat_pass_info()));
+  KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::decompose_losses_pass_info()));
   return r.add_pass(kiln::training::optimizer_pass_info());
 }
 

@@ -430,3 +430,91 @@ TEST_CASE("autocast runs contractions in bf16 and the rest in f32; gradients of 
 
 }  // namespace
 }  // namespace kiln::training
+
+namespace kiln::training {
+namespace {
+
+TEST_CASE("remat recomputes forward values in the backward and leaves the results unchanged") {
+  const char* text = R"(graph @g(%x: f32[8, 16], %w: f32[16, 16]) -> (%loss: f32[]) {
+  %h = linear(%x, %w) : f32[8, 16]
+  %a = tanh(%h) : f32[8, 16]
+  %b = mul(%a, %a) : f32[8, 16]
+  %c = sigmoid(%b) : f32[8, 16]
+  %y = linear(%c, %w) : f32[8, 16]
+  %loss = reduce_mean(%y) {keepdims = 0} : f32[]
+  return %loss
+})";
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> real(-1, 1);
+  std::vector<Tensor> inputs;
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{8, 16}, std::vector<int64_t>{16, 16}}) {
+    Tensor t(DType::kF32, shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set_f64(i, real(rng));
+    inputs.push_back(t);
+  }
+  auto plain = parse(text);
+  REQUIRE(differentiate(*plain, cfg("", {"w"})).ok());
+  auto want = Interpreter().run(*plain, inputs);
+  REQUIRE(want.ok());
+  const PassInfo info = remat_pass_info();
+  for (const char* policy : {"selective", "full"}) {
+    CAPTURE(policy);
+    auto g = plain->clone();
+    auto o = resolve_options(info.options, {{"policy", std::string(policy)}}, "pass 'remat'");
+    REQUIRE(o.ok());
+    auto changed = (*info.create(*o))->run(*g);
+    REQUIRE_MESSAGE(changed.ok(), changed.status().message());
+    CHECK(*changed);
+    REQUIRE_MESSAGE(verify(*g).ok(), verify(*g).message());
+    std::set<std::string> recomputed;
+    for (const auto& n : g->nodes())
+      if (n->num_results() > 0 && n->result(0)->name().ends_with(".remat")) recomputed.insert(n->op_name());
+    CHECK(recomputed.count("tanh"));
+    CHECK(recomputed.count("linear") == (std::string(policy) == "full" ? 1u : 0u));
+    auto got = Interpreter().run(*g, inputs);
+    REQUIRE(got.ok());
+    for (size_t i = 0; i < got->size(); ++i) CHECK((*got)[i].identical((*want)[i]));
+  }
+  auto bad = resolve_options(info.options, {{"policy", std::string("some")}}, "pass 'remat'");
+  REQUIRE(bad.ok());
+  CHECK(info.create(*bad).status().message() == "remat: option 'policy' must be none, selective or full, got 'some'");
+}
+
+}  // namespace
+}  // namespace kiln::training
+
+namespace kiln::training {
+namespace {
+
+TEST_CASE("decompose-losses spells the loss ops in core ops with the same values") {
+  const char* text = R"(graph @g(%l: f64[3, 2, 5], %t: i64[3, 2], %a: f64[4, 3], %b: f64[4, 3]) -> (f64[], f64[], f64[]) {
+  %ce = cross_entropy(%l, %t) {ignore_index = 2} : f64[]
+  %cs = cross_entropy(%l, %t) {reduction = "sum"} : f64[]
+  %ms = mse_loss(%a, %b) : f64[]
+  return %ce, %cs, %ms
+})";
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> real(-2, 2);
+  std::vector<Tensor> inputs;
+  auto g = parse(text);
+  for (int i = 0; i < g->num_inputs(); ++i) {
+    Tensor t(g->input(i)->dtype(), static_sizes(g->input(i)->shape()));
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      if (is_float(t.dtype())) t.set_f64(k, real(rng));
+      else t.set_i64(k, k % 5);
+    }
+    inputs.push_back(t);
+  }
+  auto want = Interpreter().run(*g, inputs);
+  REQUIRE(want.ok());
+  auto changed = (*decompose_losses_pass_info().create({}))->run(*g);
+  REQUIRE(changed.ok());
+  REQUIRE(verify(*g).ok());
+  for (const auto& n : g->nodes()) CHECK((n->op_name() != "cross_entropy" && n->op_name() != "mse_loss"));
+  auto got = Interpreter().run(*g, inputs);
+  REQUIRE(got.ok());
+  for (size_t i = 0; i < got->size(); ++i) CHECK((*got)[i].get_f64(0) == doctest::Approx((*want)[i].get_f64(0)).epsilon(1e-12));
+}
+
+}  // namespace
+}  // namespace kiln::training
