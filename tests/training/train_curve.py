@@ -77,10 +77,18 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--remat", choices=["none", "selective", "full"], help="add the remat pass after autodiff")
     ap.add_argument("--autocast", choices=["bf16", "f16"], help="contractions in low precision (vs the f64 reference)")
+    ap.add_argument("--compile-only", metavar="TARGET", help="only build the training step for a CUDA target (no GPU needed)")
     args = ap.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix=f"kiln-train-{args.task}-")
     os.makedirs(workdir, exist_ok=True)
     task = models.TASKS[args.task]
+    if args.compile_only:
+        _, kir, toml, _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True)
+        out = os.path.join(workdir, "step.kiln")
+        cmd = [args.kiln, "compile", kir, "--pipeline", toml, "--backend", args.backend, "--target", args.compile_only, "-o", out]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        print(r.stdout + r.stderr)
+        sys.exit(0 if r.returncode == 0 and os.path.getsize(out) > 0 else f"FAIL: {' '.join(cmd)} exited {r.returncode}")
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
                                                  args.backend.startswith("cuda"))
 
