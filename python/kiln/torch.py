@@ -69,10 +69,12 @@ def _shape(t: torch.Tensor) -> list:
 class _Builder:
     """Converts one FX graph (placeholders = inputs, get_attr = constants) to a kiln.Graph."""
 
-    def __init__(self, gm: fx.GraphModule, name: str):
+    def __init__(self, gm: fx.GraphModule, name: str, constants: dict | None = None):
+        """constants: placeholder index → (tensor, name) for placeholders that are weights."""
         self.gm = gm
         self.g = kiln.Graph(name)
         self.env: dict = {}
+        self.constants = constants or {}
         self.tensor_inputs: list = []  # indices of the placeholders that are Kiln inputs
 
     # -- helpers used by the op handlers --------------------------------------------------
@@ -92,8 +94,8 @@ class _Builder:
             v = self.env[a]
             if v is None:
                 raise Unsupported(f"'{a.name}' is a result Kiln does not compute")
-            if isinstance(v, tuple):
-                raise Unsupported(f"'{a.name}' is a tuple, not a tensor")
+            if not isinstance(v, kiln.Value):
+                raise Unsupported(f"'{a.name}' is not a tensor Kiln computes")
             return v
         if isinstance(a, (bool, int, float)):
             dtype = like if isinstance(like, str) else like.dtype if like is not None else "f32"
@@ -108,7 +110,9 @@ class _Builder:
         outputs = []
         for i, node in enumerate(n for n in self.gm.graph.nodes if n.op == "placeholder"):
             m = _meta(node)
-            if isinstance(m, torch.Tensor):
+            if i in self.constants:
+                self.env[node] = _constant(self.g, *self.constants[i])
+            elif isinstance(m, torch.Tensor):
                 if m.dtype not in _DTYPES:
                     raise Unsupported(f"input '{node.name}' is {m.dtype}")
                 self.env[node] = self.g.add_input(node.name, _DTYPES[m.dtype], _shape(m))
@@ -724,15 +728,9 @@ class KilnGraphModule(torch.nn.Module):
         """constants: placeholder index → (tensor, name), for the part's inputs that are weights
         (they become Kiln constants; forward still receives them, and ignores them)."""
         super().__init__()
-        constants = constants or {}
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        if constants:
-            _freeze_params(gm, {placeholders[i].name: t for i, (t, _) in constants.items()},
-                           {placeholders[i].name: name for i, (_, name) in constants.items()})
-        builder = _Builder(gm, name)
+        builder = _Builder(gm, name, constants)  # reads gm, never changes it: on failure PyTorch runs it
         self.graph_ = builder.run()
-        remaining = [i for i in range(len(placeholders)) if i not in constants]
-        self.tensor_inputs = [remaining[j] for j in builder.tensor_inputs]
+        self.tensor_inputs = builder.tensor_inputs
         outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.single = not isinstance(outs, (tuple, list))
         self.backend, self.targets, self.pipeline, self.passes = backend, list(targets), pipeline, passes
@@ -811,8 +809,8 @@ def _partition(gm: fx.GraphModule, backend: str, targets: Sequence[str], pipelin
                      for i, a in enumerate(node.args) if isinstance(a, fx.Node) and a.op == "get_attr"}
         try:
             part = KilnGraphModule(sub, node.target, backend, targets, pipeline, passes, constants)
-        except (Unsupported, KilnError) as e:
-            warnings.warn(f"kiln: part '{node.target}' stays in PyTorch: {e}")
+        except Exception as e:  # whatever Kiln cannot take, PyTorch runs: never a failed model
+            warnings.warn(f"kiln: part '{node.target}' stays in PyTorch: {type(e).__name__}: {e}")
             continue
         setattr(fused, node.target, part)
     fused.recompile()
@@ -942,10 +940,17 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
     param_values = {i: example_inputs[i] for i in params}
 
     def forward_compiler(fw: fx.GraphModule, fw_inputs: list) -> Callable:
+        import copy
+
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+        original = fx.GraphModule(fw, copy.deepcopy(fw.graph))
         with unset_fake_temporarily():  # AOTAutograd calls this under fake tensors; Kiln needs real weights
-            return compile_forward(fw)
+            try:
+                return compile_forward(fw)
+            except Exception as e:  # the graph runs in PyTorch rather than failing the model
+                warnings.warn(f"kiln: the graph stays in PyTorch: {type(e).__name__}: {e}")
+                return make_boxed_func(original.forward)
 
     def compile_forward(fw: fx.GraphModule) -> Callable:
         fw_placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]

@@ -319,6 +319,18 @@ class TorchCompile(unittest.TestCase):
             compiled = torch.compile(mlp, backend="kiln", options={"backend": "reference"})
             torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-5, atol=1e-5)
 
+    def test_a_backend_that_refuses_leaves_the_graph_to_pytorch(self):
+        mlp = MLP().eval()
+        x = torch.randn(2, 3, 32)
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            y = torch.compile(mlp, backend="kiln", options={"backend": "null"})(x)
+            torch.testing.assert_close(y, mlp(x))
+        self.assertTrue(any("stays in PyTorch" in str(w.message) for w in caught))
+        self.assertEqual(kiln.torch.kiln_backend.last_parts, [])
+        with self.assertRaisesRegex(Exception, "unknown option 'backnd'"):
+            torch.compile(mlp, backend="kiln", options={"backnd": "cpu"})(x)
+
     def test_graphs_needing_gradients_stay_in_pytorch(self):
         mlp = MLP()
         x = torch.randn(2, 3, 32)
