@@ -130,6 +130,13 @@ StatusOr<std::vector<Value*>> differentiate(Graph& g, const AutodiffConfig& conf
     Tensor one(loss->dtype(), require_static(loss->shape(), "the loss"));
     one.set_f64(0, 1.0);
     grads[loss] = b.constant(one, loss->name().empty() ? "" : loss->name() + ".seed");
+    if (config.init_loss_scale > 0) {
+      Value* scale = b.op("variable", {},
+                          {{"name", Attribute(kLossScaleVariable)},
+                           {"init", Attribute(Tensor::scalar_f64(DType::kF32, config.init_loss_scale))}},
+                          kLossScaleVariable);
+      grads[loss] = b.mul(grads[loss], b.cast(scale, loss->dtype()));
+    }
     for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
       Node* n = *it;
       std::vector<Value*> result_grads;
@@ -218,11 +225,18 @@ PassInfo autodiff_pass_info() {
       {"params", OptionType::kStringList, std::vector<std::string>{},
        "values to differentiate with respect to (inputs, constants, variables); empty: every float constant or "
        "variable of rank >= 1 the loss depends on"},
+      {"loss-scale", OptionType::kString, std::string("none"),
+       "none, or dynamic: seed the backward with variable 'scaler.scale' (fp16 training; the optimizer unscales)"},
+      {"init-scale", OptionType::kFloat, 65536.0, "the first dynamic loss scale (PyTorch GradScaler's 2^16)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     AutodiffConfig c;
     c.loss = o.get_string("loss");
     c.params = o.get_strings("params");
+    const std::string scaling = o.get_string("loss-scale");
+    if (scaling == "dynamic") c.init_loss_scale = o.get_float("init-scale");
+    else if (scaling != "none") return invalid_argument("autodiff: option 'loss-scale' must be none or dynamic, got '" + scaling + "'");
+    if (!(o.get_float("init-scale") > 0)) return invalid_argument("autodiff: option 'init-scale' must be > 0");
     return std::unique_ptr<Pass>(std::make_unique<Autodiff>(std::move(c)));
   };
   return info;

@@ -54,7 +54,14 @@ struct AutodiffConfig {
   std::string loss;                 ///< output name; "" = the graph's only output
   std::vector<std::string> params;  ///< value names; empty = every trainable weight
   std::string grad_suffix = ".grad";
+  /// > 0: dynamic loss scaling (fp16): the backward is seeded with a variable `scaler.scale`
+  /// (this its first value) instead of 1, so the '.grad' outputs are scaled; the optimizer pass
+  /// unscales them, skips steps with inf/nan and grows or backs off the scale.
+  double init_loss_scale = 0;
 };
+
+/// The variable holding the dynamic loss scale (autodiff creates it, optimizer updates it).
+inline constexpr const char* kLossScaleVariable = "scaler.scale";
 
 /// Adds to `g` the backward of output `loss` with respect to `params` and one output per
 /// parameter, named parameter name + grad_suffix. Fused nodes are inlined first (their

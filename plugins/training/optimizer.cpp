@@ -13,6 +13,8 @@ struct OptimizerConfig {
   std::string algorithm;  ///< "sgd" or "adamw"
   double lr = 1e-3, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, max_grad_norm = 0;
   bool nesterov = false, keep_grads = false;
+  double growth_factor = 2.0, backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
 };
 
 constexpr const char* kGradSuffix = ".grad";
@@ -79,11 +81,48 @@ class Optimizer final : public Pass {
     Tensor zeros(type.dtype, require_static(type.shape, "optimizer state '" + name + "'"));
     return b.op("variable", {}, {{"name", Attribute(name)}, {"init", Attribute(zeros)}}, name);
   }
-  void assign(Builder& b, const std::string& name, Value* v) { b.op_n("assign", {v}, 0, {{"name", Attribute(name)}}); }
+  /// Gives variable `name` (now `old`) the value `v` for the next step; under dynamic loss
+  /// scaling a step whose gradients hold inf or nan keeps `old`.
+  void assign(Builder& b, const std::string& name, Value* old, Value* v) {
+    if (skip_ != nullptr) v = b.where(skip_, old, v);
+    b.op_n("assign", {v}, 0, {{"name", Attribute(name)}});
+  }
+
+  /// torch.cuda.amp.GradScaler's unscale_ and update, in the graph: gradients are divided by the
+  /// scale autodiff seeded the backward with; inf/nan in any of them skips the step and halves
+  /// the scale; `growth-interval` good steps in a row double it.
+  void unscale(Builder& b, Value* scale, std::vector<std::pair<Value*, Value*>>& pairs) {
+    Value* inv = b.unary("reciprocal", scale);
+    Value* bad = nullptr;
+    for (auto& [p, grad] : pairs) {
+      grad = b.mul(grad, b.cast(inv, grad->dtype()));
+      Value* nonfinite = b.op("or", {b.unary("isinf", grad), b.unary("isnan", grad)});
+      Value* n = b.reduce("reduce_sum", b.cast(nonfinite, DType::kF32), {}, false);
+      bad = bad ? b.add(bad, n) : n;
+    }
+    skip_ = b.op("greater", {bad, b.scalar(0, DType::kF32)});
+    Value* tracker = state(b, "scaler.growth_tracker", {DType::kF32, {}});
+    Value* good = b.add(tracker, 1.0);
+    Value* grow = b.op("greater_equal", {good, b.scalar(static_cast<double>(c_.growth_interval), DType::kF32)});
+    Value* zero = b.scalar(0, DType::kF32);
+    Value* next_scale = b.where(skip_, b.mul(scale, c_.backoff_factor), b.where(grow, b.mul(scale, c_.growth_factor), scale));
+    Value* next_tracker = b.where(skip_, zero, b.where(grow, zero, good));
+    b.op_n("assign", {next_scale}, 0, {{"name", Attribute(kLossScaleVariable)}});
+    b.op_n("assign", {next_tracker}, 0, {{"name", Attribute("scaler.growth_tracker")}});
+  }
 
   void build_step(Builder& b, std::vector<std::pair<Value*, Value*>>& pairs, std::vector<Value*> outs,
                   std::vector<std::string> names) {
     Graph& g = b.graph();
+    for (const auto& n : g.nodes())
+      if (n->op_name() == "variable" && n->get_string("name") == kLossScaleVariable) {
+        Value* scale = n->result();
+        unscale(b, scale, pairs);
+        outs.push_back(scale);
+        names.push_back("loss_scale");
+        g.set_outputs(outs, names);
+        break;
+      }
     if (c_.max_grad_norm > 0) {
       // torch.nn.utils.clip_grad_norm_: scale every gradient by min(1, max / (norm + 1e-6)).
       Value* total = nullptr;
@@ -101,12 +140,12 @@ class Optimizer final : public Pass {
     }
     Value* step = state(b, "optimizer.step", {DType::kF32, {}});
     Value* t = b.add(step, 1.0);
-    assign(b, "optimizer.step", t);
+    assign(b, "optimizer.step", step, t);
     for (auto& [p, grad] : pairs) {
       const std::string name = p->name();
       Value* updated = c_.algorithm == "sgd" ? sgd(b, p, grad) : adamw(b, p, grad, t);
       updated->set_name(name + ".next");
-      assign(b, name, updated);
+      assign(b, name, p, updated);
     }
   }
 
@@ -115,8 +154,9 @@ class Optimizer final : public Pass {
     Value* d = c_.weight_decay != 0 ? b.add(grad, b.mul(p, c_.weight_decay)) : grad;
     if (c_.momentum != 0) {
       const std::string buf_name = p->name() + ".momentum_buffer";
-      Value* buf = b.add(b.mul(state(b, buf_name, p->type()), c_.momentum), d);
-      assign(b, buf_name, buf);
+      Value* old = state(b, buf_name, p->type());
+      Value* buf = b.add(b.mul(old, c_.momentum), d);
+      assign(b, buf_name, old, buf);
       d = c_.nesterov ? b.add(d, b.mul(buf, c_.momentum)) : buf;
     }
     return b.sub(p, b.mul(d, c_.lr));
@@ -129,8 +169,8 @@ class Optimizer final : public Pass {
     Value* v = state(b, v_name, p->type());
     Value* m_next = b.add(m, b.mul(b.sub(grad, m), 1 - c_.beta1));
     Value* v_next = b.add(b.mul(v, c_.beta2), b.mul(b.mul(grad, grad), 1 - c_.beta2));
-    assign(b, m_name, m_next);
-    assign(b, v_name, v_next);
+    assign(b, m_name, m, m_next);
+    assign(b, v_name, v, v_next);
     auto correction = [&](double beta) {  // 1 - beta^t, a scalar in the weight's dtype
       return b.cast(b.add(b.neg(b.op("pow", {b.scalar(beta, DType::kF32), t})), 1.0), p->dtype());
     };
@@ -141,6 +181,7 @@ class Optimizer final : public Pass {
   }
 
   OptimizerConfig c_;
+  Value* skip_ = nullptr;  ///< bool[]: this step's gradients are not finite (dynamic loss scaling)
 };
 
 }  // namespace
@@ -161,6 +202,9 @@ PassInfo optimizer_pass_info() {
       {"eps", OptionType::kFloat, 1e-8, "adamw: added to the denominator"},
       {"max-grad-norm", OptionType::kFloat, 0.0, "clip gradients to this global L2 norm (0: no clipping); adds a grad_norm output"},
       {"keep-grads", OptionType::kBool, false, "keep the '<param>.grad' outputs"},
+      {"growth-factor", OptionType::kFloat, 2.0, "dynamic loss scaling: the scale's growth after growth-interval good steps"},
+      {"backoff-factor", OptionType::kFloat, 0.5, "dynamic loss scaling: the scale's factor after a step with inf/nan"},
+      {"growth-interval", OptionType::kInt, int64_t{2000}, "dynamic loss scaling: good steps before the scale grows"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     OptimizerConfig c;
@@ -174,6 +218,11 @@ PassInfo optimizer_pass_info() {
     c.eps = o.get_float("eps");
     c.max_grad_norm = o.get_float("max-grad-norm");
     c.keep_grads = o.get_bool("keep-grads");
+    c.growth_factor = o.get_float("growth-factor");
+    c.backoff_factor = o.get_float("backoff-factor");
+    c.growth_interval = o.get_int("growth-interval");
+    if (!(c.growth_factor >= 1) || !(c.backoff_factor > 0 && c.backoff_factor <= 1) || c.growth_interval < 1)
+      return invalid_argument("optimizer: loss scaling needs growth-factor >= 1, backoff-factor in (0, 1] and growth-interval >= 1");
     if (c.algorithm != "sgd" && c.algorithm != "adamw")
       return invalid_argument("optimizer: option 'algorithm' must be \"sgd\" or \"adamw\", got \"" + c.algorithm + "\"");
     if (!(c.lr >= 0)) return invalid_argument("optimizer: option 'lr' must be >= 0");

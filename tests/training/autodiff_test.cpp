@@ -4,10 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autodiff.h"
@@ -514,6 +516,49 @@ TEST_CASE("decompose-losses spells the loss ops in core ops with the same values
   auto got = Interpreter().run(*g, inputs);
   REQUIRE(got.ok());
   for (size_t i = 0; i < got->size(); ++i) CHECK((*got)[i].get_f64(0) == doctest::Approx((*want)[i].get_f64(0)).epsilon(1e-12));
+}
+
+}  // namespace
+}  // namespace kiln::training
+
+namespace kiln::training {
+namespace {
+
+TEST_CASE("dynamic loss scaling: unscaled updates, inf skips the step and backs off, good steps grow the scale") {
+  auto g = parse(R"(graph @g(%x: f32[2]) -> (%loss: f32[]) {
+  %w = constant() {value = dense<f32[2]>[1.0, 2.0]} : f32[2]
+  %y = mul(%x, %w) : f32[2]
+  %loss = reduce_sum(%y) {keepdims = 0} : f32[]
+  return %loss
+})");
+  AutodiffConfig c;
+  c.init_loss_scale = 4;
+  REQUIRE(differentiate(*g, c).ok());
+  REQUIRE(run_optimizer(*g, {{"algorithm", std::string("sgd")}, {"lr", 0.5}, {"growth-interval", int64_t{2}}}).ok());
+  REQUIRE_MESSAGE(verify(*g).ok(), verify(*g).message());
+  CHECK(g->output_name(1) == "loss_scale");
+  Interpreter interp;
+  auto step = [&](double a, double b) {
+    Tensor x = Tensor::from_f64(DType::kF32, {2}, std::vector<double>{a, b});
+    auto out = interp.run(*g, {&x, 1});
+    REQUIRE(out.ok());
+    auto s = interp.state_of(*g);
+    return std::make_tuple(s["w"].to_f64(), s[kLossScaleVariable].get_f64(0), s["optimizer.step"].get_f64(0),
+                           (*out)[1].get_f64(0));
+  };
+  auto [w1, s1, t1, used1] = step(1, 1);  // grad of sum(x * w) is x: w -= 0.5 * x, unscaled
+  CHECK(w1 == std::vector<double>{0.5, 1.5});
+  CHECK(used1 == 4);
+  CHECK(s1 == 4);
+  auto [w2, s2, t2, used2] = step(2, 2);  // the second good step in a row: the scale doubles
+  CHECK(w2 == std::vector<double>{-0.5, 0.5});
+  CHECK(s2 == 8);
+  CHECK(t2 == 2);
+  auto [w3, s3, t3, used3] = step(std::numeric_limits<double>::infinity(), 1);  // skipped, halved
+  CHECK(w3 == w2);
+  CHECK(s3 == 4);
+  CHECK(t3 == 2);
+  CHECK(used3 == 8);
 }
 
 }  // namespace

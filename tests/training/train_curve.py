@@ -22,11 +22,11 @@ PASSES_AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-ho
                 "fuse-pointwise", "dce", "schedule-memory"]
 
 
-def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False):
+def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False, loss_scale=None):
     """The model .kir, its training pipeline and the data folder; returns their paths. With
     `autocast` (bf16 or f16) the pipeline starts with the autocast pass; with `remat` (a policy)
     the remat pass follows autodiff; `decompose_losses` adds that pass (for the CUDA backends,
-    which lower no loss op)."""
+    which lower no loss op); `loss_scale` (an initial scale) turns on dynamic loss scaling."""
     model = task()
     kir = os.path.join(workdir, "model.kir")
     with open(kir, "w") as f:
@@ -37,6 +37,8 @@ def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses
         if autocast:
             f.write(f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{autocast}" }}\n')
         f.write('\n[[passes]]\nname = "autodiff"\n')
+        if loss_scale:
+            f.write(f'options = {{ loss-scale = "dynamic", init-scale = {loss_scale} }}\n')
         if remat:
             f.write(f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat}" }}\n')
         f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {task.PIPELINE_OPTIMIZER}\n')
@@ -77,6 +79,7 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--remat", choices=["none", "selective", "full"], help="add the remat pass after autodiff")
     ap.add_argument("--autocast", choices=["bf16", "f16"], help="contractions in low precision (vs the f64 reference)")
+    ap.add_argument("--loss-scale", type=float, help="dynamic loss scaling from this initial scale (fp16)")
     ap.add_argument("--compile-only", metavar="TARGET", help="only build the training step for a CUDA target (no GPU needed)")
     args = ap.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix=f"kiln-train-{args.task}-")
@@ -90,7 +93,7 @@ def main():
         print(r.stdout + r.stderr)
         sys.exit(0 if r.returncode == 0 and os.path.getsize(out) > 0 else f"FAIL: {' '.join(cmd)} exited {r.returncode}")
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
-                                                 args.backend.startswith("cuda"))
+                                                 args.backend.startswith("cuda"), args.loss_scale)
 
     t0 = time.time()
     ref = model.reference_losses(batches, args.steps)
