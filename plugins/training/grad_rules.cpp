@@ -303,6 +303,109 @@ Grads attention_rule(GradContext& c) {
   return out;
 }
 
+/// conv's gradients as convolutions: dx is the transposed convolution (g with zeros between its
+/// strided elements, padded, convolved with the flipped weight whose in/out channels swap within
+/// each group); dw correlates the padded x with g (batch as the channel dim, stride and
+/// dilation trading places), one group at a time.
+Grads conv_rule(GradContext& c) {
+  Builder& b = c.b;
+  const Node& n = c.node;
+  if (n.get_string("layout") == "nhwc")
+    throw BuildError{unimplemented("conv in layout nhwc has no gradient rule (run autodiff before layout-nhwc)")};
+  Value *x = c.x(0), *w = c.x(1), *g = c.g();
+  const std::vector<int64_t> xs = require_static(x->shape(), "conv's x"), ws = require_static(w->shape(), "conv's w"),
+                             gs = require_static(g->shape(), "conv's result");
+  const size_t nsp = xs.size() - 2;
+  auto attr = [&](const char* name, size_t len, int64_t fallback) {
+    std::vector<int64_t> v = n.get_ints(name);
+    if (v.empty()) v.assign(len, fallback);
+    return v;
+  };
+  const std::vector<int64_t> st = attr("strides", nsp, 1), pads = attr("pads", 2 * nsp, 0), dil = attr("dilations", nsp, 1);
+  const int64_t groups = n.get_int("groups", 1), cout = ws[0], cin = xs[1];
+  std::vector<int64_t> spatial, perm01{1, 0};
+  for (size_t d = 0; d < nsp; ++d) {
+    spatial.push_back(static_cast<int64_t>(d + 2));
+    perm01.push_back(static_cast<int64_t>(d + 2));
+  }
+  AttrMap unit{{"groups", Attribute(groups)}, {"dilations", Attribute(dil)}};
+  Grads out(static_cast<size_t>(n.num_operands()), nullptr);
+  if (n.num_operands() > 2 && c.wants(2)) {
+    std::vector<int64_t> axes{0};
+    axes.insert(axes.end(), spatial.begin(), spatial.end());
+    out[2] = b.reduce("reduce_sum", g, axes, false);
+  }
+  if (c.wants(0)) {
+    Value* gd = g;
+    bool strided = false;
+    for (int64_t s : st) strided |= s > 1;
+    std::vector<int64_t> dilated_len(nsp);
+    for (size_t d = 0; d < nsp; ++d) dilated_len[d] = (gs[d + 2] - 1) * st[d] + 1;
+    if (strided) {
+      // Zeros between strided elements: [N, O, h, 1, w, 1] padded to [N, O, h, s, w, s], flattened, cut.
+      Shape split{Dim(gs[0]), Dim(gs[1])}, full{Dim(gs[0]), Dim(gs[1])};
+      std::vector<int64_t> zpads(2 * (2 + 2 * nsp), 0);
+      for (size_t d = 0; d < nsp; ++d) {
+        split.push_back(Dim(gs[d + 2]));
+        split.push_back(Dim(1));
+        full.push_back(Dim(gs[d + 2] * st[d]));
+        zpads[(2 + 2 * nsp) + 3 + 2 * d] = st[d] - 1;
+      }
+      gd = b.reshape(b.op("pad", {b.reshape(g, split)}, {{"pads", Attribute(zpads)}}), full);
+      std::vector<int64_t> zeros(nsp, 0);
+      gd = b.op("slice", {gd}, {{"starts", Attribute(zeros)}, {"ends", Attribute(dilated_len)}, {"axes", Attribute(spatial)}});
+    }
+    std::vector<int64_t> tpads(2 * (nsp + 2), 0);
+    for (size_t d = 0; d < nsp; ++d) {
+      const int64_t reach = dil[d] * (ws[d + 2] - 1), left = reach - pads[d];
+      tpads[d + 2] = left;
+      tpads[nsp + 2 + d + 2] = xs[d + 2] + reach - left - dilated_len[d];
+    }
+    gd = b.op("pad", {gd}, {{"pads", Attribute(tpads)}});
+    std::vector<int64_t> starts, ends, steps(nsp, -1);
+    for (size_t d = 0; d < nsp; ++d) {
+      starts.push_back(ws[d + 2] - 1);
+      ends.push_back(-ws[d + 2] - 1);
+    }
+    Value* flipped = b.op("slice", {w}, {{"starts", Attribute(starts)}, {"ends", Attribute(ends)},
+                                         {"axes", Attribute(spatial)}, {"steps", Attribute(steps)}});
+    Shape grouped{Dim(groups), Dim(cout / groups), Dim(cin / groups)}, swapped{Dim(cin), Dim(cout / groups)};
+    std::vector<int64_t> perm{0, 2, 1};
+    for (size_t d = 0; d < nsp; ++d) {
+      grouped.push_back(Dim(ws[d + 2]));
+      swapped.push_back(Dim(ws[d + 2]));
+      perm.push_back(static_cast<int64_t>(d + 3));
+    }
+    Value* wt = b.reshape(b.transpose(b.reshape(flipped, grouped), perm), swapped);
+    out[0] = b.op("conv", {gd, wt}, unit);
+  }
+  if (c.wants(1)) {
+    std::vector<int64_t> xpads(2 * (nsp + 2), 0);
+    for (size_t d = 0; d < nsp; ++d) {
+      xpads[d + 2] = pads[d];
+      xpads[nsp + 2 + d + 2] = pads[nsp + d];
+    }
+    Value* xp = b.op("pad", {x}, {{"pads", Attribute(xpads)}});
+    std::vector<Value*> parts;
+    const int64_t ci = cin / groups, co = cout / groups;
+    for (int64_t k = 0; k < groups; ++k) {
+      auto channels = [&](Value* v, int64_t from, int64_t len) {
+        return groups == 1 ? v
+                           : b.op("slice", {v}, {{"starts", Attribute(std::vector<int64_t>{from})},
+                                                 {"ends", Attribute(std::vector<int64_t>{from + len})},
+                                                 {"axes", Attribute(std::vector<int64_t>{1})}});
+      };
+      Value* r = b.op("conv", {b.transpose(channels(xp, k * ci, ci), perm01), b.transpose(channels(g, k * co, co), perm01)},
+                      {{"strides", Attribute(dil)}, {"dilations", Attribute(st)}});
+      std::vector<int64_t> zeros(nsp, 0), kernel(ws.begin() + 2, ws.end());
+      r = b.op("slice", {r}, {{"starts", Attribute(zeros)}, {"ends", Attribute(kernel)}, {"axes", Attribute(spatial)}});
+      parts.push_back(b.transpose(r, perm01));
+    }
+    out[1] = parts.size() == 1 ? parts[0] : b.op("concat", parts, {{"axis", Attribute(0)}});
+  }
+  return out;
+}
+
 Grads cross_entropy_rule(GradContext& c) {
   Builder& b = c.b;
   Value *logits = c.x(0), *target = c.x(1), *g = c.g();
@@ -486,8 +589,8 @@ std::map<std::string, RuleEntry> build_table() {
   // Known, not differentiated here.
   refuse("fused", "fused nodes are inlined before differentiation");
   refuse("reduce_prod", "no gradient rule yet (zeros in the product need care)");
-  for (const char* op : {"conv", "max_pool", "avg_pool"})
-    refuse(op, "no gradient rule yet (convolution and pooling backward are not implemented)");
+  rule("conv", conv_rule);
+  for (const char* op : {"max_pool", "avg_pool"}) refuse(op, "no gradient rule yet (pooling backward is not implemented)");
   for (const char* op : {"quantize", "dequantize", "scaled_matmul", "matmul_int4"})
     refuse(op, "quantized ops are inference-only: run autodiff before quantization (FP8 training is not implemented)");
   for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv",
