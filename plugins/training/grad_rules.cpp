@@ -303,9 +303,60 @@ Grads attention_rule(GradContext& c) {
   return out;
 }
 
-/// conv's gradients as convolutions: dx is the transposed convolution (g with zeros between its
-/// strided elements, padded, convolved with the flipped weight whose in/out channels swap within
-/// each group); dw correlates the padded x with g (batch as the channel dim, stride and
+/// The gradient of conv's x: g with zeros between its strided elements, padded, convolved with
+/// the flipped weight whose in/out channels swap within each group (a transposed convolution).
+Value* conv_input_grad(Builder& b, Value* g, Value* w, const std::vector<int64_t>& xs, const std::vector<int64_t>& st,
+                       const std::vector<int64_t>& pads, const std::vector<int64_t>& dil, int64_t groups) {
+  const std::vector<int64_t> ws = require_static(w->shape(), "conv's w"), gs = require_static(g->shape(), "conv's result");
+  const size_t nsp = xs.size() - 2;
+  const int64_t cout = ws[0], cin = xs[1];
+  std::vector<int64_t> spatial;
+  for (size_t d = 0; d < nsp; ++d) spatial.push_back(static_cast<int64_t>(d + 2));
+  Value* gd = g;
+  bool strided = false;
+  for (int64_t s : st) strided |= s > 1;
+  std::vector<int64_t> dilated_len(nsp);
+  for (size_t d = 0; d < nsp; ++d) dilated_len[d] = (gs[d + 2] - 1) * st[d] + 1;
+  if (strided) {
+    // Zeros between strided elements: [N, O, h, 1, w, 1] padded to [N, O, h, s, w, s], flattened, cut.
+    Shape split{Dim(gs[0]), Dim(gs[1])}, full{Dim(gs[0]), Dim(gs[1])};
+    std::vector<int64_t> zpads(2 * (2 + 2 * nsp), 0);
+    for (size_t d = 0; d < nsp; ++d) {
+      split.push_back(Dim(gs[d + 2]));
+      split.push_back(Dim(1));
+      full.push_back(Dim(gs[d + 2] * st[d]));
+      zpads[(2 + 2 * nsp) + 3 + 2 * d] = st[d] - 1;
+    }
+    gd = b.reshape(b.op("pad", {b.reshape(g, split)}, {{"pads", Attribute(zpads)}}), full);
+    std::vector<int64_t> zeros(nsp, 0);
+    gd = b.op("slice", {gd}, {{"starts", Attribute(zeros)}, {"ends", Attribute(dilated_len)}, {"axes", Attribute(spatial)}});
+  }
+  std::vector<int64_t> tpads(2 * (nsp + 2), 0);
+  for (size_t d = 0; d < nsp; ++d) {
+    const int64_t reach = dil[d] * (ws[d + 2] - 1), left = reach - pads[d];
+    tpads[d + 2] = left;
+    tpads[nsp + 2 + d + 2] = xs[d + 2] + reach - left - dilated_len[d];
+  }
+  gd = b.op("pad", {gd}, {{"pads", Attribute(tpads)}});
+  std::vector<int64_t> starts, ends, steps(nsp, -1);
+  for (size_t d = 0; d < nsp; ++d) {
+    starts.push_back(ws[d + 2] - 1);
+    ends.push_back(-ws[d + 2] - 1);
+  }
+  Value* flipped = b.op("slice", {w}, {{"starts", Attribute(starts)}, {"ends", Attribute(ends)},
+                                       {"axes", Attribute(spatial)}, {"steps", Attribute(steps)}});
+  Shape grouped{Dim(groups), Dim(cout / groups), Dim(cin / groups)}, swapped{Dim(cin), Dim(cout / groups)};
+  std::vector<int64_t> perm{0, 2, 1};
+  for (size_t d = 0; d < nsp; ++d) {
+    grouped.push_back(Dim(ws[d + 2]));
+    swapped.push_back(Dim(ws[d + 2]));
+    perm.push_back(static_cast<int64_t>(d + 3));
+  }
+  Value* wt = b.reshape(b.transpose(b.reshape(flipped, grouped), perm), swapped);
+  return b.op("conv", {gd, wt}, {{"groups", Attribute(groups)}, {"dilations", Attribute(dil)}});
+}
+
+/// conv's gradients as convolutions: dx is the transposed convolution (conv_input_grad); dw correlates the padded x with g (batch as the channel dim, stride and
 /// dilation trading places), one group at a time.
 Grads conv_rule(GradContext& c) {
   Builder& b = c.b;
@@ -313,8 +364,7 @@ Grads conv_rule(GradContext& c) {
   if (n.get_string("layout") == "nhwc")
     throw BuildError{unimplemented("conv in layout nhwc has no gradient rule (run autodiff before layout-nhwc)")};
   Value *x = c.x(0), *w = c.x(1), *g = c.g();
-  const std::vector<int64_t> xs = require_static(x->shape(), "conv's x"), ws = require_static(w->shape(), "conv's w"),
-                             gs = require_static(g->shape(), "conv's result");
+  const std::vector<int64_t> xs = require_static(x->shape(), "conv's x"), ws = require_static(w->shape(), "conv's w");
   const size_t nsp = xs.size() - 2;
   auto attr = [&](const char* name, size_t len, int64_t fallback) {
     std::vector<int64_t> v = n.get_ints(name);
@@ -328,57 +378,13 @@ Grads conv_rule(GradContext& c) {
     spatial.push_back(static_cast<int64_t>(d + 2));
     perm01.push_back(static_cast<int64_t>(d + 2));
   }
-  AttrMap unit{{"groups", Attribute(groups)}, {"dilations", Attribute(dil)}};
   Grads out(static_cast<size_t>(n.num_operands()), nullptr);
   if (n.num_operands() > 2 && c.wants(2)) {
     std::vector<int64_t> axes{0};
     axes.insert(axes.end(), spatial.begin(), spatial.end());
     out[2] = b.reduce("reduce_sum", g, axes, false);
   }
-  if (c.wants(0)) {
-    Value* gd = g;
-    bool strided = false;
-    for (int64_t s : st) strided |= s > 1;
-    std::vector<int64_t> dilated_len(nsp);
-    for (size_t d = 0; d < nsp; ++d) dilated_len[d] = (gs[d + 2] - 1) * st[d] + 1;
-    if (strided) {
-      // Zeros between strided elements: [N, O, h, 1, w, 1] padded to [N, O, h, s, w, s], flattened, cut.
-      Shape split{Dim(gs[0]), Dim(gs[1])}, full{Dim(gs[0]), Dim(gs[1])};
-      std::vector<int64_t> zpads(2 * (2 + 2 * nsp), 0);
-      for (size_t d = 0; d < nsp; ++d) {
-        split.push_back(Dim(gs[d + 2]));
-        split.push_back(Dim(1));
-        full.push_back(Dim(gs[d + 2] * st[d]));
-        zpads[(2 + 2 * nsp) + 3 + 2 * d] = st[d] - 1;
-      }
-      gd = b.reshape(b.op("pad", {b.reshape(g, split)}, {{"pads", Attribute(zpads)}}), full);
-      std::vector<int64_t> zeros(nsp, 0);
-      gd = b.op("slice", {gd}, {{"starts", Attribute(zeros)}, {"ends", Attribute(dilated_len)}, {"axes", Attribute(spatial)}});
-    }
-    std::vector<int64_t> tpads(2 * (nsp + 2), 0);
-    for (size_t d = 0; d < nsp; ++d) {
-      const int64_t reach = dil[d] * (ws[d + 2] - 1), left = reach - pads[d];
-      tpads[d + 2] = left;
-      tpads[nsp + 2 + d + 2] = xs[d + 2] + reach - left - dilated_len[d];
-    }
-    gd = b.op("pad", {gd}, {{"pads", Attribute(tpads)}});
-    std::vector<int64_t> starts, ends, steps(nsp, -1);
-    for (size_t d = 0; d < nsp; ++d) {
-      starts.push_back(ws[d + 2] - 1);
-      ends.push_back(-ws[d + 2] - 1);
-    }
-    Value* flipped = b.op("slice", {w}, {{"starts", Attribute(starts)}, {"ends", Attribute(ends)},
-                                         {"axes", Attribute(spatial)}, {"steps", Attribute(steps)}});
-    Shape grouped{Dim(groups), Dim(cout / groups), Dim(cin / groups)}, swapped{Dim(cin), Dim(cout / groups)};
-    std::vector<int64_t> perm{0, 2, 1};
-    for (size_t d = 0; d < nsp; ++d) {
-      grouped.push_back(Dim(ws[d + 2]));
-      swapped.push_back(Dim(ws[d + 2]));
-      perm.push_back(static_cast<int64_t>(d + 3));
-    }
-    Value* wt = b.reshape(b.transpose(b.reshape(flipped, grouped), perm), swapped);
-    out[0] = b.op("conv", {gd, wt}, unit);
-  }
+  if (c.wants(0)) out[0] = conv_input_grad(b, g, w, xs, st, pads, dil, groups);
   if (c.wants(1)) {
     std::vector<int64_t> xpads(2 * (nsp + 2), 0);
     for (size_t d = 0; d < nsp; ++d) {
@@ -404,6 +410,31 @@ Grads conv_rule(GradContext& c) {
     out[1] = parts.size() == 1 ? parts[0] : b.op("concat", parts, {{"axis", Attribute(0)}});
   }
   return out;
+}
+
+/// avg_pool whose every window divides by its full size (no padding, or count_include_pad) is a
+/// depthwise convolution with weights 1/size: its gradient is that convolution's.
+Grads avg_pool_rule(GradContext& c) {
+  const Node& n = c.node;
+  const std::vector<int64_t> xs = require_static(c.x(0)->shape(), "avg_pool's x");
+  const size_t nsp = xs.size() - 2;
+  const std::vector<int64_t> kernel = n.get_ints("kernel_shape");
+  std::vector<int64_t> st = n.get_ints("strides"), pads = n.get_ints("pads");
+  if (st.empty()) st.assign(nsp, 1);
+  if (pads.empty()) pads.assign(2 * nsp, 0);
+  bool padded = false;
+  for (int64_t p : pads) padded |= p != 0;
+  if (n.get_int("ceil_mode") != 0 || (padded && n.get_int("count_include_pad") == 0))
+    throw BuildError{unimplemented("avg_pool with ceil_mode or with padding not counted has no gradient rule")};
+  std::vector<int64_t> wshape{xs[1], 1};
+  int64_t size = 1;
+  for (int64_t k : kernel) {
+    wshape.push_back(k);
+    size *= k;
+  }
+  Tensor ones(c.x(0)->dtype(), wshape);
+  for (int64_t i = 0; i < ones.numel(); ++i) ones.set_f64(i, 1.0 / static_cast<double>(size));
+  return {conv_input_grad(c.b, c.g(), c.b.constant(ones), xs, st, pads, std::vector<int64_t>(nsp, 1), xs[1])};
 }
 
 Grads cross_entropy_rule(GradContext& c) {
@@ -590,7 +621,8 @@ std::map<std::string, RuleEntry> build_table() {
   refuse("fused", "fused nodes are inlined before differentiation");
   refuse("reduce_prod", "no gradient rule yet (zeros in the product need care)");
   rule("conv", conv_rule);
-  for (const char* op : {"max_pool", "avg_pool"}) refuse(op, "no gradient rule yet (pooling backward is not implemented)");
+  rule("avg_pool", avg_pool_rule);
+  refuse("max_pool", "no gradient rule yet (max pooling backward is not implemented)");
   for (const char* op : {"quantize", "dequantize", "scaled_matmul", "matmul_int4"})
     refuse(op, "quantized ops are inference-only: run autodiff before quantization (FP8 training is not implemented)");
   for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv",
