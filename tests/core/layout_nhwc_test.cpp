@@ -2,8 +2,10 @@
 // cancel, and the reference gives the same values as the NCHW graph.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "kiln/core/pass_manager.h"
 #include "kiln/ir/text.h"
@@ -39,6 +41,31 @@ std::string stage_kir() {
 })";
 }
 
+/// The stage graph and its copy after `passes`.
+std::pair<std::unique_ptr<Graph>, std::unique_ptr<Graph>> stage_through(Registry& reg, const std::string& passes) {
+  auto g = parse_graph(stage_kir());
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto after = (*g)->clone();
+  auto stages = parse_pass_list(passes, reg);
+  REQUIRE(stages.ok());
+  PassManager pm(reg, PassManagerOptions{});
+  REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());
+  return {std::move(*g), std::move(after)};
+}
+
+/// `before` and `after` give the same values on the reference for seeded random inputs.
+void same_values(Registry& reg, const Graph& before, const Graph& after, unsigned seed) {
+  std::mt19937 rng(seed);
+  const std::vector<Tensor> in = random_inputs(before, rng);
+  const std::vector<Tensor> want = run_reference(reg, before, in), got = run_reference(reg, after, in);
+  REQUIRE(want.size() == got.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    REQUIRE(want[k].type() == got[k].type());
+    const std::vector<double> a = want[k].to_f64(), b = got[k].to_f64();
+    for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+  }
+}
+
 int count(const Graph& g, const std::string& op) {
   int k = 0;
   for (const auto& n : g.nodes()) k += n->op_name() == op;
@@ -51,13 +78,7 @@ TEST_SUITE("layout-nhwc") {
   TEST_CASE("a conv stage runs channels last with the same values, transposes only at its edges") {
     Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so",
                                    "kiln-plugin-backend-reference.so"});
-    auto g = parse_graph(stage_kir());
-    REQUIRE_MESSAGE(g.ok(), g.status().message());
-    auto after = (*g)->clone();
-    auto stages = parse_pass_list("layout-nhwc{depthwise=true,pointwise-as-linear=false},fold-layout", reg);
-    REQUIRE(stages.ok());
-    PassManager pm(reg, PassManagerOptions{});
-    REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());
+    const auto [g, after] = stage_through(reg, "layout-nhwc{depthwise=true,pointwise-as-linear=false},fold-layout");
     int nhwc = 0;
     for (const auto& n : after->nodes())
       if (n->op_name() == "conv") {
@@ -69,27 +90,13 @@ TEST_SUITE("layout-nhwc") {
     // NCHW. %p needs none (the mean over the spatial dims leaves [N, C]); %q's keepdims result
     // goes back through one. The constant w3 is permuted at compile time, so no transpose.
     CHECK(count(*after, "transpose") == 7);
-    std::mt19937 rng(5);
-    const std::vector<Tensor> in = random_inputs(**g, rng);
-    const std::vector<Tensor> want = run_reference(reg, **g, in), got = run_reference(reg, *after, in);
-    REQUIRE(want.size() == got.size());
-    for (size_t k = 0; k < want.size(); ++k) {
-      REQUIRE(want[k].type() == got[k].type());
-      const std::vector<double> a = want[k].to_f64(), b = got[k].to_f64();
-      for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
-    }
+    same_values(reg, *g, *after, 5);
   }
 
   TEST_CASE("a 1x1 conv becomes a linear layer; depthwise = false leaves depthwise convs NCHW") {
     Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so",
                                    "kiln-plugin-backend-reference.so"});
-    auto g = parse_graph(stage_kir());
-    REQUIRE_MESSAGE(g.ok(), g.status().message());
-    auto after = (*g)->clone();
-    auto stages = parse_pass_list("layout-nhwc{depthwise=false},fold-layout", reg);
-    REQUIRE(stages.ok());
-    PassManager pm(reg, PassManagerOptions{});
-    REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());
+    const auto [g, after] = stage_through(reg, "layout-nhwc{depthwise=false},fold-layout");
     int nhwc = 0, nchw = 0;
     for (const auto& n : after->nodes())
       if (n->op_name() == "conv") (n->get_string("layout", "nchw") == "nhwc" ? nhwc : nchw) += 1;
@@ -98,15 +105,7 @@ TEST_SUITE("layout-nhwc") {
     CHECK(count(*after, "linear") == 1);
     // x, w1, w2 and s in; the scaled tensor back to NCHW for the depthwise conv.
     CHECK(count(*after, "transpose") == 5);
-    std::mt19937 rng(6);
-    const std::vector<Tensor> in = random_inputs(**g, rng);
-    const std::vector<Tensor> want = run_reference(reg, **g, in), got = run_reference(reg, *after, in);
-    REQUIRE(want.size() == got.size());
-    for (size_t k = 0; k < want.size(); ++k) {
-      REQUIRE(want[k].type() == got[k].type());
-      const std::vector<double> a = want[k].to_f64(), b = got[k].to_f64();
-      for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
-    }
+    same_values(reg, *g, *after, 6);
   }
 
   TEST_CASE("image stems and depthwise convs can stay NCHW") {
