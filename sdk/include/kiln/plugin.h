@@ -12,8 +12,9 @@
 #include "kiln/core/registry.h"
 #include "kiln/version.h"
 
-/// Bumped when a change breaks plugins built against older headers.
-#define KILN_PLUGIN_ABI_MAJOR 1
+/// Bumped when a change breaks plugins built against older headers. 2: Executable gained the
+/// virtual read_state/write_state (training checkpoints), so an older backend's vtable is short.
+#define KILN_PLUGIN_ABI_MAJOR 2
 /// Bumped when headers grow compatibly; a plugin needing a newer minor is refused.
 #define KILN_PLUGIN_ABI_MINOR 0
 
