@@ -6,7 +6,6 @@
 #include "fusion.h"
 
 namespace kiln::fusion {
-namespace {
 
 std::vector<int64_t> perm_of(const Node& t) {
   const int64_t rank = static_cast<int64_t>(t.operand(0)->shape().size());
@@ -16,6 +15,8 @@ std::vector<int64_t> perm_of(const Node& t) {
   for (int64_t& a : p) a = a < 0 ? a + rank : a;
   return p;
 }
+
+namespace {
 
 bool is_reshape_like(const Node& n) {
   const std::string& op = n.op_name();

@@ -23,6 +23,9 @@ PassInfo fuse_horizontal_pass_info();
 PassInfo fold_layout_pass_info();
 /// Registry entry of layout-nhwc (layout_nhwc.cpp).
 PassInfo layout_nhwc_pass_info();
+/// The permutation a transpose applies, axes normalized; none given reverses them (numpy's
+/// default). Defined in fold_layout.cpp.
+std::vector<int64_t> perm_of(const Node& t);
 
 // Grouping helpers shared by the fusion passes (defined in fuse_pointwise.cpp).
 

@@ -9,7 +9,6 @@
 // channels-last, where the pair cancels: a ResNet or ConvNeXt body is left with one transpose at
 // its entry and one before its head. Constant weights are permuted at compile time.
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -27,19 +26,16 @@ Perm channels_last_perm(int64_t rank) {  // [N, C, sp...] -> [N, sp..., C]
   return p;
 }
 
+bool is_identity(const Perm& p) {
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
 Perm inverse(const Perm& p) {
   Perm inv(p.size());
   for (size_t i = 0; i < p.size(); ++i) inv[static_cast<size_t>(p[i])] = static_cast<int64_t>(i);
   return inv;
-}
-
-Perm perm_of(const Node& t) {
-  const int64_t rank = static_cast<int64_t>(t.operand(0)->shape().size());
-  Perm p = t.get_ints("perm");
-  if (p.empty())
-    for (int64_t d = rank; d-- > 0;) p.push_back(d);
-  for (int64_t& a : p) a = a < 0 ? a + rank : a;
-  return p;
 }
 
 template <typename S>
@@ -110,10 +106,7 @@ class LayoutNhwc final : public Pass {
   /// constant permuted in place of a node.
   StatusOr<Value*> transposed(Graph& g, Value* v, const Perm& p, Node* before) {
     if (Node* t = v->producer(); t && t->op_name() == "transpose") {
-      Perm composed = permuted(perm_of(*t), p);
-      Perm id(composed.size());
-      std::iota(id.begin(), id.end(), 0);
-      if (composed == id) return t->operand(0);
+      if (is_identity(permuted(perm_of(*t), p))) return t->operand(0);
     }
     // One transpose of a value serves every user (a residual branch read by two blocks).
     for (const auto& use : v->uses()) {
@@ -153,10 +146,16 @@ class LayoutNhwc final : public Pass {
     Value* r = old->result();
     KILN_ASSIGN_OR_RETURN(Node * t, g.create_node("transpose", {v}, {r->type()}, {{"perm", p}}, next));
     t->set_loc(old->loc());
+    return take_over(g, old, t->result());
+  }
+
+  /// `v` replaces `old`'s result for every user, under its name, and `old` goes.
+  static Status take_over(Graph& g, Node* old, Value* v) {
+    Value* r = old->result();
     const std::string name = r->name();
     r->set_name("");
-    r->replace_all_uses_with(t->result());
-    t->result()->set_name(name);
+    r->replace_all_uses_with(v);
+    v->set_name(name);
     return g.erase_node(old);
   }
 
@@ -334,18 +333,7 @@ class LayoutNhwc final : public Pass {
     }
     KILN_ASSIGN_OR_RETURN(Node * r, g.create_node(n->op_name(), {a}, {inner}, attrs, n));
     r->set_loc(n->loc());
-    Perm id(back.size());
-    std::iota(id.begin(), id.end(), 0);
-    if (back == id) {
-      Value* old = n->result();
-      const std::string name = old->name();
-      old->set_name("");
-      old->replace_all_uses_with(r->result());
-      r->result()->set_name(name);
-      KILN_RETURN_IF_ERROR(g.erase_node(n));
-      return true;
-    }
-    KILN_RETURN_IF_ERROR(route_back(g, n, r->result(), back));
+    KILN_RETURN_IF_ERROR(is_identity(back) ? take_over(g, n, r->result()) : route_back(g, n, r->result(), back));
     return true;
   }
 
