@@ -93,12 +93,16 @@ StatusOr<bool> Lowerer::small_m_gemm(const Node& n) {
                   (bias ? "const " + st + "* __restrict__ bias, " : "") + st + "* __restrict__ y) {\n";
   s += "  __shared__ __align__(16) float xs[" + M + " * " + KT + "];\n";
   // Each tile of x (all rows, KT columns) goes to shared memory as float; every warp reads it.
+  // The row loop is unrolled so the M loads of a column are in flight together: with few blocks
+  // (a squeeze-excite FC has N = 48 columns, 12 blocks) nothing else hides their latency, and
+  // one load at a time made the staging, not the weights, the kernel's cost.
   const std::string stage_x =
       "    const int kt = (int)min((long long)" + KT + ", " + K + " - k0);\n"
       "    __syncthreads();\n"
-      "    for (int i = threadIdx.x; i < " + M + " * kt; i += blockDim.x) {\n"
-      "      const int r = i / kt, c = i - r * kt;\n"
-      "      xs[r * " + KT + " + c] = " + load_expr(t, "x[(long long)r * " + K + " + k0 + c]") + ";\n"
+      "    for (int c = threadIdx.x; c < kt; c += blockDim.x) {\n"
+      "#pragma unroll\n"
+      "      for (int r = 0; r < " + M + "; ++r)\n"
+      "        xs[r * " + KT + " + c] = " + load_expr(t, "x[(long long)r * " + K + " + k0 + c]") + ";\n"
       "    }\n"
       "    __syncthreads();\n";
   // Loads V weights at `ptr` into e[0..V).
