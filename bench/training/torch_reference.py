@@ -80,7 +80,8 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     workdir = tempfile.mkdtemp(prefix=f"kiln-torch-{args.task}-")
     cls = models.TASKS[args.task]
-    model, kir, toml, data_dir, data = write_task(cls, args.steps, workdir)
+    model, kir, toml, data_dir, data = write_task(cls, args.steps, workdir,
+                                                decompose_losses=args.backend.startswith("cuda"))
     curves = {"torch": (torch_gpt if args.task == "gpt" else torch_mlp)(cls(), data, args.steps, args.device),
               "numpy-f64": model.reference_losses(data, args.steps)}
     if args.kiln:

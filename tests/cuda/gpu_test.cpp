@@ -59,13 +59,17 @@ const Case kCases[] = {
   %rn = rms_norm(%x) : f32[4, 300]
   return %m, %n, %a, %s, %l, %ln, %rn })"},
     // Reductions over middle dims with kept dims after them (a channels-last global pool):
-    // the warp-along-I kernel, with a partial last tile of 32.
-    {"channels-last pools", R"(graph @g(%x: f32[3, 9, 11, 40], %h: bf16[2, 20, 20, 70]) -> (f32[3, 1, 1, 40], f32[3, 40], bf16[2, 70], f32[9, 40]) {
+    // the warp-along-I kernel, with a partial last tile of 32; %z's 1600 rows over 4 tiles split
+    // across blocks (partials, then a combining kernel).
+    {"channels-last pools", R"(graph @g(%x: f32[3, 9, 11, 40], %h: bf16[2, 20, 20, 70], %z: f32[2, 40, 40, 36]) -> (f32[3, 1, 1, 40], f32[3, 40], bf16[2, 70], f32[9, 40], f32[2, 36], f32[2, 1, 1, 36], bf16[2, 70]) {
   %m = reduce_mean(%x) {axes = [1, 2], keepdims = 1} : f32[3, 1, 1, 40]
   %n = reduce_max(%x) {axes = [1, 2], keepdims = 0} : f32[3, 40]
   %s = reduce_sum(%h) {axes = [1, 2], keepdims = 0} : bf16[2, 70]
   %t = reduce_min(%x) {axes = [0, 2], keepdims = 0} : f32[9, 40]
-  return %m, %n, %s, %t })"},
+  %zm = reduce_mean(%z) {axes = [1, 2], keepdims = 0} : f32[2, 36]
+  %zx = reduce_max(%z) {axes = [1, 2], keepdims = 1} : f32[2, 1, 1, 36]
+  %hm = reduce_mean(%h) {axes = [1, 2], keepdims = 0} : bf16[2, 70]
+  return %m, %n, %s, %t, %zm, %zx, %hm })"},
     {"gemm", R"(graph @g(%a: f32[2, 3, 8], %b: f32[8, 5], %w: f32[6, 8], %bias: f32[6]) -> (f32[2, 3, 5], f32[2, 3, 6]) {
   %m = matmul(%a, %b) : f32[2, 3, 5]
   %l = linear(%a, %w, %bias) : f32[2, 3, 6]

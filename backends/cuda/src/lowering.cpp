@@ -478,6 +478,10 @@ Status Lowerer::strided_copy(const Node& n, int in, int out, const Sizes& out_sh
   return ok_status();
 }
 
+/// Blocks a middle-dim reduction aims for (two per SM of a 132-SM H100/H200) before it splits
+/// its reduced rows across blocks.
+constexpr int64_t kReduceBlocks = 264;
+
 /// The accumulator type of reductions over `t`: f32 for narrow floats, f64 for f64.
 std::string acc_type(DType t) {
   if (t == DType::kF64) return "double";
@@ -537,23 +541,50 @@ Status Lowerer::reduce(const Node& n) {
   for (size_t d = first; middle && d <= last; ++d) middle = mask[d];
   const int64_t inner = middle ? product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(last) + 1, xs.end())) : 1;
   if (middle && inner >= 8 && len >= 64) {
-    const int64_t outer = rows / inner, tiles = (inner + 31) / 32;
-    body += "  __shared__ " + acc + " part[" + std::to_string(kBlock / 32) + "][33];\n";
+    const int64_t outer = rows / inner, tiles = (inner + 31) / 32, warps = kBlock / 32;
+    // Few outputs (a squeeze-excite pool over [16, 112*112, 32] has 16 tiles) would leave most
+    // of the GPU idle with each warp walking thousands of rows: split R into chunks, one block
+    // each, whose partials a second kernel combines.
+    const int64_t splits = std::clamp<int64_t>(kReduceBlocks / (outer * tiles), 1, len / 64);
+    const int64_t chunk = (len + splits - 1) / splits;
+    const std::string C = int_literal(chunk), L = int_literal(len), I = int_literal(inner);
+    body += "  __shared__ " + acc + " part[" + std::to_string(warps) + "][33];\n";
     body += "  const int lane = threadIdx.x & 31, wrp = threadIdx.x >> 5;\n";
-    body += "  for (long long blk = blockIdx.x; blk < " + int_literal(outer * tiles) + "; blk += gridDim.x) {\n";
-    body += "    const long long o = blk / " + int_literal(tiles) + ", i = (blk % " + int_literal(tiles) + ") * 32 + lane;\n";
+    body += "  for (long long blk = blockIdx.x; blk < " + int_literal(outer * tiles * splits) + "; blk += gridDim.x) {\n";
+    body += "    const long long s = blk / " + int_literal(outer * tiles) + ", ot = blk % " + int_literal(outer * tiles) + ";\n";
+    body += "    const long long o = ot / " + int_literal(tiles) + ", i = (ot % " + int_literal(tiles) + ") * 32 + lane;\n";
+    body += "    const long long r1 = min((s + 1) * " + C + ", " + L + ");\n";
     body += "    " + acc + " acc = " + init + ";\n";
-    body += "    if (i < " + int_literal(inner) + ")\n";
-    body += "      for (long long r = wrp; r < " + int_literal(len) + "; r += " + std::to_string(kBlock / 32) + ")\n";
-    body += "        acc = comb(acc, (" + acc + ")" + load_expr(t, "x[(o * " + int_literal(len) + " + r) * " + int_literal(inner) + " + i]") + ");\n";
-    body += "    part[wrp][lane] = acc;\n    __syncthreads();\n";
-    body += "    if (wrp == 0 && i < " + int_literal(inner) + ") {\n";
-    body += "      for (int w = 1; w < " + std::to_string(kBlock / 32) + "; ++w) acc = comb(acc, part[w][lane]);\n";
-    body += "      y[o * " + int_literal(inner) + " + i] = " + store_expr(t, fin) + ";\n    }\n";
+    body += "    if (i < " + I + ") {\n#pragma unroll 8\n";
+    body += "      for (long long r = s * " + C + " + wrp; r < r1; r += " + std::to_string(warps) + ")\n";
+    body += "        acc = comb(acc, (" + acc + ")" + load_expr(t, "x[(o * " + L + " + r) * " + I + " + i]") + ");\n";
+    body += "    }\n    part[wrp][lane] = acc;\n    __syncthreads();\n";
+    body += "    if (wrp == 0 && i < " + I + ") {\n";
+    body += "      for (int w = 1; w < " + std::to_string(warps) + "; ++w) acc = comb(acc, part[w][lane]);\n";
+    if (splits == 1) {
+      body += "      y[o * " + I + " + i] = " + store_expr(t, fin) + ";\n    }\n";
+    } else {
+      body += "      partial[s * " + int_literal(rows) + " + o * " + I + " + i] = acc;\n    }\n";
+    }
     body += "    __syncthreads();\n  }\n";
     const std::string name = kernel_name(op);
-    add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
-    launch(name, outer * tiles, {buf(x), out});
+    if (splits == 1) {
+      add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
+      launch(name, outer * tiles, {buf(x), out});
+      return ok_status();
+    }
+    const DType pt = acc == "double" ? DType::kF64 : acc == "float" ? DType::kF32 : DType::kI64;
+    const int partial = add_buffer("activation", pt, {splits, rows});
+    add_kernel(name, "const " + st + "* __restrict__ x, " + acc + "* __restrict__ partial", body);
+    launch(name, outer * tiles * splits, {buf(x), partial});
+    const std::string fold = kernel_name(op + "_splits");
+    launch_elementwise(fold, "const " + acc + "* __restrict__ partial, " + st + "* __restrict__ y", rows,
+                       "    auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n"
+                       "    " + acc + " acc = partial[i];\n"
+                       "    for (int s = 1; s < " + std::to_string(splits) + "; ++s) acc = comb(acc, partial[s * " +
+                           int_literal(rows) + " + i]);\n"
+                       "    y[i] = " + store_expr(t, fin) + ";\n",
+                       {partial, out});
     return ok_status();
   }
   body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
