@@ -3,6 +3,7 @@
 #include "partition.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 #include <sstream>
@@ -23,6 +24,7 @@ struct Decision {
   AttrMap attrs;
   bool bias_after_reduce = false;  ///< row-parallel linear: add the bias once the sum is reduced
   bool fallback = false;
+  int vocab_axis = -1;  ///< gather: the mesh axis its table is split over by rows (vocab parallel)
 };
 
 bool is_pointwise(const Node& n) { return n.op() && n.op()->has(kTraitElementwise); }
@@ -505,16 +507,24 @@ class Partitioner {
     return d;
   }
 
-  /// gather(data, indices, axis): replicated data, indices' shards become the output's
-  /// (an embedding lookup of batch-sharded token ids).
+  /// gather(data, indices, axis): indices' shards become the output's (an embedding lookup of
+  /// batch-sharded token ids). A table the policy splits by rows (`axis` 0, rank 2: the
+  /// vocabulary) is vocab parallel on that mesh axis: each rank looks up the ids in its rows,
+  /// zeros elsewhere, and the result is a partial sum (Megatron's VocabParallelEmbedding).
   Decision gather(const Node& n) const {
     const int64_t axis = n.get_int("axis") < 0 ? n.get_int("axis") + rank_of(n.operand(0)) : n.get_int("axis");
-    Sharding si = without_partials(layout(n, 1)), t = replicated();
+    Sharding si = without_partials(layout(n, 1)), t = replicated(), sd = replicated();
     for (size_t a = 0; a < si.size(); ++a)
       if (si[a].is_shard()) t[a] = P::shard(axis + si[a].dim);
-    if (!fits(t, n.result()->type())) return fallback(n);
     Decision d;
-    d.operands = {replicated(), si};
+    if (axis == 0 && rank_of(n.operand(0)) == 2 && is_replicated(without_partials(layout(n, 0))))
+      if (auto pick = ask_policy(n, 0, si))
+        for (size_t a = 0; a < pick->size() && d.vocab_axis < 0; ++a)
+          if ((*pick)[a].is_shard() && (*pick)[a].dim == 0 && !si[a].is_shard() && mesh_.axes[a].size > 1 &&
+              dim_of(n.operand(0), 0).is_static())
+            d.vocab_axis = static_cast<int>(a), t[a] = P::partial();
+    if (!fits(without_partials(t), n.result()->type())) return fallback(n);
+    d.operands = {sd, si};
     d.results = {t};
     d.attrs = n.attrs();
     return d;
@@ -631,10 +641,97 @@ class Partitioner {
     return fallback(n);
   }
 
+  /// A constant node in the per-rank graph, replicated.
+  StatusOr<Value*> constant(Tensor t, const std::string& name, Location loc) {
+    KILN_ASSIGN_OR_RETURN(Node * c, emit("constant", {}, {{"value", Attribute(std::move(t))}}, name, loc));
+    c->result()->set_sharding(replicated());
+    return c->result();
+  }
+
+  /// Vocab-parallel gather(table [V, D], ids) on mesh axis `a` of p ranks: the table is split
+  /// into p blocks of ceil(V/p) rows (zero rows pad the last when p does not divide V, as
+  /// Megatron pads its vocabulary); rank k looks up ids - k*rows clamped into its block and
+  /// zeroes the rows of ids outside it, so the ranks' results sum to the lookup. Negative ids
+  /// wrap first, as gather's do.
+  StatusOr<Value*> lower_vocab_gather(const Node& n, const Decision& d) {
+    const auto a = static_cast<size_t>(d.vocab_axis);
+    const int64_t p = mesh_.axes[a].size, vocab = dim_of(n.operand(0), 0).value();
+    const int64_t rows = (vocab + p - 1) / p;
+    const std::string base = n.result()->name().empty() ? "gather" : n.result()->name();
+    Value* table = local_.at(n.operand(0));
+    KILN_ASSIGN_OR_RETURN(table, redistribute(table, replicated()));
+    if (rows * p != vocab) {
+      std::vector<int64_t> pad_shape = static_sizes(table->shape());
+      pad_shape[0] = rows * p - vocab;
+      if (const Tensor* whole = constant_tensor(table)) {  // pad the weight itself: it stays a weight
+        std::vector<int64_t> shape = static_sizes(table->shape());
+        shape[0] = rows * p;
+        Tensor padded(whole->dtype(), shape);
+        std::memcpy(padded.mutable_data(), whole->data(), whole->nbytes());
+        std::memset(padded.mutable_data() + whole->nbytes(), 0, padded.nbytes() - whole->nbytes());
+        KILN_ASSIGN_OR_RETURN(table, constant(std::move(padded), base + ".vocab_padded", n.loc()));
+      } else {
+        Tensor zeros(table->dtype(), pad_shape);
+        std::memset(zeros.mutable_data(), 0, zeros.nbytes());
+        KILN_ASSIGN_OR_RETURN(Value * z, constant(std::move(zeros), base + ".vocab_pad", n.loc()));
+        KILN_ASSIGN_OR_RETURN(Node * cat, emit("concat", {table, z}, {{"axis", Attribute(int64_t{0})}}, base + ".vocab_padded", n.loc()));
+        cat->result()->set_sharding(replicated());
+        table = cat->result();
+      }
+    }
+    Sharding split = replicated();
+    split[a] = P::shard(0);
+    KILN_ASSIGN_OR_RETURN(table, redistribute(table, split));
+    KILN_ASSIGN_OR_RETURN(Value * ids, redistribute(local_.at(n.operand(1)), d.operands[1]));
+    const Sharding ids_layout = ids->sharding().empty() ? replicated() : ids->sharding();
+    std::vector<int64_t> starts;
+    for (int64_t k = 0; k < p; ++k) starts.push_back(k * rows);
+    KILN_ASSIGN_OR_RETURN(Value * all_starts,
+                          constant(Tensor::from_i64(ids->dtype(), {p}, starts), base + ".vocab_start", n.loc()));
+    KILN_ASSIGN_OR_RETURN(Value * start, collective("local_shard", all_starts, a, {{"dim", Attribute(int64_t{0})}}, split));
+    auto step = [&](const std::string& op, std::vector<Value*> operands, AttrMap attrs, const std::string& suffix,
+                    const Sharding& s) -> StatusOr<Value*> {
+      KILN_ASSIGN_OR_RETURN(Node * m, emit(op, std::move(operands), std::move(attrs), base + suffix, n.loc()));
+      m->result()->set_sharding(s);
+      return m->result();
+    };
+    // gather wraps negative ids (numpy, ONNX): make them positive before comparing with the rows.
+    KILN_ASSIGN_OR_RETURN(Value * no_id, constant(Tensor::scalar_i64(ids->dtype(), 0), base + ".id_zero", n.loc()));
+    KILN_ASSIGN_OR_RETURN(Value * vocab_size, constant(Tensor::scalar_i64(ids->dtype(), vocab), base + ".vocab_size", n.loc()));
+    KILN_ASSIGN_OR_RETURN(Value * negative, step("less", {ids, no_id}, {}, ".id_negative", ids_layout));
+    KILN_ASSIGN_OR_RETURN(Value * wrapped, step("add", {ids, vocab_size}, {}, ".id_wrapped", ids_layout));
+    KILN_ASSIGN_OR_RETURN(ids, step("where", {negative, wrapped, ids}, {}, ".id", ids_layout));
+    KILN_ASSIGN_OR_RETURN(Value * local, step("sub", {ids, start}, {}, ".vocab_local", ids_layout));
+    KILN_ASSIGN_OR_RETURN(Value * clamped, step("clip", {local}, {{"min", Attribute(0.0)}, {"max", Attribute(static_cast<double>(rows - 1))}},
+                                                ".vocab_clamped", ids_layout));
+    KILN_ASSIGN_OR_RETURN(Value * mine, step("equal", {local, clamped}, {}, ".vocab_mine", ids_layout));
+    KILN_ASSIGN_OR_RETURN(Value * rows_of, step("gather", {table, clamped}, d.attrs, ".vocab_rows", d.results[0]));
+    KILN_ASSIGN_OR_RETURN(Value * mask, step("unsqueeze", {mine}, {{"axes", Attribute(std::vector<int64_t>{rank_of(n.operand(1))})}},
+                                             ".vocab_mask", ids_layout));
+    KILN_ASSIGN_OR_RETURN(Value * zero, constant(Tensor::scalar_f64(table->dtype(), 0.0), base + ".zero", n.loc()));
+    KILN_ASSIGN_OR_RETURN(Value * partial, step("where", {mask, rows_of, zero}, {}, "", d.results[0]));
+    // Reduce at once, as Megatron does (all-reduce, or reduce-scatter into the sequence-parallel
+    // residual stream): a partial embedding would otherwise keep the whole residual stream
+    // partial, each norm all-reducing it.
+    Sharding reduced = d.results[0];
+    reduced[a] = P::replicate();
+    const int64_t seq = opt_.policy.shard_partial_sums_along;
+    if (seq >= 0 && seq < rank_of(n.result()) && !dim_shared(reduced, a, seq)) {
+      reduced[a] = P::shard(seq);
+      if (!fits(reduced, n.result()->type())) reduced[a] = P::replicate();
+    }
+    return redistribute(partial, reduced);
+  }
+
   /// Partitions one node of the global graph into the per-rank graph.
   Status lower(const Node& n) {
     Decision d = decide(n);
     if (d.fallback) ++report_.replicated_fallbacks;
+    if (d.vocab_axis >= 0) {
+      KILN_ASSIGN_OR_RETURN(Value * v, lower_vocab_gather(n, d));
+      ++report_.vocab_parallel;
+      return finish(n, 0, v);
+    }
     std::vector<Value*> operands;
     for (int i = 0; i < n.num_operands(); ++i) {
       KILN_ASSIGN_OR_RETURN(Value * v, redistribute(local_.at(n.operand(i)), d.operands[static_cast<size_t>(i)]));
@@ -678,13 +775,19 @@ class Partitioner {
         add->result()->set_sharding(v->sharding());
         v = add->result();
       }
-      // A placement written on the global value is a request: honour it once computed.
-      if (!n.result(i)->sharding().empty()) {
-        KILN_RETURN_IF_ERROR(check(n.result(i)->sharding(), n.result(i)->type(), "%" + n.result(i)->name()));
-        KILN_ASSIGN_OR_RETURN(v, redistribute(v, n.result(i)->sharding()));
-      }
-      local_[n.result(i)] = v;
+      KILN_RETURN_IF_ERROR(finish(n, i, v));
     }
+    return ok_status();
+  }
+
+  /// Records `v` as result `i` of global node `n`; a placement written on the global value is
+  /// a request, honoured once the value is computed.
+  Status finish(const Node& n, int i, Value* v) {
+    if (!n.result(i)->sharding().empty()) {
+      KILN_RETURN_IF_ERROR(check(n.result(i)->sharding(), n.result(i)->type(), "%" + n.result(i)->name()));
+      KILN_ASSIGN_OR_RETURN(v, redistribute(v, n.result(i)->sharding()));
+    }
+    local_[n.result(i)] = v;
     return ok_status();
   }
 

@@ -13,11 +13,12 @@
 
 namespace kiln::parallel {
 
-/// A contraction with a constant (or otherwise unannotated) weight, as the partitioner reaches
-/// it: the strategy may pick the weight's layout on each mesh axis.
+/// A contraction with a constant (or otherwise unannotated) weight, or an embedding lookup
+/// (gather along dim 0 of a rank-2 table), as the partitioner reaches it: the strategy may pick
+/// the weight's layout on each mesh axis.
 struct WeightChoice {
   const Node& node;            ///< linear/matmul in the global graph
-  int weight_operand;          ///< 1 for linear's w and matmul's b
+  int weight_operand;          ///< 1 for linear's w and matmul's b, 0 for gather's table
   const Sharding& activation;  ///< the layout the other operand arrives in (per-rank view)
 };
 
@@ -45,6 +46,7 @@ struct PartitionOptions {
 struct PartitionReport {
   int all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0, local_shard = 0;
   int replicated_fallbacks = 0;  ///< nodes computed whole on every rank (no rule applied)
+  int vocab_parallel = 0;        ///< embedding lookups whose table is split by vocabulary rows
 };
 
 /// Rewrites `g` (global view: mesh set, placements on some values, e.g. on inputs or weights)

@@ -277,8 +277,12 @@ StatusOr<ProgramCost> cost_program(const Graph& g, const DeviceModel& d) {
     }
     double bytes = 0;
     std::unordered_set<const Value*> seen;
-    for (const Value* v : n.operands())
-      if (seen.insert(v).second) bytes += static_cast<double>(value_bytes(*v));
+    for (int i = 0; i < n.num_operands(); ++i) {
+      const Value* v = n.operand(i);
+      // An embedding lookup reads the rows it picks, not its whole table.
+      if (n.op_name() == "gather" && i == 0) bytes += static_cast<double>(value_bytes(*n.result()));
+      else if (seen.insert(v).second) bytes += static_cast<double>(value_bytes(*v));
+    }
     for (int i = 0; i < n.num_results(); ++i) bytes += static_cast<double>(value_bytes(*n.result(i)));
     const double flops = node_flops(n);
     const DType dt = n.num_operands() > 0 ? n.operand(0)->dtype() : n.result()->dtype();

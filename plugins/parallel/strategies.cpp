@@ -20,11 +20,16 @@ std::optional<Sharding> megatron_layout(const WeightChoice& c, size_t axis, cons
   if (!is_weight || (conv ? w->type().rank() < 3 : w->type().rank() != 2) ||
       num_elements(w->shape()) < std::max<int64_t>(cfg.min_size, 1))
     return std::nullopt;
+  Sharding s(static_cast<size_t>(cfg.mesh.rank()), Placement::replicate());
+  if (c.node.op_name() == "gather") {  // an embedding table: split its vocabulary rows
+    if (!cfg.vocab_parallel) return std::nullopt;
+    s[axis] = Placement::shard(0);  // the partitioner pads a vocabulary the ranks do not divide
+    return s;
+  }
   // linear's and conv's weights are [out, in, ...]; matmul's is [in, out].
   const bool out_first = c.node.op_name() == "linear" || conv;
   const int64_t out_dim = out_first ? 0 : 1, in_dim = out_first ? 1 : 0;
   const Placement act = c.activation[axis];
-  Sharding s(static_cast<size_t>(cfg.mesh.rank()), Placement::replicate());
   const int64_t feature_dim = conv ? 1 : x->type().rank() - 1;  // where the activation's features are
   const bool split_features = act.is_shard() && act.dim == feature_dim;
   s[axis] = Placement::shard(split_features ? in_dim : out_dim);

@@ -27,6 +27,7 @@ struct TensorParallelConfig {
   std::string axis;       ///< the mesh axis weights are split over ("": the last)
   std::string data_axis;  ///< also split the batch over this axis ("": no data parallelism)
   bool sequence_parallel = false;
+  bool vocab_parallel = true;  ///< split embedding tables by vocabulary rows (Megatron)
   int64_t sequence_dim = 1, batch_dim = 0;
   int64_t min_size = 0;   ///< smallest weight (elements) worth splitting
   bool replicate_outputs = false;

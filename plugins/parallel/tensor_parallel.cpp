@@ -32,6 +32,9 @@ Status register_tensor_parallel(Registry& r) {
       {"axis", OptionType::kString, std::string(""), "mesh axis the weights are split over (default: the last)"},
       {"sequence-parallel", OptionType::kBool, false,
        "keep the residual stream and norms split along sequence-dim (reduce-scatter + all-gather per block)"},
+      {"vocab-parallel", OptionType::kBool, true,
+       "split embedding tables (gather of a [vocab, dim] weight) by vocabulary rows: each rank looks up its "
+       "rows, one all-reduce (reduce-scatter under sequence-parallel) sums them"},
       {"sequence-dim", OptionType::kInt, int64_t{1}, "the activations' sequence dim, for sequence-parallel"},
       {"data-axis", OptionType::kString, std::string(""), "also split the batch over this mesh axis (data parallel)"},
       {"batch-dim", OptionType::kInt, int64_t{0}, "the inputs' batch dim, for data-axis"},
@@ -47,6 +50,7 @@ Status register_tensor_parallel(Registry& r) {
     cfg.axis = o.get_string("axis");
     cfg.data_axis = o.get_string("data-axis");
     cfg.sequence_parallel = o.get_bool("sequence-parallel");
+    cfg.vocab_parallel = o.get_bool("vocab-parallel");
     cfg.sequence_dim = o.get_int("sequence-dim");
     cfg.batch_dim = o.get_int("batch-dim");
     cfg.min_size = o.get_int("min-size");

@@ -19,6 +19,8 @@ inputs). STRATEGY is one of:
   auto      the planner's choice for the mesh's device count (objective throughput)
   auto-memory  the planner's choice for the smallest memory per rank
   FILE.toml a pipeline with a [parallel] section (and fusion passes), run on reference
+--require TEXT fails a mesh of more than one rank whose per-rank program lacks TEXT (e.g. the
+name suffix a rule gives the values it adds).
 --batch B widens a model folder's saved inputs to batch B (rows rolled, so every row differs)
 and binds the folder's `batch` dim to B.
 """
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("--sym", action="append", default=[])
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--outputs", default="", help="output names of a .kir model, comma-separated")
+    ap.add_argument("--require", action="append", default=[], help="text the per-rank program must hold")
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--atol", type=float, default=1e-5)
     a = ap.parse_args()
@@ -170,6 +173,10 @@ def main():
                 split = split_inputs if data_only else counts["local_shard"]
                 if a.strategy.endswith(".toml") or a.strategy.startswith("auto"):
                     split = split_inputs + counts["local_shard"]
+                for want_text in a.require:
+                    if want_text not in text:
+                        print(f"FAIL {a.strategy} on {ranks} ranks: the per-rank program has no '{want_text}'")
+                        ok = False
                 if split == 0:
                     print(f"FAIL {a.strategy} on {ranks} ranks split nothing: every rank computes the whole model")
                     ok = False

@@ -46,14 +46,33 @@ def write_mlp(path, d, ff, dtype, batch="B"):
               f"  %a = relu(%h) : {dtype}[{batch}, {ff}]",
               f"  %y = linear(%a, %w2) : {dtype}[{batch}, {d}]",
               "  return %y", "}"]
+    write_sparse(path, lines, tags, offset)
+    return 2 * d * ff * size  # weight bytes
+
+
+def write_sparse(path, lines, tags, size):
+    """The .kir text, and its side file of `size` bytes holding only a tag at each offset."""
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(path + ".bin", "wb") as f:
         for i, t in enumerate(tags):
             f.seek(t)
             f.write(bytes([0, 0x3F, i + 1, 0x3F]))  # small nonzero values, different per weight
-        f.truncate(offset)
-    return 2 * d * ff * size  # weight bytes
+        f.truncate(size)
+
+
+def write_lm(path, vocab, d, dtype):
+    """ids[B, T] -> gather(wte) -> linear(wte): a language model that is all embedding, its table
+    tied to the output projection; the table in a sparse side file."""
+    side = os.path.basename(path) + ".bin"
+    size = {"f32": 4, "bf16": 2}[dtype]
+    lines = [f"graph @lm(%ids: i64[B, T]) -> ({dtype}[B, T, {vocab}]) {{",
+             f'  %wte = constant() {{value = dense<{dtype}[{vocab}, {d}]>(file "{side}", offset 0)}} : {dtype}[{vocab}, {d}]',
+             f"  %e = gather(%wte, %ids) {{axis = 0}} : {dtype}[B, T, {d}]",
+             f"  %logits = linear(%e, %wte) : {dtype}[B, T, {vocab}]",
+             "  return %logits", "}"]
+    write_sparse(path, lines, [0], vocab * d * size)
+    return vocab * d * size
 
 
 def plan(kiln, model, *args):
@@ -101,6 +120,27 @@ def main():
                   f"memory objective: weights split 8 ways ({p['chosen']['weight_bytes']} of {weights} bytes)")
         else:
             check(False, "memory objective planned: " + proc.stderr)
+
+        # Vocab-parallel embeddings: a 64 MiB table tied to the output projection is split by rows
+        # on every rank (8 ranks: 1/8 of it each, not a whole copy for the lookup), and the lookup
+        # is costed for the rows it reads, not the whole table.
+        lm = os.path.join(tmp, "lm.kir")
+        table = write_lm(lm, 32768, 1024, "bf16")
+        p, proc = plan(kiln, lm, "--devices", "8", "--sym", "B=4", "--sym", "T=128", "--objective", "memory")
+        if p:
+            c = p["chosen"]
+            # beside the blocks: this rank's first vocabulary row and a few scalars (< 64 bytes)
+            check(c["tp"] == 8 and table // 8 <= c["weight_bytes"] < table // 8 + 64,
+                  f"vocab parallel: 8 ranks keep {c['weight_bytes']} bytes of the {table}-byte table")
+        else:
+            check(False, "vocab-parallel plan: " + proc.stderr)
+        p, proc = plan(kiln, lm, "--devices", "1", "--sym", "B=4", "--sym", "T=128")
+        if p:
+            lookup_bytes = 4 * 128 * (8 + 2 * 1024 * 2)  # ids read, rows read, rows written
+            head_s = max(2 * 4 * 128 * 1024 * 32768 / 800e12, (4 * 128 * 1024 + table + 4 * 128 * 32768) * 2 / 4.27e12)
+            want = lookup_bytes / 4.27e12 + head_s
+            check(abs(p["chosen"]["compute_s"] - want) < 1e-6 * want,
+                  f"one device: lookup and head {p['chosen']['compute_s']:.6g} s, by hand {want:.6g} s")
 
         # A big batch makes tensor parallelism's all-reduces dear: data parallel wins, until a
         # memory limit below the whole weights rules it out.
