@@ -103,6 +103,25 @@ inline const char* kDepthwiseNhwcCases[][2] = {
      R"(graph @g(%x: T[3, 41, 8], %w: T[8, 4, 1], %b: T[8]) -> (T[3, 20, 8]) {
   %c = conv(%x, %w, %b) {groups = 8, strides = [2], pads = [1, 1], layout = "nhwc"} : T[3, 20, 8]
   return %c })"},
+    // The pointwise node before the conv is applied by the conv kernel to each input it loads.
+    {"nhwc prologue: an expand GEMM's silu group, pads 1, relu after",
+     R"(graph @g(%x: T[2, 15, 13, 24], %w: T[24, 3, 3, 1], %b: T[24]) -> (T[2, 15, 13, 24]) {
+  %s = fused(%x) : T[2, 15, 13, 24] {
+    graph @body(%p: T[2, 15, 13, 24]) -> (T[2, 15, 13, 24]) {
+      %g = sigmoid(%p) : T[2, 15, 13, 24]
+      %m = mul(%p, %g) : T[2, 15, 13, 24]
+      return %m
+    }
+  }
+  %c = conv(%s, %w, %b) {groups = 24, pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 15, 13, 24]
+  %y = relu(%c) : T[2, 15, 13, 24]
+  return %y })"},
+    // sigmoid(0) = 0.5: the zero padding must stay zero, not become the prologue of zero.
+    {"nhwc prologue: one sigmoid, 5x5 stride 2 pads 2",
+     R"(graph @g(%x: T[2, 16, 16, 8], %w: T[8, 5, 5, 1]) -> (T[2, 8, 8, 8]) {
+  %s = sigmoid(%x) : T[2, 16, 16, 8]
+  %c = conv(%s, %w) {groups = 8, strides = [2, 2], pads = [2, 2, 2, 2], layout = "nhwc"} : T[2, 8, 8, 8]
+  return %c })"},
 };
 
 /// `count` values in [-0.5, 0.5), multiples of 1/16 (exact in every float dtype), as a dense list.

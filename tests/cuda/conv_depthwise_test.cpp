@@ -140,6 +140,33 @@ TEST_CASE("channels-last depthwise convs take their own kernel, with the ops aft
   CHECK(has(plan_lines(l.plan, "step conv")[0], " layout=nhwc"));
 }
 
+TEST_CASE("the pointwise node before a channels-last depthwise conv runs on the conv's loads") {
+  const std::string prologue = test::kDepthwiseNhwcCases[5][1], single = test::kDepthwiseNhwcCases[6][1];
+  for (const std::string& text : {prologue, single}) {
+    const LoweredGraph l = lower_text(test::replace_all(text, "T[", "f32["));
+    CHECK(l.kernels == std::vector<std::string>{"k0_conv_depthwise_nhwc"});
+    CHECK(has(l.source, "#define PRO(e) pro(e)"));
+    // The kernel reads the graph input %x itself: no activation buffer for the pointwise result.
+    CHECK(plan_lines(l.plan, "kind=activation").empty());
+  }
+  // Not deferred: the pointwise result has another user, or the conv goes to cuDNN.
+  const LoweredGraph shared = lower_text(R"(
+graph @g(%x: f32[2, 16, 16, 8], %w: f32[8, 3, 3, 1]) -> (f32[2, 16, 16, 8], f32[2, 16, 16, 8]) {
+  %s = sigmoid(%x) : f32[2, 16, 16, 8]
+  %c = conv(%s, %w) {groups = 8, pads = [1, 1, 1, 1], layout = "nhwc"} : f32[2, 16, 16, 8]
+  return %c, %s
+})");
+  REQUIRE(shared.kernels.size() == 2);
+  CHECK(has(shared.kernels[0], "_sigmoid"));
+  CHECK(has(shared.source, "#define PRO(e) (e)"));
+  LoweringOptions o;
+  o.depthwise = "cudnn";
+  const LoweredGraph cudnn = lower_text(test::replace_all(single, "T[", "f32["), o);
+  REQUIRE(cudnn.kernels.size() == 1);
+  CHECK(has(cudnn.kernels[0], "_sigmoid"));
+  CHECK(plan_lines(cudnn.plan, "step conv").size() == 1);
+}
+
 TEST_CASE("constant channels-last filters are read transposed to [taps][C]; input filters as stored") {
   for (const char* t : {"f32", "f16", "bf16"}) {
     CAPTURE(t);

@@ -165,7 +165,7 @@ StatusOr<bool> Lowerer::conv_depthwise(const Node& n) {
 }
 
 void Lowerer::finish_depthwise(const Node& n, const std::string& name, std::string text, std::string body,
-                               const ConvTail& tail, int out, int64_t blocks, int w_buf) {
+                               const ConvTail& tail, int out, int64_t blocks, int w_buf, int x_buf) {
   const DType t = n.operand(0)->dtype();
   body.replace(body.find("TAIL\n"), 5, tail.code);
   text += body + "}\n";
@@ -175,7 +175,8 @@ void Lowerer::finish_depthwise(const Node& n, const std::string& name, std::stri
   add_kernel_text(name, defs + text + "#undef LOAD\n#undef STORE\n#undef ROUND\n");
   note_dtype(t);
   if (w_buf < 0) w_buf = buf(n.operand(1));
-  std::vector<int> args = {buf(n.operand(0)), w_buf, n.num_operands() == 3 ? buf(n.operand(2)) : w_buf};
+  if (x_buf < 0) x_buf = buf(n.operand(0));
+  std::vector<int> args = {x_buf, w_buf, n.num_operands() == 3 ? buf(n.operand(2)) : w_buf};
   args.insert(args.end(), tail.args.begin(), tail.args.end());
   args.push_back(out);
   launch_grid(name, {blocks}, kBlock, 0, args);

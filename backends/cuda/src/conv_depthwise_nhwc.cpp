@@ -32,7 +32,7 @@ constexpr const char* kDepthwiseNhwcBody = R"(
 #pragma unroll
     for (int j = 0; j < NIN; ++j) {
       const int iw = q0 * SW - PL + j;
-      in[j] = iw >= 0 && iw < W ? LOAD(xr[(long long)iw * CIN]) : 0.f;
+      in[j] = iw >= 0 && iw < W ? PRO(LOAD(xr[(long long)iw * CIN])) : 0.f;
     }
 #pragma unroll
     for (int s = 0; s < S; ++s) {
@@ -54,9 +54,11 @@ TAIL
 
 }  // namespace
 
-StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n) {
+StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n, const Node* prologue) {
   if (opts_.depthwise != "kernel" || n.get_string("layout", "nchw") != "nhwc") return false;
-  const Value* x = n.operand(0);
+  // With a prologue the kernel reads the pointwise node's input and applies it on each load
+  // (zero padding stays zero: it pads the node's output).
+  const Value* x = prologue != nullptr ? prologue->operand(0) : n.operand(0);
   const DType t = x->dtype();
   if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return false;
   const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
@@ -106,7 +108,14 @@ StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n) {
   text += "  constexpr long long TOTAL = " + I(total) + "LL;\n";
   text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ", TAPS_MAJOR = " +
           (filters ? "true" : "false") + ";\n";
-  finish_depthwise(n, name, text, kDepthwiseNhwcBody, tail, out, (total + kBlock - 1) / kBlock, w_buf);
+  if (prologue != nullptr) {
+    KILN_ASSIGN_OR_RETURN(const std::string pro, conv_prologue(*prologue));
+    text += pro + "#undef PRO\n#define PRO(e) pro(e)\n";
+    absorbed_.insert(prologue);
+  } else {
+    text += "#undef PRO\n#define PRO(e) (e)\n";
+  }
+  finish_depthwise(n, name, text, kDepthwiseNhwcBody, tail, out, (total + kBlock - 1) / kBlock, w_buf, buf(x));
   return true;
 }
 

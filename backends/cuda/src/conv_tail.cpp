@@ -94,33 +94,7 @@ StatusOr<Lowerer::ConvTail> Lowerer::conv_tail(const Node& conv, int out, const 
         for (const Value* o : u->operands())
           if (ok && o != v) ok = load_operand(o, code, params, args, names);
       }
-      for (const Node* m : nodes) {
-        if (!ok) break;
-        std::string e;
-        if (m->op_name() == "constant") {
-          const Tensor& c = m->attr("value")->as_tensor();
-          e = is_float(c.dtype()) ? literal(c.dtype(), c.get_f64(0)) : int_literal(c.get_i64(0));
-        } else if (m->op_name() == "identity") {
-          e = names.at(m->operand(0));
-        } else {
-          std::vector<std::string> a;
-          for (const Value* o : m->operands()) a.push_back(names.at(o));
-          auto expr = op_expr(*m, a);
-          if (!expr.ok()) {
-            ok = false;
-            break;
-          }
-          e = *expr;
-        }
-        std::optional<std::string> rt = reg_type(m->result()->dtype());
-        if (!rt) {
-          ok = false;
-          break;
-        }
-        const std::string name = "e" + std::to_string(next++);
-        code += "      const " + *rt + " " + name + " = " + round_expr(m->result()->dtype(), e) + ";\n";
-        names[m->result()] = name;
-      }
+      if (ok) ok = register_code(nodes, names, code, next, "e");
       if (!ok) break;
       result = names.at(group ? u->region(0).output(0) : u->result());
     }
@@ -134,6 +108,82 @@ StatusOr<Lowerer::ConvTail> Lowerer::conv_tail(const Node& conv, int out, const 
     v = u->result();
   }
   return tail;
+}
+
+bool Lowerer::register_code(const std::vector<const Node*>& nodes, std::map<const Value*, std::string>& names,
+                            std::string& code, int& next, const std::string& prefix) {
+  for (const Node* m : nodes) {
+    std::string e;
+    if (m->op_name() == "constant") {
+      const Tensor& c = m->attr("value")->as_tensor();
+      e = is_float(c.dtype()) ? literal(c.dtype(), c.get_f64(0)) : int_literal(c.get_i64(0));
+    } else if (m->op_name() == "identity") {
+      e = names.at(m->operand(0));
+    } else {
+      std::vector<std::string> a;
+      for (const Value* o : m->operands()) a.push_back(names.at(o));
+      auto expr = op_expr(*m, a);
+      if (!expr.ok()) return false;
+      e = *expr;
+    }
+    std::optional<std::string> rt = reg_type(m->result()->dtype());
+    if (!rt) return false;
+    const std::string name = prefix + std::to_string(next++);
+    code += "      const " + *rt + " " + name + " = " + round_expr(m->result()->dtype(), e) + ";\n";
+    names[m->result()] = name;
+  }
+  return true;
+}
+
+namespace {
+
+/// The nodes of a pointwise node or group that reads one value (constants aside), or an empty
+/// list when `n` is not one.
+std::vector<const Node*> unary_pointwise_nodes(const Node& n, bool pure_group) {
+  if (n.num_operands() != 1 || n.num_results() != 1) return {};
+  if (n.op_name() == "fused") {
+    if (n.num_regions() != 1 || !pure_group) return {};
+    std::vector<const Node*> nodes;
+    for (const auto& m : n.region(0).nodes()) {
+      if (m->op_name() == "quantize" || m->op_name() == "amax") return {};
+      nodes.push_back(m.get());
+    }
+    return nodes;
+  }
+  if (!n.op()->has(kTraitElementwise)) return {};
+  return {&n};
+}
+
+}  // namespace
+
+bool Lowerer::defer_to_conv_prologue(const Node& n) {
+  if (opts_.depthwise != "kernel" || n.num_results() != 1) return false;
+  const Value* v = n.result();
+  const Node* conv = only_user(v);
+  if (conv == nullptr || conv->op_name() != "conv" || conv->num_operands() < 2 || conv->operand(0) != v ||
+      conv->operand(1) == v || (conv->num_operands() == 3 && conv->operand(2) == v) ||
+      conv->get_string("layout", "nchw") != "nhwc" || conv->get_int("groups", 1) <= 1 || prologue_.count(conv))
+    return false;
+  if (n.num_operands() != 1 || n.operand(0)->dtype() != v->dtype() || sizes_of(n.operand(0)) != sizes_of(v))
+    return false;
+  const bool pure = n.op_name() == "fused" && n.num_regions() == 1 && pure_pointwise(n);
+  if (unary_pointwise_nodes(n, pure).empty() || !conv_prologue(n).ok()) return false;
+  prologue_[conv] = &n;
+  return true;
+}
+
+StatusOr<std::string> Lowerer::conv_prologue(const Node& pro) {
+  const bool pure = pro.op_name() == "fused" && pro.num_regions() == 1 && pure_pointwise(pro);
+  const std::vector<const Node*> nodes = unary_pointwise_nodes(pro, pure);
+  std::map<const Value*, std::string> names = {{pro.operand(0), "v"}};
+  if (pro.op_name() == "fused") names[pro.region(0).input(0)] = "v";
+  std::string code;
+  int next = 0;
+  if (nodes.empty() || !register_code(nodes, names, code, next, "p"))
+    return invalid_argument("pointwise prologue " + pro.op_name() + " has no register form");
+  const Value* r = pro.op_name() == "fused" ? pro.region(0).output(0) : pro.result();
+  return "  auto pro = [](float v) -> float {\n" + code + "      return " + round_expr(pro.result()->dtype(), names.at(r)) +
+         ";\n  };\n";
 }
 
 }  // namespace kiln::cuda::detail

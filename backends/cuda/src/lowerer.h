@@ -347,7 +347,7 @@ class Lowerer {
   /// ops after it (conv_tail); false when not eligible or option depthwise=cudnn.
   StatusOr<bool> conv_depthwise(const Node& n);
   /// The same for a channels-last depthwise conv (layout = "nhwc"; conv_depthwise_nhwc.cpp).
-  StatusOr<bool> conv_depthwise_nhwc(const Node& n);
+  StatusOr<bool> conv_depthwise_nhwc(const Node& n, const Node* prologue = nullptr);
   /// What a conv kernel applies to each output `v` (f32 registers) before storing it: `code`
   /// (statements that may read the kernel's coordinates `coords`, one per result dim), the
   /// kernel parameters it reads (after the conv's own) and their buffers, and the absorbed ops.
@@ -361,12 +361,21 @@ class Lowerer {
   /// operands already have buffers and broadcast to the result (conv_tail.cpp). Their results
   /// then live in `out`.
   StatusOr<ConvTail> conv_tail(const Node& conv, int out, const std::vector<std::string>& coords);
+  /// Appends `nodes` (pointwise, operands named in `names`) computed on registers named
+  /// prefix0, prefix1, ... to `code`; false when one has no register form (conv_tail.cpp).
+  bool register_code(const std::vector<const Node*>& nodes, std::map<const Value*, std::string>& names,
+                     std::string& code, int& next, const std::string& prefix);
+  /// Whether pointwise node `n` (one input of its result's shape) becomes the prologue of the
+  /// channels-last grouped conv that alone reads it; records it in prologue_ (conv_tail.cpp).
+  bool defer_to_conv_prologue(const Node& n);
+  /// A device lambda `pro(float) -> float` computing prologue node `pro` on a loaded input.
+  StatusOr<std::string> conv_prologue(const Node& pro);
   /// Completes a depthwise kernel: `text` (its signature and constants) + `body` with the tail's
   /// code at TAIL, the dtype's LOAD/STORE/ROUND macros, and its launch over `blocks` blocks
   /// reading x, w (buffer `w_buf` in its place when given), the bias (or w again), the tail's
   /// operands and writing `out`.
   void finish_depthwise(const Node& n, const std::string& name, std::string text, std::string body,
-                        const ConvTail& tail, int out, int64_t blocks, int w_buf = -1);
+                        const ConvTail& tail, int out, int64_t blocks, int w_buf = -1, int x_buf = -1);
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);
@@ -432,6 +441,10 @@ class Lowerer {
   std::vector<Buffer> bufs_;
   std::unordered_map<const Value*, int> val_;
   std::set<const Node*> absorbed_;  // activations a GEMM epilogue already applies
+  /// Channels-last depthwise convs -> the pointwise node before them (their input's only
+  /// producer and user) that the conv kernel applies to each input it loads instead of a
+  /// kernel of its own: an expand GEMM's SiLU then costs no round trip through memory.
+  std::map<const Node*, const Node*> prologue_;
   std::set<const Value*> transposed_;  // transposes a matmul reads with trans_a/trans_b
   std::unordered_map<const Value*, Sizes> bhs_strides_;  // attention operands read strided: b, h, s
   std::vector<Step> steps_;

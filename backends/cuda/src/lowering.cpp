@@ -102,7 +102,7 @@ bool Lowerer::quantize_epilogue(const Node& n) const {
 Status Lowerer::lower_graph_nodes(const Graph& g) {
   for (const auto& n : g.nodes()) {
     for (const Value* r : n->results()) KILN_RETURN_IF_ERROR(check_static(r));
-    if (absorbed_.count(n.get())) continue;
+    if (absorbed_.count(n.get()) || defer_to_conv_prologue(*n)) continue;
     KILN_RETURN_IF_ERROR(lower_node(*n));
   }
   return ok_status();
@@ -136,9 +136,11 @@ Status Lowerer::lower_node(const Node& n) {
   }
   if (n.num_regions() > 0) return unsupported(n, "ops with regions other than fused are not supported");
   if (is_collective(op)) return collective(n);  // collective.cpp: never folded, even on weights
-  bool all_weights = true;
+  // A conv with a deferred prologue reads an activation, and its input has no buffer yet.
+  bool all_weights = !prologue_.count(&n);
   int64_t out_bytes = 0;
-  for (const Value* v : n.operands()) all_weights &= bufs_[root(buf(v))].kind == "weight";
+  for (const Value* v : n.operands())
+    if (all_weights) all_weights = bufs_[root(buf(v))].kind == "weight";
   for (const Value* r : n.results()) out_bytes += dtype_storage_bytes(r->dtype(), product(sizes_of(r)));
   if (all_weights && out_bytes <= kFoldLimitBytes) return fold(n);
 
@@ -980,8 +982,12 @@ Status Lowerer::conv(const Node& n) {
   if (n.get_string("layout", "nchw") == "nhwc") {
     // Channels-last convs (the layout-nhwc pass): depthwise ones through the generated kernel,
     // the rest through cuDNN.
-    KILN_ASSIGN_OR_RETURN(const bool depthwise, conv_depthwise_nhwc(n));
+    const Node* prologue = nullptr;
+    if (auto it = prologue_.find(&n); it != prologue_.end()) prologue = it->second;
+    KILN_ASSIGN_OR_RETURN(const bool depthwise, conv_depthwise_nhwc(n, prologue));
     if (depthwise) return ok_status();
+    // The kernel declined: the deferred pointwise node gets its own kernel after all.
+    if (prologue != nullptr) KILN_RETURN_IF_ERROR(lower_node(*prologue));
     KILN_ASSIGN_OR_RETURN(const bool cudnn, conv_cudnn(n));
     if (cudnn) return ok_status();
     return invalid_argument("conv " + n.result()->type().str() + ": layout=\"nhwc\" runs through cuDNN (or the " +
