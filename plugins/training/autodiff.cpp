@@ -11,6 +11,8 @@
 namespace kiln::training {
 namespace {
 
+bool is_f8(DType t) { return t == DType::kF8E4M3FN || t == DType::kF8E5M2; }
+
 Status pass_error(const Location& loc, const std::string& message) {
   return error_at(loc, StatusCode::kInvalidArgument, "autodiff: " + message);
 }
@@ -174,7 +176,9 @@ StatusOr<std::vector<Value*>> differentiate(Graph& g, const AutodiffConfig& conf
         Value* gi = operand_grads[static_cast<size_t>(i)];
         if (gi == nullptr || !needs[static_cast<size_t>(i)]) continue;
         Value* x = n->operand(i);
-        if (gi->type() != x->type())
+        // An f8 value's gradient is the gradient of the real number it stands for, in f32.
+        const TensorType want = is_f8(x->dtype()) ? TensorType{DType::kF32, x->shape()} : x->type();
+        if (gi->type() != want)
           return internal_error("autodiff: the rule of '" + n->op_name() + "' gave " + gi->type().str() +
                                 " for operand " + std::to_string(i) + " of type " + x->type().str());
         auto [slot, fresh] = grads.emplace(x, gi);
@@ -193,6 +197,12 @@ StatusOr<std::vector<Value*>> differentiate(Graph& g, const AutodiffConfig& conf
       names.push_back(name);
     }
     g.set_outputs(outs, names);
+    // Ops that exist for their gradient (quantize_grad) are the identity in the forward.
+    for (Node* n : forward)
+      if (rule_for(n->op_name()).gradient_only) {
+        n->result()->replace_all_uses_with(n->operand(0));
+        KILN_RETURN_IF_ERROR(g.erase_node(n));
+      }
   } catch (const BuildError& e) {
     return e.status.with_context("autodiff");
   }

@@ -42,6 +42,9 @@ struct RuleEntry {
   RuleKind kind = RuleKind::kMissing;
   GradRule rule;       ///< set for kRule
   std::string reason;  ///< set for kRefused and kNonDifferentiable
+  /// The op is the identity in the forward and exists for its gradient (quantize_grad):
+  /// autodiff replaces it by its first operand once the backward is built.
+  bool gradient_only = false;
 };
 
 /// The entry for `op` (kMissing when the table has none).
@@ -80,5 +83,6 @@ PassInfo autodiff_pass_info();
 PassInfo optimizer_pass_info();
 PassInfo remat_pass_info();
 PassInfo decompose_losses_pass_info();
+PassInfo fp8_training_pass_info();
 
 }  // namespace kiln::training

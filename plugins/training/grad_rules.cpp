@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "autodiff.h"
+#include "fp8_training.h"
 
 namespace kiln::training {
 namespace {
@@ -623,8 +624,13 @@ std::map<std::string, RuleEntry> build_table() {
   rule("conv", conv_rule);
   rule("avg_pool", avg_pool_rule);
   refuse("max_pool", "no gradient rule yet (max pooling backward is not implemented)");
-  for (const char* op : {"quantize", "dequantize", "scaled_matmul", "matmul_int4"})
-    refuse(op, "quantized ops are inference-only: run autodiff before quantization (FP8 training is not implemented)");
+  // FP8 (fp8-training): an f8 value's gradient is that of the real number it stands for, in f32.
+  rule("quantize", quantize_rule);
+  rule("dequantize", dequantize_rule);
+  rule("scaled_matmul", scaled_matmul_rule);
+  rule(kQuantizeGradOp, quantize_grad_rule);
+  t[kQuantizeGradOp].gradient_only = true;
+  refuse("matmul_int4", "int4 weights are inference-only: run autodiff before quantize-int4 (fp8-training trains in FP8)");
   for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv",
                          "local_shard"})
     refuse(op, "collectives appear after a parallel strategy: run autodiff before it");

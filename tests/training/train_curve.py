@@ -22,7 +22,8 @@ PASSES_AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-ho
                 "fuse-pointwise", "dce", "schedule-memory"]
 
 
-def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False, loss_scale=None):
+def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False, loss_scale=None, fp8=None,
+               fp8_exclude=()):
     """The model .kir, its training pipeline and the data folder; returns their paths. With
     `autocast` (bf16 or f16) the pipeline starts with the autocast pass; with `remat` (a policy)
     the remat pass follows autodiff; `decompose_losses` adds that pass (for the CUDA backends,
@@ -34,6 +35,9 @@ def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses
     toml = os.path.join(workdir, "train.toml")
     with open(toml, "w") as f:
         f.write('frontend = "kir"\n')
+        if fp8:
+            exclude = ", ".join(f'"{e}"' for e in fp8_exclude)
+            f.write(f'\n[[passes]]\nname = "fp8-training"\noptions = {{ format = "{fp8}", exclude = [{exclude}] }}\n')
         if autocast:
             f.write(f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{autocast}" }}\n')
         f.write('\n[[passes]]\nname = "autodiff"\n')
@@ -79,6 +83,8 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--remat", choices=["none", "selective", "full"], help="add the remat pass after autodiff")
     ap.add_argument("--autocast", choices=["bf16", "f16"], help="contractions in low precision (vs the f64 reference)")
+    ap.add_argument("--fp8", choices=["hybrid", "e4m3"], help="FP8 training (fp8-training pass) in this format")
+    ap.add_argument("--fp8-exclude", action="append", default=[], help="contractions fp8-training leaves alone")
     ap.add_argument("--loss-scale", type=float, help="dynamic loss scaling from this initial scale (fp16)")
     ap.add_argument("--compile-only", metavar="TARGET", help="only build the training step for a CUDA target (no GPU needed)")
     args = ap.parse_args()
@@ -86,21 +92,23 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     task = models.TASKS[args.task]
     if args.compile_only:
-        _, kir, toml, _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True)
+        _, kir, toml, _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True, fp8=args.fp8,
+                                        fp8_exclude=args.fp8_exclude)
         out = os.path.join(workdir, "step.kiln")
         cmd = [args.kiln, "compile", kir, "--pipeline", toml, "--backend", args.backend, "--target", args.compile_only, "-o", out]
         r = subprocess.run(cmd, capture_output=True, text=True)
         print(r.stdout + r.stderr)
         sys.exit(0 if r.returncode == 0 and os.path.getsize(out) > 0 else f"FAIL: {' '.join(cmd)} exited {r.returncode}")
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
-                                                 args.backend.startswith("cuda"), args.loss_scale)
+                                                 args.backend.startswith("cuda"), args.loss_scale, args.fp8,
+                                                 args.fp8_exclude)
 
     t0 = time.time()
     ref = model.reference_losses(batches, args.steps)
     t1 = time.time()
     got, lines = train(args.kiln, kir, toml, data, args.backend, args.steps, workdir)
     t2 = time.time()
-    print(f"{args.task}{' autocast ' + args.autocast if args.autocast else ''}{' remat ' + args.remat if args.remat else ''} on {args.backend}: {args.steps} steps in {t2 - t1:.1f} s (numpy reference {t1 - t0:.1f} s)")
+    print(f"{args.task}{' fp8 ' + args.fp8 if args.fp8 else ''}{' autocast ' + args.autocast if args.autocast else ''}{' remat ' + args.remat if args.remat else ''} on {args.backend}: {args.steps} steps in {t2 - t1:.1f} s (numpy reference {t1 - t0:.1f} s)")
     print(f"  loss: step 1 {got[0]:.5f} (reference {ref[0]:.5f}), step {args.steps} {got[-1]:.5f} (reference {ref[-1]:.5f})")
     if len(lines) != args.steps:
         sys.exit(f"FAIL: expected {args.steps} progress lines, got {len(lines)}")
@@ -109,8 +117,10 @@ def main():
     print(f"  worst relative difference {rel[worst]:.2e} at step {worst + 1} (tolerance {args.tolerance})")
     if not np.all(np.isfinite(got)) or rel[worst] > args.tolerance:
         sys.exit(f"FAIL: the loss curve leaves the reference at step {worst + 1}: {got[worst]} vs {ref[worst]}")
-    if not ref[-1] < 0.8 * ref[0]:
-        sys.exit(f"FAIL: the reference did not learn ({ref[0]} -> {ref[-1]}): the task proves nothing")
+    if not ref[-1] < 0.8 * ref[0] or not got[-1] < 0.8 * got[0]:
+        sys.exit(f"FAIL: no learning ({ref[0]} -> {ref[-1]}, Kiln {got[0]} -> {got[-1]}): the task proves nothing")
+    if args.fp8 and rel[worst] < 1e-4:
+        sys.exit("FAIL: the FP8 run tracks the reference as closely as f32 does: nothing was quantized")
 
     if args.backend.startswith("cuda"):
         print("  (no resume check: the CUDA executables keep their variables on the device)")
