@@ -197,7 +197,7 @@ TEST_CASE("scaled_matmul's rule without quantize_grad: straight-through gradient
     }
 }
 
-TEST_CASE("fp8-training: exclude keeps a contraction in f32; matmul weights are transposed to [N, K]") {
+TEST_CASE("fp8-training: exclude keeps a contraction in f32 and a matmul weight is transposed to N x K") {
   const std::string text = "graph @g(%x: f32[4, 16], %t: i64[4]) -> (%loss: f32[]) {\n" + filled("w1", {16, 32}, 0.01) +
                            filled("w2", {8, 32}, 0.02) + R"(  %h = matmul(%x, %w1) : f32[4, 32]
   %logits = linear(%h, %w2) : f32[4, 8]

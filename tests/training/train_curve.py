@@ -98,7 +98,18 @@ def main():
         cmd = [args.kiln, "compile", kir, "--pipeline", toml, "--backend", args.backend, "--target", args.compile_only, "-o", out]
         r = subprocess.run(cmd, capture_output=True, text=True)
         print(r.stdout + r.stderr)
-        sys.exit(0 if r.returncode == 0 and os.path.getsize(out) > 0 else f"FAIL: {' '.join(cmd)} exited {r.returncode}")
+        if r.returncode != 0 or os.path.getsize(out) == 0:
+            sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}")
+        if args.fp8:
+            # The GEMM steps of the plan name their FP8 operand types: forward GEMMs read e4m3
+            # activations, backward GEMMs the e5m2 gradient (hybrid).
+            plan = open(out, "rb").read()
+            fwd, bwd = plan.count(b"a_dtype=f8e4m3fn"), plan.count(b"a_dtype=f8e5m2")
+            print(f"  cuBLASLt FP8 GEMMs: {fwd} with an e4m3 first operand, {bwd} with an e5m2 gradient")
+            if fwd == 0 or (args.fp8 == "hybrid" and bwd == 0):
+                sys.exit("FAIL: the training step has no FP8 GEMM")
+        print("PASS")
+        return
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
                                                  args.backend.startswith("cuda"), args.loss_scale, args.fp8,
                                                  args.fp8_exclude)

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""FP8 training's delayed scaling against a NumPy implementation of Transformer Engine's recipe.
+
+One linear layer y = x @ w^T with loss = sum(y * r) (so dy = r) trains with fp8-training,
+autodiff and plain SGD on the reference backend. NumPy repeats every step: E4M3 rounding of x and
+w with the scales of earlier steps, the E5M2 rounding of dy, the SGD update, the amax histories
+and the next scales. The test compares every step's loss and, from a checkpoint, each history,
+scale and the weight. Several recipes: algorithm max and most_recent, history lengths, a margin,
+the e4m3-only format, a step whose activation is all zero (the scale must stay) and tiny
+gradients that only a scale keeps from flushing to zero.
+
+  fp8_state.py KILN WORKDIR
+"""
+import io
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+B, K, N, STEPS, LR = 8, 16, 8, 7, 0.5
+FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0)}
+
+
+def round_f8(v, fmt):
+    """Round to nearest even into an f8 format, saturating (as Kiln's quantize)."""
+    mbits, emin, top = FORMATS[fmt]
+    v = np.asarray(v, dtype=np.float64)
+    a = np.abs(v)
+    with np.errstate(divide="ignore"):
+        e = np.maximum(np.floor(np.log2(np.where(a > 0, a, 1.0))), emin)
+    quantum = np.exp2(e - mbits)
+    r = np.minimum(np.round(a / quantum) * quantum, top)
+    return np.where(a > 0, np.sign(v) * r, 0.0)
+
+
+def quantize(x, scale, fmt):
+    """x / scale as an f32 division, rounded to f8; returns the real values (q * scale)."""
+    q = round_f8(np.float32(x) / np.float32(scale), fmt)
+    return q * np.float64(np.float32(scale))
+
+
+class Recipe:
+    def __init__(self, history, algorithm, margin, fmt):
+        self.history, self.algorithm, self.margin, self.fmt = history, algorithm, margin, fmt
+
+    def update(self, state, amax):
+        hist, scale = state
+        hist = np.concatenate([[amax], hist[:-1]]).astype(np.float32)
+        m = hist.max() if self.algorithm == "max" else np.float32(amax)
+        if 0 < m <= np.finfo(np.float32).max:
+            scale = np.float32(np.float32(m) * np.float32(2.0 ** self.margin / FORMATS[self.fmt][2]))
+        return hist, scale
+
+
+def data(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, (STEPS, B, K)).astype(np.float32)
+    x[:, :, 0] *= np.linspace(1, 40, STEPS)[:, None]  # the activation's range grows
+    x[3] = 0                                            # an all-zero step: its scale must stay
+    r = (rng.normal(0, 1, (STEPS, B, N)) * 1e-6).astype(np.float32)  # below e5m2's subnormals
+    w = rng.normal(0, 0.1, (N, K)).astype(np.float32)
+    return x, r, w
+
+
+def numpy_run(recipe, x, r, w):
+    grad_fmt = "e4m3" if recipe.fmt == "e4m3" else "e5m2"
+    fwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, "e4m3")
+    bwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, grad_fmt)
+    st = {k: (np.zeros(recipe.history, np.float32), np.float32(1)) for k in ("x", "w", "y.grad")}
+    losses = []
+    for t in range(STEPS):
+        xd = quantize(x[t], st["x"][1], "e4m3")
+        wd = quantize(w, st["w"][1], "e4m3")
+        y = (xd @ wd.T).astype(np.float32)
+        losses.append(float(np.sum(y.astype(np.float64) * r[t])))
+        gd = quantize(r[t], st["y.grad"][1], grad_fmt)
+        dw = (gd.T @ xd).astype(np.float32)
+        st["x"] = fwd.update(st["x"], np.abs(x[t]).max())
+        st["w"] = fwd.update(st["w"], np.abs(w).max())
+        st["y.grad"] = bwd.update(st["y.grad"], np.abs(r[t]).max())
+        w = (w - np.float32(LR) * dw).astype(np.float32)
+    return np.array(losses), st, w
+
+
+def read_checkpoint(path):
+    raw = open(path, "rb").read()
+    assert raw[:8] == b"KILNCKPT", path
+    _, count = struct.unpack_from("<II", raw, 8)
+    at, out = 16, {}
+    for _ in range(count):
+        (n,) = struct.unpack_from("<I", raw, at)
+        name = raw[at + 4:at + 4 + n].decode()
+        at += 4 + n + 1
+        (length,) = struct.unpack_from("<Q", raw, at)
+        at += 8
+        out[name] = np.load(io.BytesIO(raw[at:at + length]))
+        at += length
+    return out
+
+
+def kir(w):
+    values = ", ".join(repr(float(v)) for v in w.reshape(-1))
+    return f"""graph @fp8(%x: f32[{B}, {K}], %r: f32[{B}, {N}]) -> (%loss: f32[]) {{
+  %w = constant() {{value = dense<f32[{N}, {K}]>[{values}]}} : f32[{N}, {K}]
+  %y = linear(%x, %w) : f32[{B}, {N}]
+  %p = mul(%y, %r) : f32[{B}, {N}]
+  %loss = reduce_sum(%p) {{keepdims = 0}} : f32[]
+  return %loss
+}}
+"""
+
+
+def check(kiln, workdir, recipe):
+    os.makedirs(os.path.join(workdir, "data"), exist_ok=True)
+    x, r, w = data(recipe.history * 7 + recipe.margin)
+    np.save(os.path.join(workdir, "data", "x.npy"), x)
+    np.save(os.path.join(workdir, "data", "r.npy"), r)
+    with open(os.path.join(workdir, "model.kir"), "w") as f:
+        f.write(kir(w))
+    with open(os.path.join(workdir, "train.toml"), "w") as f:
+        f.write(f"""frontend = "kir"
+
+[[passes]]
+name = "fp8-training"
+options = {{ history = {recipe.history}, algorithm = "{recipe.algorithm}", margin = {recipe.margin}, format = "{"e4m3" if recipe.fmt == "e4m3" else "hybrid"}" }}
+
+[[passes]]
+name = "autodiff"
+
+[[passes]]
+name = "optimizer"
+options = {{ algorithm = "sgd", lr = {LR} }}
+
+[backend]
+name = "reference"
+""")
+    ckpt, losses = os.path.join(workdir, "run.ckpt"), os.path.join(workdir, "losses.npy")
+    cmd = [kiln, "train", os.path.join(workdir, "model.kir"), "--pipeline", os.path.join(workdir, "train.toml"),
+           "--data", os.path.join(workdir, "data"), "--steps", str(STEPS), "--checkpoint", ckpt, "--loss-file", losses]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
+    want_losses, want, want_w = numpy_run(recipe, x, r, w)
+    got = read_checkpoint(ckpt)
+    label = f"history={recipe.history} algorithm={recipe.algorithm} margin={recipe.margin} format={recipe.fmt}"
+    np.testing.assert_allclose(np.load(losses), want_losses, rtol=1e-5, atol=1e-12, err_msg=label + ": losses")
+    for name, (hist, scale) in want.items():
+        np.testing.assert_allclose(got[name + ".amax_history"], hist, rtol=1e-6, err_msg=f"{label}: {name}.amax_history")
+        np.testing.assert_allclose(got[name + ".fp8_scale"], scale, rtol=1e-6, err_msg=f"{label}: {name}.fp8_scale")
+    np.testing.assert_allclose(got["w"], want_w, rtol=1e-5, atol=1e-7, err_msg=label + ": w")
+    if not np.any(want_w != w):
+        sys.exit(f"FAIL: {label}: the weight never moved: the gradient flushed to zero")
+    print(f"  {label}: {STEPS} steps, losses, histories, scales and the weight match NumPy "
+          f"(x.fp8_scale {float(got['x.fp8_scale']):.4g}, y.grad.fp8_scale {float(got['y.grad.fp8_scale']):.4g})")
+
+
+def main():
+    kiln, workdir = sys.argv[1], sys.argv[2]
+    recipes = [Recipe(4, "max", 0, "hybrid"), Recipe(3, "most_recent", 0, "hybrid"), Recipe(1, "max", 2, "hybrid"),
+               Recipe(16, "max", -1, "e4m3")]
+    for i, recipe in enumerate(recipes):
+        check(kiln, os.path.join(workdir, str(i)), recipe)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
