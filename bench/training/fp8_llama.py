@@ -205,6 +205,8 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--json", help="write the numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    ap.add_argument("--compile-only", metavar="TARGET",
+                    help="only build both training steps for a CUDA target (no GPU needed) and count FP8 GEMMs")
     args = ap.parse_args()
     s = SIZES[args.size]
     workdir = args.workdir or tempfile.mkdtemp(prefix="kiln-fp8-llama-")
@@ -212,6 +214,21 @@ def main():
     model = write_model(workdir, s)
     data = write_data(workdir, s, args.steps)
     fp8_opts = f'{{ history = {args.history}, algorithm = "{args.algorithm}", exclude = ["logits"] }}'
+    if args.compile_only:
+        for name, opts in (("bf16", None), ("fp8", fp8_opts)):
+            pipeline = write_pipeline(workdir, name, args.backend, opts)
+            out = os.path.join(workdir, f"{name}.kiln")
+            cmd = [args.kiln, "compile", model, "--pipeline", pipeline, "--backend", args.backend, "--target",
+                   args.compile_only, "-o", out]
+            print("$ " + " ".join(cmd), flush=True)
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"FAIL: {name}: {r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+            plan = open(out, "rb").read()
+            gemms = plan.count(b"step gemm")
+            fwd, bwd = plan.count(b"a_dtype=f8e4m3fn"), plan.count(b"a_dtype=f8e5m2")
+            print(f"  {name}: {gemms} GEMM steps, {fwd + bwd} of them FP8 ({fwd} e4m3 x e4m3, {bwd} e5m2 x e4m3)")
+        return
     runs = {}
     for name, opts in (("bf16", None), ("fp8", fp8_opts)):
         pipeline = write_pipeline(workdir, name, args.backend, opts)

@@ -181,10 +181,15 @@ class Fp8Training final : public Pass {
   explicit Fp8Training(Fp8Config c) : c_(std::move(c)) {}
 
   StatusOr<bool> run(Graph& g) override {
+    // After autodiff the backward GEMMs would stay in high precision: refuse rather than half-do it.
     for (const std::string& out : g.output_names())
       if (out.size() > 5 && out.compare(out.size() - 5, 5, ".grad") == 0)
         return failed_precondition("fp8-training: the graph already has gradient output '" + out +
                                    "'; run fp8-training before autodiff");
+    for (const auto& n : g.nodes())
+      if (n->op_name() == "variable" && n->get_string("name") == "optimizer.step")
+        return failed_precondition("fp8-training: the graph already holds an optimizer step; run fp8-training before "
+                                   "autodiff and optimizer");
     KILN_RETURN_IF_ERROR(register_fp8_training_ops());
     names_.clear();
     quantized_.clear();

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 from train_curve import write_task  # noqa: E402
 
-kiln, workdir = sys.argv[1], sys.argv[2]
+kiln, workdir = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 shutil.rmtree(workdir, ignore_errors=True)
 os.makedirs(workdir)
 _, kir, toml, data, _ = write_task(models.Mlp, 4, workdir)
@@ -23,7 +23,7 @@ failures = []
 
 
 def expect(args, rc, text):
-    r = subprocess.run([kiln, "train", kir, *args], capture_output=True, text=True)
+    r = subprocess.run([kiln, "train", kir, *args], capture_output=True, text=True, cwd=workdir)
     if r.returncode != rc or text not in r.stderr:
         failures.append(f"kiln train {' '.join(args)}: exit {r.returncode} (want {rc}), stderr:\n{r.stderr}\nwanted: {text}")
     return r
@@ -56,6 +56,15 @@ expect(base, 1, "a stacked batch file is [steps, ...] of f32[16, 4]")
 expect(["--passes", "autodiff", "--data", data, "--steps", "2"], 1, "the graph keeps no state to train")
 expect(["--passes", "autodiff", "--data", data, "--steps", "2", "--lr", "0.1"], 1, "--lr: the pipeline has no 'optimizer' pass")
 expect(["--passes", "optimizer", "--data", data, "--steps", "2"], 1, "run autodiff before it")
+# fp8-training: bad options are refused when the pipeline is read, and it must come before autodiff.
+expect(["--passes", "fp8-training{algorithm=mean},autodiff,optimizer", "--data", data, "--steps", "2"], 1,
+       "fp8-training: option 'algorithm' must be max or most_recent, got 'mean'")
+expect(["--passes", "fp8-training{format=e5m2},autodiff,optimizer", "--data", data, "--steps", "2"], 1,
+       "fp8-training: option 'format' must be hybrid or e4m3, got 'e5m2'")
+expect(["--passes", "autodiff,fp8-training,optimizer", "--data", data, "--steps", "2"], 1,
+       "run fp8-training before autodiff")
+expect(["--passes", "autodiff,optimizer,fp8-training", "--data", data, "--steps", "2"], 1,
+       "fp8-training: the graph already holds an optimizer step; run fp8-training before autodiff and optimizer")
 expect(base[:-1] + ["0"], 2, "--steps must be at least 1")
 expect(["--pipeline", toml, "--steps", "2"], 2, "--data DIR is required")
 if failures:

@@ -18,6 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
+SKIP_WITHOUT_GPU = False  # --skip-without-gpu: a CUDA backend without a device exits 77 (ctest's skip)
 PASSES_AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-horizontal", "fuse-rows",
                 "fuse-pointwise", "dce", "schedule-memory"]
 
@@ -65,6 +66,9 @@ def train(kiln, kir, toml, data, backend, steps, workdir, extra=()):
            "--loss-file", out, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
+        if SKIP_WITHOUT_GPU and "no CUDA device" in r.stderr:
+            print(f"SKIP: backend {backend} found no CUDA device on this machine")
+            sys.exit(77)
         sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
     lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
     for l in r.stderr.splitlines():
@@ -87,7 +91,10 @@ def main():
     ap.add_argument("--fp8-exclude", action="append", default=[], help="contractions fp8-training leaves alone")
     ap.add_argument("--loss-scale", type=float, help="dynamic loss scaling from this initial scale (fp16)")
     ap.add_argument("--compile-only", metavar="TARGET", help="only build the training step for a CUDA target (no GPU needed)")
+    ap.add_argument("--skip-without-gpu", action="store_true", help="exit 77 (ctest's skip) when there is no CUDA device")
     args = ap.parse_args()
+    global SKIP_WITHOUT_GPU
+    SKIP_WITHOUT_GPU = args.skip_without_gpu
     workdir = args.workdir or tempfile.mkdtemp(prefix=f"kiln-train-{args.task}-")
     os.makedirs(workdir, exist_ok=True)
     task = models.TASKS[args.task]
