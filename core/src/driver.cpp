@@ -162,45 +162,15 @@ TensorType interface_type(const Graph& g, const Value* v) {
   return TensorType{v->dtype(), global_shape(v->shape(), v->sharding(), g.mesh())};
 }
 
-StatusOr<std::vector<std::vector<Tensor>>> split_inputs_by_rank(const Graph& g, std::span<const Tensor> whole) {
-  const DeviceMesh& mesh = g.mesh();
-  std::vector<std::vector<Tensor>> pieces(static_cast<size_t>(mesh.num_ranks()));
-  for (int64_t r = 0; r < mesh.num_ranks(); ++r)
-    for (int i = 0; i < g.num_inputs(); ++i) {
-      auto piece = local_piece(whole[static_cast<size_t>(i)], g.input(i)->sharding(), mesh, r);
-      if (!piece.ok()) return piece.status().with_context("input '" + graph_input_name(g, i) + "'");
-      pieces[static_cast<size_t>(r)].push_back(std::move(*piece));
-    }
-  return pieces;
-}
-
-StatusOr<std::vector<Tensor>> assemble_outputs(const Graph& g, const std::vector<std::vector<Tensor>>& by_rank) {
-  std::vector<Tensor> whole;
-  for (int i = 0; i < g.num_outputs(); ++i) {
-    std::vector<Tensor> pieces;
-    for (const auto& rank_outs : by_rank) pieces.push_back(rank_outs[static_cast<size_t>(i)]);
-    auto t = assemble(pieces, g.output(i)->sharding(), g.mesh());
-    if (!t.ok()) return t.status().with_context("output '" + graph_output_name(g, i) + "'");
-    whole.push_back(std::move(*t));
-  }
-  return whole;
-}
-
 StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,
                                               const Registry& reg, std::span<const Tensor> inputs) {
-  if (g.is_per_rank() && !g.mesh().empty() && (backend.name == "reference" || g.mesh().num_ranks() > 1)) {
-    if (backend.name != "reference")
-      return unimplemented("graph '" + g.name() + "' is a per-rank program for a mesh of " +
-                           std::to_string(g.mesh().num_ranks()) + " ranks " + g.mesh().str() +
-                           ": in one process it runs on backend 'reference' (every rank simulated); on '" +
-                           backend.name + "' start one process per rank (kiln launch -n " +
-                           std::to_string(g.mesh().num_ranks()) + " -- kiln run ..., or torchrun/srun/mpirun)");
-    // Every rank in this process: the reference interpreter, one thread per rank.
-    KILN_ASSIGN_OR_RETURN(auto pieces, split_inputs_by_rank(g, inputs));
-    const Graph* program[] = {&g};
-    KILN_ASSIGN_OR_RETURN(auto outs, run_mesh(g.mesh(), program, pieces));
-    return assemble_outputs(g, outs);
-  }
+  // The reference backend runs every rank of a mesh in this process; others run one rank per process.
+  if (g.is_per_rank() && g.mesh().num_ranks() > 1 && backend.name != "reference")
+    return unimplemented("graph '" + g.name() + "' is a per-rank program for a mesh of " +
+                         std::to_string(g.mesh().num_ranks()) + " ranks " + g.mesh().str() +
+                         ": in one process it runs on backend 'reference' (every rank simulated); on '" +
+                         backend.name + "' start one process per rank (kiln launch -n " +
+                         std::to_string(g.mesh().num_ranks()) + " -- kiln run ..., or torchrun/srun/mpirun)");
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Executable> exe, compile_graph(g, backend, reg));
   const std::string who = "backend '" + backend.name + "'";
   auto outs = exe->run(inputs);

@@ -78,28 +78,40 @@ void MeshExchange::abort(Status why) {
   cv_.notify_all();
 }
 
-// ---- run_mesh ------------------------------------------------------------------------------
+// ---- run_mesh and MeshRunner ------------------------------------------------------------------
 
 StatusOr<std::vector<std::vector<Tensor>>> run_mesh(const DeviceMesh& mesh, std::span<const Graph* const> programs,
                                                     const std::vector<std::vector<Tensor>>& inputs,
                                                     std::chrono::milliseconds timeout) {
-  const int64_t n = mesh.num_ranks();
-  if (programs.size() != 1 && static_cast<int64_t>(programs.size()) != n)
-    return invalid_argument("run_mesh: " + std::to_string(programs.size()) + " programs for " + std::to_string(n) +
+  MeshRunner runner(mesh, {programs.begin(), programs.end()}, timeout);
+  return runner.run(inputs);
+}
+
+MeshRunner::MeshRunner(DeviceMesh mesh, std::vector<const Graph*> programs, std::chrono::milliseconds timeout)
+    : mesh_(std::move(mesh)), programs_(std::move(programs)), timeout_(timeout) {
+  for (int64_t r = 0; r < mesh_.num_ranks(); ++r) interps_.push_back(std::make_unique<Interpreter>());
+}
+
+MeshRunner::~MeshRunner() = default;
+
+StatusOr<std::vector<std::vector<Tensor>>> MeshRunner::run(const std::vector<std::vector<Tensor>>& inputs) {
+  const int64_t n = mesh_.num_ranks();
+  if (programs_.size() != 1 && static_cast<int64_t>(programs_.size()) != n)
+    return invalid_argument("run_mesh: " + std::to_string(programs_.size()) + " programs for " + std::to_string(n) +
                             " ranks (give one, or one per rank)");
   if (static_cast<int64_t>(inputs.size()) != n)
     return invalid_argument("run_mesh: inputs for " + std::to_string(inputs.size()) + " ranks, the mesh has " +
                             std::to_string(n));
-  MeshExchange exchange(n, timeout);
+  MeshExchange exchange(n, timeout_);
   std::vector<StatusOr<std::vector<Tensor>>> results(static_cast<size_t>(n), std::vector<Tensor>{});
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      const Graph& g = *programs[programs.size() == 1 ? 0 : static_cast<size_t>(r)];
-      MeshContext ctx{&mesh, r, &exchange, {}};
-      Interpreter interp;
+      MeshContext ctx{&mesh_, r, &exchange, {}};
+      Interpreter& interp = *interps_[static_cast<size_t>(r)];
       interp.set_mesh_context(&ctx);
-      auto out = interp.run(g, inputs[static_cast<size_t>(r)]);
+      auto out = interp.run(program(r), inputs[static_cast<size_t>(r)]);
+      interp.set_mesh_context(nullptr);
       if (!out.ok()) {
         out = out.status().with_context("rank " + std::to_string(r));
         exchange.abort(out.status());
@@ -115,6 +127,86 @@ StatusOr<std::vector<std::vector<Tensor>>> run_mesh(const DeviceMesh& mesh, std:
     outs.push_back(std::move(*r));
   }
   return outs;
+}
+
+namespace {
+
+/// The placement of each top-level variable of `g`, by name.
+std::map<std::string, const Value*> variables_of(const Graph& g) {
+  std::map<std::string, const Value*> vars;
+  for (const auto& node : g.nodes())
+    if (node->op_name() == "variable") vars[node->get_string("name")] = node->result();
+  return vars;
+}
+
+}  // namespace
+
+StatusOr<std::map<std::string, Tensor>> MeshRunner::read_state() const {
+  std::vector<std::map<std::string, Tensor>> by_rank;
+  for (int64_t r = 0; r < mesh_.num_ranks(); ++r) by_rank.push_back(interps_[static_cast<size_t>(r)]->state_of(program(r)));
+  std::map<std::string, Tensor> whole;
+  for (const auto& [name, v] : variables_of(program(0))) {
+    std::vector<Tensor> pieces;
+    for (int64_t r = 0; r < mesh_.num_ranks(); ++r) {
+      auto it = by_rank[static_cast<size_t>(r)].find(name);
+      if (it == by_rank[static_cast<size_t>(r)].end())
+        return failed_precondition("variable '" + name + "' is missing on rank " + std::to_string(r));
+      pieces.push_back(it->second);
+    }
+    auto t = assemble(pieces, v->sharding(), mesh_);
+    if (!t.ok()) return t.status().with_context("variable '" + name + "'");
+    whole.emplace(name, std::move(*t));
+  }
+  return whole;
+}
+
+Status MeshRunner::write_state(const std::map<std::string, Tensor>& whole) {
+  std::vector<std::map<std::string, Tensor>> by_rank(static_cast<size_t>(mesh_.num_ranks()));
+  for (int64_t r = 0; r < mesh_.num_ranks(); ++r) {
+    const auto vars = variables_of(program(r));
+    for (const auto& [name, t] : whole) {
+      auto it = vars.find(name);
+      if (it == vars.end()) return not_found("graph @" + program(r).name() + " has no variable '" + name + "'");
+      auto piece = local_piece(t, it->second->sharding(), mesh_, r);
+      if (!piece.ok()) return piece.status().with_context("variable '" + name + "'");
+      by_rank[static_cast<size_t>(r)].emplace(name, std::move(*piece));
+    }
+  }
+  // Checked on every rank before any changes, so a bad value leaves the state as it was.
+  for (int64_t r = 0; r < mesh_.num_ranks(); ++r) {
+    Interpreter probe;
+    KILN_RETURN_IF_ERROR(probe.set_state(program(r), by_rank[static_cast<size_t>(r)]));
+  }
+  for (int64_t r = 0; r < mesh_.num_ranks(); ++r)
+    KILN_RETURN_IF_ERROR(interps_[static_cast<size_t>(r)]->set_state(program(r), by_rank[static_cast<size_t>(r)]));
+  return ok_status();
+}
+
+StatusOr<std::vector<std::vector<Tensor>>> split_inputs_by_rank(const Graph& g, std::span<const Tensor> whole) {
+  const DeviceMesh& mesh = g.mesh();
+  if (static_cast<int>(whole.size()) != g.num_inputs())
+    return invalid_argument("graph @" + g.name() + " takes " + std::to_string(g.num_inputs()) + " inputs, got " +
+                            std::to_string(whole.size()));
+  std::vector<std::vector<Tensor>> pieces(static_cast<size_t>(mesh.num_ranks()));
+  for (int64_t r = 0; r < mesh.num_ranks(); ++r)
+    for (int i = 0; i < g.num_inputs(); ++i) {
+      auto piece = local_piece(whole[static_cast<size_t>(i)], g.input(i)->sharding(), mesh, r);
+      if (!piece.ok()) return piece.status().with_context("input '" + g.input(i)->name() + "'");
+      pieces[static_cast<size_t>(r)].push_back(std::move(*piece));
+    }
+  return pieces;
+}
+
+StatusOr<std::vector<Tensor>> assemble_outputs(const Graph& g, const std::vector<std::vector<Tensor>>& by_rank) {
+  std::vector<Tensor> whole;
+  for (int i = 0; i < g.num_outputs(); ++i) {
+    std::vector<Tensor> pieces;
+    for (const auto& rank_outs : by_rank) pieces.push_back(rank_outs[static_cast<size_t>(i)]);
+    auto t = assemble(pieces, g.output(i)->sharding(), g.mesh());
+    if (!t.ok()) return t.status().with_context("output '" + g.output_name(i) + "'");
+    whole.push_back(std::move(*t));
+  }
+  return whole;
 }
 
 // ---- global and per-rank tensors -----------------------------------------------------------

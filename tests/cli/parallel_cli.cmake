@@ -35,7 +35,7 @@ kiln_cli_test(run-per-rank-mlp ARGS run ${here}/tp_mlp.kir --random-inputs RC 0 
 kiln_cli_test(run-per-rank-wrong-input ARGS run ${here}/tp_mlp.kir --input x=@${here}/data/x.npy --random-inputs RC 1
   ERR "kiln: error: input 'x': got f32\\[2, 3\\], expected f32\\[3, 4\\]")
 kiln_cli_test(run-per-rank-partial-input ARGS run ${here}/partial_input.kir --random-inputs RC 1
-  ERR "kiln: error: input 'x': placement <P\\(sum\\)> is partial: its whole value is a reduction of the ranks' pieces")
+  ERR "kiln: error: backend 'reference': input 'x': placement <P\\(sum\\)> is partial: its whole value is a reduction of the ranks' pieces")
 # A CUDA backend runs one rank per process: without a launcher a mesh of two says how to start it.
 kiln_cli_test(run-per-rank-needs-launcher ARGS run ${here}/tp_mlp.kir --backend cuda-sm90 --random-inputs RC 1
   ERR "kiln: error: graph 'mlp' is a per-rank program for 2 ranks \\(mesh <tp = 2>\\): start one process per rank, e\\.g\\. `kiln launch -n 2 -- kiln run \\.\\.\\.`")

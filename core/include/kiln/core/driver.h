@@ -21,6 +21,7 @@
 #include "kiln/core/pipeline.h"
 #include "kiln/core/registry.h"
 #include "kiln/ir/graph.h"
+#include "kiln/ir/mesh_run.h"
 #include "kiln/ir/status.h"
 #include "kiln/ir/tensor.h"
 
@@ -92,11 +93,8 @@ StatusOr<std::unique_ptr<Executable>> compile_graph(const Graph& g, const StageS
 /// value's (its pieces on every rank put together), else the value's own.
 TensorType interface_type(const Graph& g, const Value* v);
 
-/// Every rank's piece of each whole input of per-rank program `g`: pieces[rank][input].
-StatusOr<std::vector<std::vector<Tensor>>> split_inputs_by_rank(const Graph& g, std::span<const Tensor> whole);
-/// Each output of per-rank program `g` put together from every rank's (by_rank[rank][output]):
-/// shards joined, partial terms reduced, replicas checked to agree.
-StatusOr<std::vector<Tensor>> assemble_outputs(const Graph& g, const std::vector<std::vector<Tensor>>& by_rank);
+// split_inputs_by_rank and assemble_outputs (per-rank programs' whole inputs and outputs) are
+// in kiln/ir/mesh_run.h.
 
 /// Compiles `g` with the backend and runs it on `inputs` (graph-input order). A per-rank
 /// program of a mesh of several ranks takes and returns whole tensors and runs every rank in

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <mutex>
@@ -20,6 +21,8 @@
 #include "kiln/ir/tensor.h"
 
 namespace kiln {
+
+class Interpreter;  // kiln/ir/interpreter.h
 
 /// How the ranks of one in-process mesh run exchange tensors. Thread-safe. Every collective is
 /// built on `exchange` (each member of a group contributes one tensor and receives all of
@@ -73,6 +76,41 @@ struct MeshContext {
 StatusOr<std::vector<std::vector<Tensor>>> run_mesh(const DeviceMesh& mesh, std::span<const Graph* const> programs,
                                                     const std::vector<std::vector<Tensor>>& inputs,
                                                     std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+/// run_mesh step after step: one interpreter per rank that lives as long as the runner, so each
+/// rank's variables (a data-parallel training step's weights and optimizer state) persist from
+/// one run to the next. The programs must outlive the runner. Not thread-safe.
+class MeshRunner {
+ public:
+  MeshRunner(DeviceMesh mesh, std::vector<const Graph*> programs,
+             std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  ~MeshRunner();
+
+  /// Runs every rank r on inputs[r] at once; each rank's outputs. A rank that fails stops the
+  /// others (its error names it); ranks that finished keep their new state.
+  StatusOr<std::vector<std::vector<Tensor>>> run(const std::vector<std::vector<Tensor>>& inputs);
+  /// Every variable as one whole tensor: the ranks' pieces put together by the variable's
+  /// placement (a replicated variable must hold the same bits on every rank).
+  StatusOr<std::map<std::string, Tensor>> read_state() const;
+  /// Sets variables from whole tensors: each rank takes its piece.
+  Status write_state(const std::map<std::string, Tensor>& whole);
+  /// Rank r's interpreter, whose variables are that rank's.
+  const Interpreter& rank(int64_t r) const { return *interps_[static_cast<size_t>(r)]; }
+
+ private:
+  const Graph& program(int64_t r) const { return *programs_[programs_.size() == 1 ? 0 : static_cast<size_t>(r)]; }
+
+  DeviceMesh mesh_;
+  std::vector<const Graph*> programs_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::unique_ptr<Interpreter>> interps_;
+};
+
+/// Every rank's piece of each whole input of per-rank program `g`: pieces[rank][input].
+StatusOr<std::vector<std::vector<Tensor>>> split_inputs_by_rank(const Graph& g, std::span<const Tensor> whole);
+/// Each output of per-rank program `g` put together from every rank's (by_rank[rank][output]):
+/// shards joined, partial terms reduced, replicas checked to agree.
+StatusOr<std::vector<Tensor>> assemble_outputs(const Graph& g, const std::vector<std::vector<Tensor>>& by_rank);
 
 /// Rank `rank`'s piece of the global tensor `t` laid out as `s`: shard dims sliced; replicated
 /// dims whole. Partial placements are refused (a caller's input is a whole value).
