@@ -474,6 +474,13 @@ class TomlReader {
     size_t at = 0;
     while (at < passes.size() && (passes[at].name == "canonicalize" || passes[at].name == "cse" || passes[at].name == "dce"))
       ++at;
+    // A training step: after autodiff (and a remat right after it), so the strategy splits the
+    // joint forward and backward graph and the optimizer updates from reduced gradients.
+    for (size_t i = 0; i < passes.size(); ++i)
+      if (passes[i].name == "autodiff") {
+        at = i + 1;
+        while (at < passes.size() && passes[at].name == "remat") ++at;
+      }
     if (const toml::node* after = t.get("after")) {
       KILN_ASSIGN_OR_RETURN(std::string pass, string(*after, "'after' in [parallel]"));
       auto it = std::find_if(passes.begin(), passes.end(), [&](const StageSpec& s) { return s.name == pass; });

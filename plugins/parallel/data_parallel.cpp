@@ -1,4 +1,6 @@
-// The data-parallel strategy: every rank holds the whole model and a slice of the batch.
+// The data-parallel strategy: every rank holds the whole model and a slice of the batch. Run
+// on a training step's joint graph (after autodiff, before the optimizer), the weights'
+// gradients come out all-reduced (or reduce-scattered, shard-optimizer-state) and the loss whole.
 #include "kiln/plugin.h"
 #include "partition.h"
 #include "strategies.h"
@@ -28,7 +30,10 @@ Status register_data_parallel(Registry& r) {
       {"axis", OptionType::kString, std::string(""), "mesh axis the batch is split over (default: the first)"},
       {"batch-dim", OptionType::kInt, int64_t{0}, "the inputs' batch dim"},
       {"inputs", OptionType::kStringList, std::vector<std::string>{},
-       "inputs to split (default: every input whose batch dim is symbolic, else the first input)"},
+       "inputs to split (default: every input whose batch dim is symbolic, else those whose batch dim is the first input's)"},
+      {"shard-optimizer-state", OptionType::kBool, false,
+       "training (ZeRO-1): reduce-scatter the gradients so each rank updates and keeps optimizer state for 1/N of "
+       "every weight, then all-gather the weights (default: all-reduce, every rank updates everything)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     DataParallelConfig cfg;
@@ -37,6 +42,7 @@ Status register_data_parallel(Registry& r) {
     cfg.axis = o.get_string("axis");
     cfg.batch_dim = o.get_int("batch-dim");
     cfg.inputs = o.get_strings("inputs");
+    cfg.shard_optimizer_state = o.get_bool("shard-optimizer-state");
     return std::unique_ptr<Pass>(new DataParallel(std::move(cfg)));
   };
   return r.add_parallel(std::move(info));

@@ -587,11 +587,15 @@ class Partitioner {
         return e;
       });
     }
-    if (op.rfind("reduce_", 0) == 0 && n.get_ints("axes").empty()) return fallback(n);  // over every dim
-    if (op == "reduce_sum") return reduction(n, n.get_ints("axes"), n.get_int("keepdims", 1) != 0, ReduceOp::kSum, true);
-    if (op == "reduce_max") return reduction(n, n.get_ints("axes"), n.get_int("keepdims", 1) != 0, ReduceOp::kMax, true);
-    if (op == "reduce_min" || op == "reduce_mean" || op == "reduce_prod")
-      return reduction(n, n.get_ints("axes"), n.get_int("keepdims", 1) != 0, std::nullopt, false);
+    if (op.rfind("reduce_", 0) == 0) {
+      std::vector<int64_t> axes = n.get_ints("axes");
+      if (axes.empty())  // over every dim
+        for (int64_t d = 0; d < r; ++d) axes.push_back(d);
+      const bool keep = n.get_int("keepdims", 1) != 0;
+      if (op == "reduce_sum") return reduction(n, axes, keep, ReduceOp::kSum, true);
+      if (op == "reduce_max") return reduction(n, axes, keep, ReduceOp::kMax, true);
+      return reduction(n, axes, keep, std::nullopt, false);
+    }
     if (op == "softmax" || op == "log_softmax") return reduction(n, {norm_axis(n.get_int("axis"))}, true, std::nullopt, false);
     if (op == "argmax" || op == "argmin")
       return reduction(n, {norm_axis(n.get_int("axis"))}, n.get_int("keepdims", 1) != 0, std::nullopt, false);
@@ -723,8 +727,58 @@ class Partitioner {
     return redistribute(partial, reduced);
   }
 
+  /// cross_entropy with its rows split (a batch or sequence dim of logits and targets): each
+  /// rank sums its rows' losses (a partial sum); a mean divides by the count of counted targets
+  /// over every rank, so ignored targets weigh as in the unsplit op. Declines (false) when
+  /// nothing but the class dim is split.
+  StatusOr<bool> lower_cross_entropy(const Node& n) {
+    const int64_t classes = rank_of(n.operand(0)) - 1;
+    Sharding tl = without_partials(layout(n, 0)), loss = replicated();
+    bool split = false;
+    for (size_t a = 0; a < tl.size(); ++a) {
+      if (tl[a].is_shard() && tl[a].dim < classes) {
+        loss[a] = P::partial();
+        split = true;
+      } else {
+        tl[a] = P::replicate();
+      }
+    }
+    if (!split || !fits(tl, n.operand(0)->type()) || !fits(tl, n.operand(1)->type())) return false;
+    KILN_ASSIGN_OR_RETURN(Value * logits, redistribute(local_.at(n.operand(0)), tl));
+    KILN_ASSIGN_OR_RETURN(Value * targets, redistribute(local_.at(n.operand(1)), tl));
+    const std::string name = n.result()->name();
+    AttrMap attrs = n.attrs();
+    attrs["reduction"] = Attribute(std::string("sum"));
+    const bool mean = n.get_string("reduction") == "mean";
+    KILN_ASSIGN_OR_RETURN(Node * sum, emit("cross_entropy", {logits, targets}, attrs, mean ? name + ".local_sum" : name, n.loc()));
+    sum->result()->set_sharding(loss);
+    Value* out = sum->result();
+    if (mean) {
+      const DType t = targets->dtype();
+      KILN_ASSIGN_OR_RETURN(Value * ignore, constant(Tensor::scalar_i64(t, n.get_int("ignore_index")), "", n.loc()));
+      KILN_ASSIGN_OR_RETURN(Node * kept, emit("not_equal", {targets, ignore}, {}, "", n.loc()));
+      kept->result()->set_sharding(tl);
+      KILN_ASSIGN_OR_RETURN(Node * as_float, emit("cast", {kept->result()}, {{"to", Attribute(out->dtype())}}, "", n.loc()));
+      as_float->result()->set_sharding(tl);
+      KILN_ASSIGN_OR_RETURN(Node * count, emit("reduce_sum", {as_float->result()},
+                                               {{"axes", Attribute(std::vector<int64_t>{})}, {"keepdims", Attribute(int64_t{0})}},
+                                               name + ".count", n.loc()));
+      count->result()->set_sharding(loss);
+      KILN_ASSIGN_OR_RETURN(Value * total, redistribute(count->result(), replicated()));
+      KILN_ASSIGN_OR_RETURN(Node * mean, emit("div", {out, total}, {}, name, n.loc()));
+      mean->result()->set_sharding(loss);
+      out = mean->result();
+    }
+    KILN_RETURN_IF_ERROR(finish(n, 0, out));
+    return true;
+  }
+
   /// Partitions one node of the global graph into the per-rank graph.
   Status lower(const Node& n) {
+    if (n.op_name() == "cross_entropy") {
+      KILN_ASSIGN_OR_RETURN(bool done, lower_cross_entropy(n));
+      if (done) return ok_status();
+    }
     Decision d = decide(n);
     if (d.fallback) ++report_.replicated_fallbacks;
     if (d.vocab_axis >= 0) {
@@ -857,6 +911,13 @@ Status shard_batch_inputs(Graph& g, int axis, int64_t batch_dim, const std::vect
   if (names.empty()) {
     for (Value* in : g.inputs())
       if (in->type().rank() > batch_dim && !in->shape()[static_cast<size_t>(batch_dim)].is_static()) chosen.push_back(in);
+    // Static shapes: the first input's batch size picks out the batch inputs (a training
+    // step's tokens and targets split alike).
+    if (chosen.empty() && g.num_inputs() > 0 && g.input(0)->type().rank() > batch_dim) {
+      const Dim& batch = g.input(0)->shape()[static_cast<size_t>(batch_dim)];
+      for (Value* in : g.inputs())
+        if (in->type().rank() > batch_dim && in->shape()[static_cast<size_t>(batch_dim)] == batch) chosen.push_back(in);
+    }
     if (chosen.empty() && g.num_inputs() > 0) chosen.push_back(g.input(0));
   }
   for (Value* in : chosen) {
@@ -864,6 +925,15 @@ Status shard_batch_inputs(Graph& g, int axis, int64_t batch_dim, const std::vect
       return invalid_argument(who + ": input %" + in->name() + " " + in->type().str() + " has no dim " + std::to_string(batch_dim));
     Sharding s = in->sharding().empty() ? Sharding(static_cast<size_t>(mesh.rank()), Placement::replicate()) : in->sharding();
     s[static_cast<size_t>(axis)] = Placement::shard(batch_dim);
+    const Dim& batch = in->shape()[static_cast<size_t>(batch_dim)];
+    int64_t ways = 1;
+    for (size_t a = 0; a < s.size(); ++a)
+      if (s[a].is_shard() && s[a].dim == batch_dim) ways *= mesh.axes[a].size;
+    if (batch.is_static() && batch.value() % ways != 0)
+      return invalid_argument(who + ": the batch of input %" + in->name() + " " + in->type().str() + " (dim " +
+                              std::to_string(batch_dim) + ", " + std::to_string(batch.value()) + ") does not split evenly over " +
+                              std::to_string(ways) + " ranks (mesh " + mesh.str() + "): use a batch size that is a multiple of " +
+                              std::to_string(ways));
     if (Status st = check_sharding(s, mesh, in->type()); !st.ok())
       return invalid_argument(who + ": input %" + in->name() + ": " + st.message());
     in->set_sharding(std::move(s));

@@ -66,7 +66,8 @@ StatusOr<int> strategy_axis(const DeviceMesh& mesh, const std::string& name, int
 
 /// Places graph inputs' dim `batch_dim` on mesh axis `axis` (Shard), the data-parallel split:
 /// the inputs named in `names`, or when empty every input whose dim `batch_dim` is symbolic
-/// (a batch), or when none is, the first input. Other inputs stay as they are.
+/// (a batch), or when none is, every input whose dim `batch_dim` equals the first input's
+/// (static shapes: a training step's tokens and targets). Other inputs stay as they are.
 Status shard_batch_inputs(Graph& g, int axis, int64_t batch_dim, const std::vector<std::string>& names,
                           const std::string& who);
 

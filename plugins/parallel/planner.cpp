@@ -429,7 +429,7 @@ std::vector<OptionSpec> planner_option_specs() {
       {"batch-dim", OptionType::kInt, int64_t{0}, "the inputs' batch dim, for a data-parallel axis"},
       {"sequence-dim", OptionType::kInt, int64_t{1}, "the activations' sequence dim, for sequence parallelism"},
       {"inputs", OptionType::kStringList, std::vector<std::string>{},
-       "inputs a data-parallel axis splits (default: every input whose batch dim is symbolic, else the first)"},
+       "inputs a data-parallel axis splits (default: every input whose batch dim is symbolic, else those whose batch dim is the first input's)"},
       {"print-plan", OptionType::kBool, true, "print the plan (choice, predictions, runners-up) on stderr"},
   };
 }

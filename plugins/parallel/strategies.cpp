@@ -37,13 +37,49 @@ std::optional<Sharding> megatron_layout(const WeightChoice& c, size_t axis, cons
   return s;
 }
 
+/// The output layouts of ZeRO-1: every gradient output ('<weight>.grad' of a weight, as the
+/// autodiff pass names them) split over mesh axis `axis` along its first dim the axis divides;
+/// others as partition leaves them (a gradient no dim of which divides stays whole).
+StatusOr<std::vector<Sharding>> gradient_blocks(const Graph& g, int axis, const std::string& who) {
+  static const std::string kSuffix = ".grad";
+  std::vector<Sharding> layouts(static_cast<size_t>(g.num_outputs()));
+  bool any = false;
+  for (int i = 0; i < g.num_outputs(); ++i) {
+    const std::string& name = g.output_name(i);
+    if (name.size() <= kSuffix.size() || !name.ends_with(kSuffix)) continue;
+    const std::string weight = name.substr(0, name.size() - kSuffix.size());
+    bool known = false;
+    for (const auto& n : g.nodes())
+      for (const Value* v : n->results()) known |= v->name() == weight;
+    if (!known) continue;
+    any = true;
+    const TensorType& t = g.output(i)->type();
+    for (int64_t d = 0; d < t.rank(); ++d) {
+      Sharding s(static_cast<size_t>(g.mesh().rank()), Placement::replicate());
+      s[static_cast<size_t>(axis)] = Placement::shard(d);
+      if (check_sharding(s, g.mesh(), t).ok()) {
+        layouts[static_cast<size_t>(i)] = s;
+        break;
+      }
+    }
+  }
+  if (!any)
+    return failed_precondition(who + ": shard-optimizer-state needs a training step's gradients ('<weight>.grad' "
+                               "outputs): run the strategy after autodiff and before the optimizer");
+  return layouts;
+}
+
 }  // namespace
 
 Status apply_data_parallel(Graph& g, const DataParallelConfig& cfg, const std::string& who) {
   KILN_RETURN_IF_ERROR(start_strategy(g, cfg.mesh, who));
   KILN_ASSIGN_OR_RETURN(int axis, strategy_axis(cfg.mesh, cfg.axis, 0, who));
   KILN_RETURN_IF_ERROR(shard_batch_inputs(g, axis, cfg.batch_dim, cfg.inputs, who));
-  return partition(g).status();
+  PartitionOptions opt;
+  if (cfg.shard_optimizer_state) {
+    KILN_ASSIGN_OR_RETURN(opt.output_layouts, gradient_blocks(g, axis, who));
+  }
+  return partition(g, opt).status();
 }
 
 Status apply_tensor_parallel(Graph& g, const TensorParallelConfig& cfg, const std::string& who) {

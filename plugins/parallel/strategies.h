@@ -18,6 +18,10 @@ struct DataParallelConfig {
   std::string axis;        ///< the mesh axis the batch is split over ("": the first)
   int64_t batch_dim = 0;
   std::vector<std::string> inputs;  ///< inputs to split (empty: see shard_batch_inputs)
+  /// ZeRO-1 for a training step (autodiff's '<weight>.grad' outputs): gradients leave
+  /// reduce-scattered, each rank's block along the first dim the ranks divide, so the optimizer
+  /// keeps state for that block and all-gathers the updated weight.
+  bool shard_optimizer_state = false;
 };
 
 /// Megatron-style tensor parallelism, optionally with a data-parallel axis and sequence

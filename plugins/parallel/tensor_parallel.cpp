@@ -39,7 +39,7 @@ Status register_tensor_parallel(Registry& r) {
       {"data-axis", OptionType::kString, std::string(""), "also split the batch over this mesh axis (data parallel)"},
       {"batch-dim", OptionType::kInt, int64_t{0}, "the inputs' batch dim, for data-axis"},
       {"inputs", OptionType::kStringList, std::vector<std::string>{},
-       "inputs data-axis splits (default: every input whose batch dim is symbolic, else the first)"},
+       "inputs data-axis splits (default: every input whose batch dim is symbolic, else those whose batch dim is the first input's)"},
       {"min-size", OptionType::kInt, int64_t{0}, "smallest weight (elements) worth splitting"},
       {"replicate-outputs", OptionType::kBool, false,
        "gather every output whole on each rank (default: outputs stay split, the host assembles them)"},

@@ -2,7 +2,14 @@
 // step. Weights become `variable`s, the update is built from core elementwise ops, and every
 // new value is `assign`ed, so the state (weights and optimizer state, named like PyTorch's:
 // exp_avg, exp_avg_sq, momentum_buffer, step) persists from one run to the next.
+//
+// In a data-parallel program whose gradients arrive split over a mesh axis (reduce-scattered:
+// the data-parallel strategy's shard-optimizer-state, ZeRO-1), each rank updates its block of
+// every weight, keeps optimizer state for that block only, and all-gathers the new weight.
 #include <cmath>
+#include <functional>
+#include <map>
+#include <optional>
 
 #include "autodiff.h"
 
@@ -19,6 +26,31 @@ struct OptimizerConfig {
 
 constexpr const char* kGradSuffix = ".grad";
 
+/// A weight, its gradient and, when the gradient holds only this rank's block (split along
+/// `dim` over mesh axis `axis`), where the block lies.
+struct Param {
+  Value* weight;
+  Value* grad;
+  std::optional<Sharding> split;  ///< the gradient's placement; nullopt: the whole gradient
+  std::string axis;
+  int64_t dim = 0;
+};
+
+/// The block the gradient of `w` holds, when it is `w` split along one dim over one mesh axis
+/// of a per-rank program (a replicated weight); nullopt otherwise.
+std::optional<std::pair<int, int64_t>> split_of(const Graph& g, const Value* w, const Value* grad) {
+  const Sharding& s = grad->sharding();
+  if (!g.is_per_rank() || g.mesh().empty() || !is_replicated(w->sharding()) || s.empty()) return std::nullopt;
+  std::optional<std::pair<int, int64_t>> found;
+  for (size_t a = 0; a < s.size(); ++a) {
+    if (s[a].is_replicate()) continue;
+    if (!s[a].is_shard() || found) return std::nullopt;
+    found = std::make_pair(static_cast<int>(a), s[a].dim);
+  }
+  if (!found || global_shape(grad->shape(), s, g.mesh()) != w->shape()) return std::nullopt;
+  return found;
+}
+
 /// The weight as a variable: a constant becomes a variable holding it as its init.
 StatusOr<Value*> as_variable(Graph& g, Value* p) {
   Node* n = p->producer();
@@ -30,6 +62,7 @@ StatusOr<Value*> as_variable(Graph& g, Value* p) {
   AttrMap attrs{{"name", Attribute(p->name())}, {"init", *n->attr("value")}};
   KILN_ASSIGN_OR_RETURN(Node * var, g.create_node("variable", {}, {p->type()}, attrs, n, {p->name()}));
   var->set_loc(n->loc());
+  var->result()->set_sharding(p->sharding());
   p->replace_all_uses_with(var->result());
   p->set_name("");
   KILN_RETURN_IF_ERROR(g.erase_node(n));
@@ -42,7 +75,7 @@ class Optimizer final : public Pass {
 
   StatusOr<bool> run(Graph& g) override {
     // The parameters: outputs named '<value>.grad' whose value exists.
-    std::vector<std::pair<Value*, Value*>> pairs;  // param, grad
+    std::vector<Param> pairs;
     std::vector<Value*> kept_outputs;
     std::vector<std::string> kept_names;
     const std::string suffix = kGradSuffix;
@@ -51,7 +84,7 @@ class Optimizer final : public Pass {
       Value* p = nullptr;
       if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
         p = find_named_value(g, name.substr(0, name.size() - suffix.size()));
-      if (p != nullptr) pairs.push_back({p, g.output(i)});
+      if (p != nullptr) pairs.push_back({p, g.output(i), std::nullopt, "", 0});
       if (p == nullptr || c_.keep_grads) {
         kept_outputs.push_back(g.output(i));
         kept_names.push_back(name);
@@ -59,11 +92,17 @@ class Optimizer final : public Pass {
     }
     if (pairs.empty())
       return failed_precondition("optimizer: the graph has no '<param>.grad' outputs; run autodiff before it");
-    for (auto& [p, grad] : pairs) {
-      if (p->type() != grad->type())
-        return invalid_argument("optimizer: gradient of '" + p->name() + "' is " + grad->type().str() + ", the weight " +
-                                p->type().str());
-      KILN_ASSIGN_OR_RETURN(p, as_variable(g, p));
+    for (Param& q : pairs) {
+      if (q.weight->type() != q.grad->type()) {
+        auto split = split_of(g, q.weight, q.grad);
+        if (!split || q.weight->dtype() != q.grad->dtype())
+          return invalid_argument("optimizer: gradient of '" + q.weight->name() + "' is " + q.grad->type().str() +
+                                  ", the weight " + q.weight->type().str());
+        q.split = q.grad->sharding();
+        q.axis = g.mesh().axes[static_cast<size_t>(split->first)].name;
+        q.dim = split->second;
+      }
+      KILN_ASSIGN_OR_RETURN(q.weight, as_variable(g, q.weight));
     }
     g.set_outputs(kept_outputs, kept_names);
     try {
@@ -76,10 +115,30 @@ class Optimizer final : public Pass {
   }
 
  private:
-  /// A variable named `name`, zeros of `type` on the first run.
-  Value* state(Builder& b, const std::string& name, const TensorType& type) {
+  /// A variable named `name`, zeros of `type` on the first run; `placement` says how a
+  /// per-rank program's ranks hold it (each its block of optimizer state under ZeRO).
+  Value* state(Builder& b, const std::string& name, const TensorType& type, const Sharding& placement = {}) {
     Tensor zeros(type.dtype, require_static(type.shape, "optimizer state '" + name + "'"));
-    return b.op("variable", {}, {{"name", Attribute(name)}, {"init", Attribute(zeros)}}, name);
+    Value* v = b.op("variable", {}, {{"name", Attribute(name)}, {"init", Attribute(zeros)}}, name);
+    v->set_sharding(placement);
+    return v;
+  }
+
+  /// The sum over every parameter of the scalar term(gradient): the terms of gradients split
+  /// over a mesh axis are all-reduced over it (each rank holds a different block).
+  static Value* global_sum(Builder& b, const std::vector<Param>& pairs, const std::function<Value*(Value*)>& term) {
+    Value* whole = nullptr;
+    std::map<std::string, Value*> by_axis;
+    for (const Param& q : pairs) {
+      Value*& acc = q.split ? by_axis[q.axis] : whole;
+      Value* t = term(q.grad);
+      acc = acc ? b.add(acc, t) : t;
+    }
+    for (const auto& [axis, part] : by_axis) {
+      Value* reduced = b.op("all_reduce", {part}, {{"axis", Attribute(axis)}, {"reduce", Attribute(std::string("sum"))}});
+      whole = whole ? b.add(whole, reduced) : reduced;
+    }
+    return whole;
   }
   /// Gives variable `name` (now `old`) the value `v` for the next step; under dynamic loss
   /// scaling a step whose gradients hold inf or nan keeps `old`.
@@ -91,15 +150,13 @@ class Optimizer final : public Pass {
   /// torch.cuda.amp.GradScaler's unscale_ and update, in the graph: gradients are divided by the
   /// scale autodiff seeded the backward with; inf/nan in any of them skips the step and halves
   /// the scale; `growth-interval` good steps in a row double it.
-  void unscale(Builder& b, Value* scale, std::vector<std::pair<Value*, Value*>>& pairs) {
+  void unscale(Builder& b, Value* scale, std::vector<Param>& pairs) {
     Value* inv = b.unary("reciprocal", scale);
-    Value* bad = nullptr;
-    for (auto& [p, grad] : pairs) {
-      grad = b.mul(grad, b.cast(inv, grad->dtype()));
+    for (Param& q : pairs) q.grad = b.mul(q.grad, b.cast(inv, q.grad->dtype()));
+    Value* bad = global_sum(b, pairs, [&](Value* grad) {
       Value* nonfinite = b.op("or", {b.unary("isinf", grad), b.unary("isnan", grad)});
-      Value* n = b.reduce("reduce_sum", b.cast(nonfinite, DType::kF32), {}, false);
-      bad = bad ? b.add(bad, n) : n;
-    }
+      return b.reduce("reduce_sum", b.cast(nonfinite, DType::kF32), {}, false);
+    });
     skip_ = b.op("greater", {bad, b.scalar(0, DType::kF32)});
     Value* tracker = state(b, "scaler.growth_tracker", {DType::kF32, {}});
     Value* good = b.add(tracker, 1.0);
@@ -111,7 +168,7 @@ class Optimizer final : public Pass {
     b.op_n("assign", {next_tracker}, 0, {{"name", Attribute("scaler.growth_tracker")}});
   }
 
-  void build_step(Builder& b, std::vector<std::pair<Value*, Value*>>& pairs, std::vector<Value*> outs,
+  void build_step(Builder& b, std::vector<Param>& pairs, std::vector<Value*> outs,
                   std::vector<std::string> names) {
     Graph& g = b.graph();
     for (const auto& n : g.nodes())
@@ -125,15 +182,13 @@ class Optimizer final : public Pass {
       }
     if (c_.max_grad_norm > 0) {
       // torch.nn.utils.clip_grad_norm_: scale every gradient by min(1, max / (norm + 1e-6)).
-      Value* total = nullptr;
-      for (auto& [p, grad] : pairs) {
-        Value* sq = b.reduce("reduce_sum", b.mul(b.cast(grad, DType::kF32), b.cast(grad, DType::kF32)), {}, false);
-        total = total ? b.add(total, sq) : sq;
-      }
+      Value* total = global_sum(b, pairs, [&](Value* grad) {
+        return b.reduce("reduce_sum", b.mul(b.cast(grad, DType::kF32), b.cast(grad, DType::kF32)), {}, false);
+      });
       Value* norm = b.unary("sqrt", total);
       norm->set_name("grad_norm");
       Value* coef = b.op("minimum", {b.div(b.scalar(c_.max_grad_norm, DType::kF32), b.add(norm, 1e-6)), b.scalar(1.0, DType::kF32)});
-      for (auto& [p, grad] : pairs) grad = b.mul(grad, b.cast(coef, grad->dtype()));
+      for (Param& q : pairs) q.grad = b.mul(q.grad, b.cast(coef, q.grad->dtype()));
       outs.push_back(norm);
       names.push_back("grad_norm");
       g.set_outputs(outs, names);
@@ -141,20 +196,27 @@ class Optimizer final : public Pass {
     Value* step = state(b, "optimizer.step", {DType::kF32, {}});
     Value* t = b.add(step, 1.0);
     assign(b, "optimizer.step", step, t);
-    for (auto& [p, grad] : pairs) {
-      const std::string name = p->name();
-      Value* updated = c_.algorithm == "sgd" ? sgd(b, p, grad) : adamw(b, p, grad, t);
+    for (Param& q : pairs) {
+      const std::string name = q.weight->name();
+      // Under ZeRO the update (and its state) covers this rank's block of the weight only.
+      Value* w = q.weight;
+      if (q.split) {
+        w = b.op("local_shard", {w}, {{"axis", Attribute(q.axis)}, {"dim", Attribute(q.dim)}}, name + ".shard");
+        w->set_sharding(*q.split);
+      }
+      Value* updated = c_.algorithm == "sgd" ? sgd(b, name, w, q.grad) : adamw(b, name, w, q.grad, t);
+      if (q.split) updated = b.op("all_gather", {updated}, {{"axis", Attribute(q.axis)}, {"dim", Attribute(q.dim)}});
       updated->set_name(name + ".next");
-      assign(b, name, p, updated);
+      assign(b, name, q.weight, updated);
     }
   }
 
-  Value* sgd(Builder& b, Value* p, Value* grad) {
+  Value* sgd(Builder& b, const std::string& name, Value* p, Value* grad) {
     // torch.optim.SGD with dampening 0: the buffer starts as the first gradient (0 * 0 + g).
     Value* d = c_.weight_decay != 0 ? b.add(grad, b.mul(p, c_.weight_decay)) : grad;
     if (c_.momentum != 0) {
-      const std::string buf_name = p->name() + ".momentum_buffer";
-      Value* old = state(b, buf_name, p->type());
+      const std::string buf_name = name + ".momentum_buffer";
+      Value* old = state(b, buf_name, p->type(), p->sharding());
       Value* buf = b.add(b.mul(old, c_.momentum), d);
       assign(b, buf_name, old, buf);
       d = c_.nesterov ? b.add(d, b.mul(buf, c_.momentum)) : buf;
@@ -162,11 +224,11 @@ class Optimizer final : public Pass {
     return b.sub(p, b.mul(d, c_.lr));
   }
 
-  Value* adamw(Builder& b, Value* p, Value* grad, Value* t) {
+  Value* adamw(Builder& b, const std::string& name, Value* p, Value* grad, Value* t) {
     // torch.optim.AdamW (single-tensor path): decoupled decay, then bias-corrected Adam.
-    const std::string m_name = p->name() + ".exp_avg", v_name = p->name() + ".exp_avg_sq";
-    Value* m = state(b, m_name, p->type());
-    Value* v = state(b, v_name, p->type());
+    const std::string m_name = name + ".exp_avg", v_name = name + ".exp_avg_sq";
+    Value* m = state(b, m_name, p->type(), p->sharding());
+    Value* v = state(b, v_name, p->type(), p->sharding());
     Value* m_next = b.add(m, b.mul(b.sub(grad, m), 1 - c_.beta1));
     Value* v_next = b.add(b.mul(v, c_.beta2), b.mul(b.mul(grad, grad), 1 - c_.beta2));
     assign(b, m_name, m, m_next);

@@ -19,4 +19,4 @@ kiln_cli_test(parallel-mesh-twice ARGS opt ${here}/double.kir --pipeline ${here}
 kiln_cli_test(parallel-two-strategies ARGS opt ${here}/double.kir --passes "cse,tensor-parallel{mesh=\"tp=2\"},data-parallel" RC 1
   ERR "kiln: error: --passes: <pipeline>:1:34: a pipeline runs one parallel strategy; 'tensor-parallel' comes first")
 kiln_cli_test(parallel-indivisible ARGS opt ${here}/double.kir --passes "data-parallel{mesh=\"dp=4\"}" RC 1
-  ERR "data-parallel: input %x: placement <S\\(0\\)> splits dim 0 of f32\\[2, 3\\] into 4 blocks, which does not divide 2")
+  ERR "data-parallel: the batch of input %x f32\\[2, 3\\] \\(dim 0, 2\\) does not split evenly over 4 ranks \\(mesh <dp = 4>\\): use a batch size that is a multiple of 4")

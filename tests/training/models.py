@@ -183,10 +183,11 @@ class Gpt:
             toks[:, :, t] = np.where(noise, rng.integers(0, cls.V, (steps, cls.B)), (toks[:, :, t - 1] * 5 + 3) % cls.V)
         return {"tokens": toks[:, :, :-1], "targets": toks[:, :, 1:]}
 
-    def kir(self):
+    def kir(self, writer=None):
+        """The model as .kir text; `writer` (a Kir subclass) may store the weights elsewhere."""
         B, T, d, H, V = self.B, self.T, self.D, self.H, self.V
         hd = d // H
-        k = Kir("gpt")
+        k = (writer or Kir)("gpt")
         k.input("tokens", "i64", [B, T])
         k.input("targets", "i64", [B, T])
         for name, value in self.params.items():

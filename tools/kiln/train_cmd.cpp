@@ -12,6 +12,7 @@
 #include "kiln/core/checkpoint.h"
 #include "kiln/core/driver.h"
 #include "kiln/core/npy.h"
+#include "kiln/distributed.h"
 
 namespace kiln::cli {
 namespace {
@@ -104,6 +105,46 @@ Status override_lr(Pipeline& p, double lr) {
   return invalid_argument("--lr: the pipeline has no 'optimizer' pass");
 }
 
+/// Where the ranks of a per-rank (data-parallel) step run: all in this process (the reference
+/// backend simulates the mesh; whole batches in, whole outputs and state out), or one rank per
+/// process under a launcher, each feeding its own slice of the batch.
+struct Ranks {
+  bool per_process = false;
+  dist::LaunchInfo info;  ///< this process's rank when per_process
+};
+
+StatusOr<Ranks> find_ranks(const Graph& g, const std::string& backend) {
+  Ranks r;
+  if (!g.is_per_rank() || g.mesh().empty() || backend == "reference") return r;
+  std::string error;
+  const dist::LaunchFound launched = dist::find_launch(&r.info, &error);
+  if (launched == dist::LaunchFound::kError) return invalid_argument(error);
+  if (launched != dist::LaunchFound::kFound) r.info = dist::LaunchInfo{};
+  const int64_t ranks = g.mesh().num_ranks();
+  if (r.info.world_size != ranks)
+    return invalid_argument("the training step is a per-rank program for " + std::to_string(ranks) + " ranks (mesh " +
+                            g.mesh().str() + "), but " +
+                            (launched == dist::LaunchFound::kFound ? r.info.launcher + " started " + std::to_string(r.info.world_size)
+                                                                   : std::string("no launcher started the ranks")) +
+                            ": run `kiln launch -n " + std::to_string(ranks) +
+                            " -- kiln train ...` (or torchrun, srun, mpirun), or every rank in this process with --backend reference");
+  r.per_process = true;
+  return r;
+}
+
+/// This rank's piece of every whole variable in `state` (resuming one rank of a launched run).
+StatusOr<std::map<std::string, Tensor>> rank_state(const Graph& g, const std::map<std::string, Tensor>& state, int rank) {
+  std::map<std::string, Tensor> mine;
+  for (const auto& n : g.nodes()) {
+    if (n->op_name() != "variable") continue;
+    auto it = state.find(n->get_string("name"));
+    if (it == state.end()) continue;
+    KILN_ASSIGN_OR_RETURN(Tensor piece, local_piece(it->second, n->result()->sharding(), g.mesh(), rank));
+    mine.emplace(it->first, std::move(piece));
+  }
+  return mine;
+}
+
 int train(const TrainFlags& f) {
   Registry& reg = Registry::global();
   if (Status s = load_plugins_from(f.plugin_paths, reg); !s.ok()) return report(s);
@@ -128,9 +169,16 @@ int train(const TrainFlags& f) {
   if (!has_state)
     return report(invalid_argument("the graph keeps no state to train: add the 'autodiff' and 'optimizer' passes to the pipeline"));
 
+  auto ranks = find_ranks(graph, p.backend.name);
+  if (!ranks.ok()) return report(ranks.status());
+  const bool speaks = !ranks->per_process || ranks->info.rank == 0;  // rank 0 prints and saves
+  if (graph.is_per_rank() && !graph.mesh().empty() && speaks)
+    note("data-parallel step over mesh " + graph.mesh().str() + ": " + std::to_string(graph.mesh().num_ranks()) + " ranks" +
+         (ranks->per_process ? ", one per process" : ", all in this process"));
+
   std::vector<InputData> data;
   for (int i = 0; i < graph.num_inputs(); ++i) {
-    auto d = find_data(f.data_dir, graph_input_name(graph, i), graph.input(i)->type());
+    auto d = find_data(f.data_dir, graph_input_name(graph, i), interface_type(graph, graph.input(i)));
     if (!d.ok()) return report(d.status());
     data.push_back(std::move(*d));
   }
@@ -150,11 +198,25 @@ int train(const TrainFlags& f) {
     for (const auto& [name, t] : *current)
       if (!ckpt->count(name))
         return report(invalid_argument("checkpoint '" + f.resume + "' has no value for variable '" + name + "'"));
+    if (ranks->per_process) {
+      auto mine = rank_state(graph, *ckpt, ranks->info.rank);
+      if (!mine.ok()) return report(mine.status().with_context("checkpoint '" + f.resume + "'"));
+      *ckpt = std::move(*mine);
+    }
     if (Status s = (*exe)->write_state(*ckpt); !s.ok()) return report(s.with_context("checkpoint '" + f.resume + "'"));
-    note("resumed from '" + f.resume + "' at step " + std::to_string(start));
+    if (speaks) note("resumed from '" + f.resume + "' at step " + std::to_string(start));
   }
 
+  // Written once: by this process, or by rank 0 of a launched run, whose state is every
+  // rank's (a variable split over the ranks cannot be saved from one of them).
   auto save = [&](int64_t done) -> Status {
+    if (!speaks) return ok_status();
+    if (ranks->per_process)
+      for (const auto& n : graph.nodes())
+        if (n->op_name() == "variable" && !is_replicated(n->result()->sharding()))
+          return unimplemented("variable '" + n->get_string("name") + "' is split over the ranks (" +
+                               sharding_str(n->result()->sharding()) +
+                               "): checkpoints of a multi-process run hold replicated state only");
     KILN_ASSIGN_OR_RETURN(auto state, (*exe)->read_state());
     state[kStepKey] = Tensor::scalar_i64(DType::kI64, done);
     return write_checkpoint(f.checkpoint, state);
@@ -163,7 +225,7 @@ int train(const TrainFlags& f) {
   // Throughput unit: tokens for a model fed integer ids [B, T], samples (dim 0) otherwise.
   int64_t tokens = 0, samples = 0;
   for (int i = 0; i < graph.num_inputs(); ++i) {
-    const TensorType& t = graph.input(i)->type();
+    const TensorType t = interface_type(graph, graph.input(i));
     if (is_integer(t.dtype) && t.rank() == 2 && tokens == 0) tokens = num_elements(t.shape);
     if (samples == 0 && t.rank() >= 1 && t.shape[0].is_static()) samples = t.shape[0].value();
   }
@@ -175,23 +237,29 @@ int train(const TrainFlags& f) {
       if (!t.ok()) return report(t.status());
       inputs.push_back(std::move(*t));
     }
+    if (ranks->per_process) {  // this rank's slice of the batch
+      auto pieces = split_inputs_by_rank(graph, inputs);
+      if (!pieces.ok()) return report(pieces.status());
+      inputs = std::move((*pieces)[static_cast<size_t>(ranks->info.rank)]);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     auto outs = (*exe)->run(inputs);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!outs.ok()) return report(outs.status().with_context("step " + std::to_string(step + 1)));
     const double loss = (*outs)[static_cast<size_t>(loss_index)].get_f64(0);
     losses.push_back(loss);
+    if (!std::isfinite(loss)) return report(invalid_argument("step " + std::to_string(step + 1) + ": the loss is not finite"));
+    if (!speaks) continue;
     const double rate = static_cast<double>(tokens ? tokens : samples) / std::max(seconds, 1e-9);
     std::printf("step %lld/%lld  loss %.6f  time %.2f ms  %.0f %s/s\n", static_cast<long long>(step + 1),
                 static_cast<long long>(f.steps), loss, seconds * 1e3, rate, tokens ? "tokens" : "samples");
     std::fflush(stdout);
-    if (!std::isfinite(loss)) return report(invalid_argument("step " + std::to_string(step + 1) + ": the loss is not finite"));
     if (!f.checkpoint.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0 && step + 1 < f.steps)
       if (Status s = save(step + 1); !s.ok()) return report(s);
   }
   if (!f.checkpoint.empty())
     if (Status s = save(std::max(start, f.steps)); !s.ok()) return report(s);
-  if (!f.loss_file.empty()) {
+  if (!f.loss_file.empty() && speaks) {
     Tensor t = Tensor::from_f64(DType::kF64, {static_cast<int64_t>(losses.size())}, losses);
     if (Status s = write_npy(f.loss_file, t); !s.ok()) return report(s);
   }
@@ -207,6 +275,11 @@ Run training steps: the pipeline's passes (autodiff, optimizer, then any others)
 model's forward graph and loss into one step whose weights and optimizer state live in the
 graph's variables; each step reads its batch, runs, and prints
   step K/N  loss L  time T ms  R tokens/s   (samples/s unless an input is i[B, T] token ids)
+
+With a data-parallel [parallel] section each batch is split over the mesh's ranks (the loss
+printed is the whole batch's): on backend reference every rank runs in this process; on a CUDA
+backend start one process per rank, `kiln launch -n N -- kiln train ...` (or torchrun, srun,
+mpirun), rank 0 printing and saving (docs/training.md, "Data-parallel training").
 
   --data DIR            batches: DIR/NAME.npy holds every step's batch of input NAME stacked
                         ([count, ...], step k uses row k mod count), or DIR/NAME/0.npy,
