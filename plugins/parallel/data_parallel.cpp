@@ -34,6 +34,9 @@ Status register_data_parallel(Registry& r) {
       {"shard-optimizer-state", OptionType::kBool, false,
        "training (ZeRO-1): reduce-scatter the gradients so each rank updates and keeps optimizer state for 1/N of "
        "every weight, then all-gather the weights (default: all-reduce, every rank updates everything)"},
+      {"bucket-mb", OptionType::kFloat, 25.0,
+       "training: all-reduce the gradients together in buckets of up to this many MiB, as PyTorch DDP's bucket_cap_mb "
+       "(0: one all-reduce per gradient)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     DataParallelConfig cfg;
@@ -43,6 +46,9 @@ Status register_data_parallel(Registry& r) {
     cfg.batch_dim = o.get_int("batch-dim");
     cfg.inputs = o.get_strings("inputs");
     cfg.shard_optimizer_state = o.get_bool("shard-optimizer-state");
+    const double bucket_mb = o.get_float("bucket-mb");
+    if (!(bucket_mb >= 0) || bucket_mb > 1e6) return invalid_argument("data-parallel: bucket-mb must be in [0, 1e6]");
+    cfg.bucket_bytes = static_cast<int64_t>(bucket_mb * 1024 * 1024);
     return std::unique_ptr<Pass>(new DataParallel(std::move(cfg)));
   };
   return r.add_parallel(std::move(info));

@@ -3,8 +3,10 @@
 #include "strategies.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
+#include "kiln/ir/op.h"
 #include "partition.h"
 
 namespace kiln::parallel {
@@ -69,6 +71,81 @@ StatusOr<std::vector<Sharding>> gradient_blocks(const Graph& g, int axis, const 
   return layouts;
 }
 
+/// Adds a node typed by its op's shape rule on its operands, laid out as `layout`.
+StatusOr<Node*> append(Graph& g, const std::string& op, std::vector<Value*> operands, AttrMap attrs, int results,
+                       const Sharding& layout) {
+  KILN_ASSIGN_OR_RETURN(Node * n, g.create_node(op, std::move(operands), std::vector<TensorType>(static_cast<size_t>(results)),
+                                                std::move(attrs)));
+  std::vector<TensorType> in;
+  for (const Value* v : n->operands()) in.push_back(v->type());
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> types, infer_node_types(*n, in));
+  for (int i = 0; i < results; ++i) {
+    n->result(i)->set_type(types[static_cast<size_t>(i)]);
+    n->result(i)->set_sharding(layout);
+  }
+  return n;
+}
+
+/// PyTorch DDP's gradient buckets: the all-reduces partition put on gradient outputs ('.grad')
+/// over mesh axis `axis`, grouped by dtype into buckets of up to `bucket_bytes`, each one
+/// all-reduce of the flattened gradients concatenated, split back after. Fewer, larger
+/// collectives: each has a fixed latency. The sums are elementwise, so the values are the same.
+Status bucket_gradient_all_reduces(Graph& g, int axis, int64_t bucket_bytes) {
+  const std::string axis_name = g.mesh().axes[static_cast<size_t>(axis)].name;
+  struct Member {
+    int output;
+    Node* reduce;
+  };
+  std::vector<std::vector<Member>> buckets;
+  std::map<DType, size_t> open;  // the bucket still filling, per dtype
+  std::map<size_t, int64_t> filled;
+  for (int i = 0; i < g.num_outputs(); ++i) {
+    Value* v = g.output(i);
+    Node* n = v->producer();
+    if (!g.output_name(i).ends_with(".grad") || n == nullptr || n->op_name() != "all_reduce" ||
+        n->get_string("axis") != axis_name || n->get_string("reduce", "sum") != "sum" || v->uses().size() != 1 ||
+        !is_static(v->shape()))
+      continue;
+    const int64_t bytes = dtype_storage_bytes(v->dtype(), num_elements(v->shape()));
+    auto it = open.find(v->dtype());
+    if (it == open.end() || filled[it->second] + bytes > bucket_bytes) {
+      buckets.emplace_back();
+      it = open.insert_or_assign(v->dtype(), buckets.size() - 1).first;
+    }
+    buckets[it->second].push_back({i, n});
+    filled[it->second] += bytes;
+  }
+  Sharding partial(static_cast<size_t>(g.mesh().rank()), Placement::replicate()), whole = partial;
+  partial[static_cast<size_t>(axis)] = Placement::partial();
+  for (const std::vector<Member>& bucket : buckets) {
+    if (bucket.size() < 2) continue;
+    std::vector<Value*> flat;
+    std::vector<int64_t> sizes;
+    for (const Member& m : bucket) {
+      Value* x = m.reduce->operand(0);
+      sizes.push_back(num_elements(x->shape()));
+      KILN_ASSIGN_OR_RETURN(Node * r, append(g, "reshape", {x}, {{"shape", Attribute(std::vector<int64_t>{sizes.back()})}}, 1, partial));
+      flat.push_back(r->result());
+    }
+    KILN_ASSIGN_OR_RETURN(Node * cat, append(g, "concat", flat, {{"axis", Attribute(int64_t{0})}}, 1, partial));
+    KILN_ASSIGN_OR_RETURN(Node * sum, append(g, "all_reduce", {cat->result()},
+                                             {{"axis", Attribute(axis_name)}, {"reduce", Attribute(std::string("sum"))}}, 1, whole));
+    sum->result()->set_name("grad_bucket");
+    KILN_ASSIGN_OR_RETURN(Node * parts, append(g, "split", {sum->result()},
+                                               {{"axis", Attribute(int64_t{0})}, {"sizes", Attribute(sizes)}},
+                                               static_cast<int>(bucket.size()), whole));
+    for (size_t k = 0; k < bucket.size(); ++k) {
+      Value* old = bucket[k].reduce->result();
+      KILN_ASSIGN_OR_RETURN(Node * r, append(g, "reshape", {parts->result(static_cast<int>(k))},
+                                             {{"shape", Attribute(static_sizes(old->shape()))}}, 1, whole));
+      r->result()->set_name(old->name());
+      g.set_output(bucket[k].output, r->result());
+      KILN_RETURN_IF_ERROR(g.erase_node(bucket[k].reduce));
+    }
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Status apply_data_parallel(Graph& g, const DataParallelConfig& cfg, const std::string& who) {
@@ -79,7 +156,9 @@ Status apply_data_parallel(Graph& g, const DataParallelConfig& cfg, const std::s
   if (cfg.shard_optimizer_state) {
     KILN_ASSIGN_OR_RETURN(opt.output_layouts, gradient_blocks(g, axis, who));
   }
-  return partition(g, opt).status();
+  KILN_RETURN_IF_ERROR(partition(g, opt).status());
+  if (cfg.bucket_bytes > 0) KILN_RETURN_IF_ERROR(bucket_gradient_all_reduces(g, axis, cfg.bucket_bytes));
+  return ok_status();
 }
 
 Status apply_tensor_parallel(Graph& g, const TensorParallelConfig& cfg, const std::string& who) {

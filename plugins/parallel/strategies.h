@@ -22,6 +22,8 @@ struct DataParallelConfig {
   /// reduce-scattered, each rank's block along the first dim the ranks divide, so the optimizer
   /// keeps state for that block and all-gathers the updated weight.
   bool shard_optimizer_state = false;
+  /// Gradients all-reduced together in buckets of up to this many bytes (0: one all-reduce each).
+  int64_t bucket_bytes = 0;
 };
 
 /// Megatron-style tensor parallelism, optionally with a data-parallel axis and sequence

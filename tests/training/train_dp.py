@@ -25,7 +25,7 @@ import models  # noqa: E402
 from train_curve import PASSES_AFTER  # noqa: E402
 
 
-def write_pipeline(path, task, ranks, zero):
+def write_pipeline(path, task, ranks, zero, options=""):
     """autodiff, the optimizer and Kiln's standard passes; with `ranks`, the data-parallel
     strategy at its default place (after autodiff)."""
     with open(path, "w") as f:
@@ -35,8 +35,9 @@ def write_pipeline(path, task, ranks, zero):
             f.write(f'\n[[passes]]\nname = "{p}"\n')
         if ranks:
             f.write(f'\n[parallel]\nstrategy = "data-parallel"\nmesh = "dp={ranks}"\n')
-            if zero:
-                f.write('options = { shard-optimizer-state = true }\n')
+            opts = ", ".join(o for o in ("shard-optimizer-state = true" if zero else "", options) if o)
+            if opts:
+                f.write(f"options = {{ {opts} }}\n")
         f.write('\n[backend]\nname = "reference"\n')
 
 
@@ -144,6 +145,23 @@ def main():
         rest = kiln_train(args.kiln, kir, toml, data, steps, workdir, f"dp{n}-resumed", ["--resume", mid1])
         compare(f"1 rank for {half} steps, then {n} ranks from the checkpoint", np.concatenate([first, rest]), want,
                 args.rtol)
+
+    # Gradient buckets: every gradient of these small models fits one, so the step all-reduces
+    # once for the gradients (plus the loss and its count of targets); bucket-mb = 0 once each.
+    if not args.zero:
+        n = args.ranks[0]
+        counts = {}
+        for bucket in (25, 0):
+            toml = os.path.join(workdir, f"dp{n}-bucket{bucket}.toml")
+            write_pipeline(toml, task, n, False, f"bucket-mb = {bucket}")
+            r = subprocess.run([args.kiln, "opt", kir, "--pipeline", toml], capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                sys.exit(f"FAIL: kiln opt with bucket-mb = {bucket} exited {r.returncode}\n{r.stderr}")
+            counts[bucket] = r.stdout.count("= all_reduce(")
+        grads = len(state1) - sum(1 for k in state1 if "." in k and k.rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq", "momentum_buffer", "step"))
+        print(f"  all-reduces per step: {counts[25]} with 25 MiB buckets, {counts[0]} with one per gradient ({grads} weights)")
+        if not counts[0] - counts[25] == grads - 1:
+            sys.exit(f"FAIL: bucketing should turn {grads} gradient all-reduces into 1: {counts}")
 
     # A batch the ranks do not divide.
     bad = task.B + 1 if task.B % (task.B + 1) else task.B - 1
