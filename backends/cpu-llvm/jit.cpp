@@ -268,13 +268,19 @@ LV* GroupEmitter::op(const Node& n, const std::vector<LV*>& a, std::string* why)
       return b_.CreateBinaryIntrinsic(uns ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, a[0], a[1]);
     if (o == "clip") {
       // The integers inside [min, max], clamped to what the dtype holds (as the reference).
+      // Compared as doubles before converting: i64's largest value is no double (2^63 - 1
+      // rounds to 2^63, which does not convert back).
       const int bits = dtype_bits(in);
-      const double tmin = uns ? 0.0 : -std::ldexp(1.0, bits - 1);
-      const double tmax = uns ? std::ldexp(1.0, bits) - 1 : std::ldexp(1.0, bits - 1) - 1;
-      const double lo = std::clamp(n.has_attr("min") ? std::ceil(n.get_float("min")) : tmin, tmin, tmax);
-      const double hi = std::clamp(n.has_attr("max") ? std::floor(n.get_float("max")) : tmax, tmin, tmax);
-      const auto ilo = static_cast<uint64_t>(static_cast<int64_t>(lo));
-      const auto ihi = static_cast<uint64_t>(static_cast<int64_t>(hi));
+      const int64_t tmin = uns ? 0 : bits == 64 ? std::numeric_limits<int64_t>::min() : -(int64_t{1} << (bits - 1));
+      const int64_t tmax = uns ? (int64_t{1} << bits) - 1
+                               : bits == 64 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << (bits - 1)) - 1;
+      auto bound = [&](double v) -> int64_t {
+        if (v <= static_cast<double>(tmin)) return tmin;
+        if (v >= static_cast<double>(tmax)) return tmax;
+        return static_cast<int64_t>(v);
+      };
+      const auto ilo = static_cast<uint64_t>(n.has_attr("min") ? bound(std::ceil(n.get_float("min"))) : tmin);
+      const auto ihi = static_cast<uint64_t>(n.has_attr("max") ? bound(std::floor(n.get_float("max"))) : tmax);
       LV* v = b_.CreateBinaryIntrinsic(uns ? llvm::Intrinsic::umax : llvm::Intrinsic::smax, a[0],
                                        llvm::ConstantInt::get(t, ilo));
       return b_.CreateBinaryIntrinsic(uns ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, v,
