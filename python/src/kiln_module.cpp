@@ -340,12 +340,9 @@ std::vector<nb::object> run_compiled(const CompiledModel& cm, const std::vector<
     throw KilnError("model '" + g.name() + "' takes " + std::to_string(g.num_inputs()) + " inputs, got " +
                     std::to_string(arrays.size()));
   InputBindings b;
-  std::set<const std::byte*> input_data;
   for (int i = 0; i < g.num_inputs(); ++i) {
     const std::string name = graph_input_name(g, i);
-    Tensor t = tensor_from_array(arrays[static_cast<size_t>(i)], "input '" + name + "'");
-    input_data.insert(t.data());
-    b.given.emplace(name, std::move(t));
+    b.given.emplace(name, tensor_from_array(arrays[static_cast<size_t>(i)], "input '" + name + "'"));
   }
   std::vector<Tensor> inputs = take(bind_inputs(g, b));
   std::vector<Tensor> outs;
@@ -355,12 +352,9 @@ std::vector<nb::object> run_compiled(const CompiledModel& cm, const std::vector<
   }
   std::vector<nb::object> result;
   for (Tensor& t : outs) {
-    // An output that is an input (an identity graph) is copied: the caller owns its input.
-    if (input_data.count(t.data()) && t.numel() > 0) {
-      Tensor copy(t.dtype(), t.shape());
-      std::memcpy(copy.mutable_data(), t.data(), t.nbytes());
-      t = copy;
-    }
+    // The caller may write what it gets: an output sharing its bytes (an input, a constant of
+    // the graph, another output) becomes a copy; one the executable handed over stays as is.
+    (void)t.mutable_data();
     result.push_back(array_from_tensor(t, torch_out));
   }
   return result;
