@@ -7,7 +7,8 @@
 # PyTorch comes from PyPI with --no-deps: its Linux wheel would otherwise pull several GB of
 # NVIDIA libraries that CPU tests do not need; only the four it links at load time come along.
 # Measured on the 2-core development machine: ~1.5 GB downloaded, 2.5-3 minutes, 2.1 GB in .venv.
-# KILN_PYTHON_TORCH=0 skips torch (the torch tests then skip, saying so).
+# KILN_PYTHON_TORCH=0 skips torch (the torch tests then skip, saying so); KILN_PYTHON_TRANSFORMERS=0
+# skips transformers.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${KILN_VENV:-$root/.venv}
@@ -53,6 +54,14 @@ if [ "${KILN_PYTHON_TORCH:-1}" != 0 ] && ! "$py" -c "import torch" 2> /dev/null;
   echo "setup-python: installing torch (used on the CPU; only the CUDA libraries it must load)" >&2
   # Without torch the package still builds; its torch tests skip, saying why.
   install_torch || echo "setup-python: torch could not be installed; the torch tests will skip" >&2
+fi
+# transformers' own GPT-2 and BERT (tiny configurations, random weights) are among the torch
+# tests; without it those tests skip, saying so. ~170 MB, ~30 s.
+if [ "${KILN_PYTHON_TORCH:-1}" != 0 ] && [ "${KILN_PYTHON_TRANSFORMERS:-1}" != 0 ] &&
+  "$py" -c "import torch" 2> /dev/null && ! "$py" -c "import transformers" 2> /dev/null; then
+  echo "setup-python: installing transformers" >&2
+  "${pip[@]}" "transformers==${KILN_TRANSFORMERS_VERSION:-5.25.0}" >&2 ||
+    echo "setup-python: transformers could not be installed; its tests will skip" >&2
 fi
 echo "setup-python: ready in $(( $(date +%s) - start )) s: $("$py" -c 'import sys, numpy, nanobind; t = "absent"
 try:

@@ -785,9 +785,89 @@ def _freeze_params(gm: fx.GraphModule, placeholders: dict, names: dict | None = 
     gm.recompile()
 
 
+# A folded constant may take this many bytes beyond its operands' (a mask of S x S from two
+# aranges); larger results stay computed, in Kiln or PyTorch.
+_FOLD_GROWTH_BYTES = 16 << 20
+
+
+def _foldable(node: fx.Node, values: dict) -> bool:
+    """Whether `node` is a pure ATen op whose operands are all known constants."""
+    if node.op != "call_function":
+        return False
+    operands = [a for a in _flatten((node.args, node.kwargs)) if isinstance(a, fx.Node)]
+    if not all(a in values for a in operands):
+        return False
+    if node.target is operator.getitem:
+        return bool(operands)
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
+        return False
+    return torch.Tag.nondeterministic_seeded not in node.target.tags
+
+
+def _is_view(node: fx.Node, views: set) -> bool:
+    """An op whose result aliases an operand (or an element of a view op's results)."""
+    if node.target is operator.getitem:
+        return node.args[0] in views
+    return any(r.alias_info is not None for r in node.target._schema.returns)
+
+
+def _fold_constants(gm: fx.GraphModule) -> int:
+    """Evaluates, with PyTorch, every op whose operands are all constants (weights, aranges,
+    fulls, and what is computed from them only: position ids, masks) and makes its result a
+    constant; returns how many nodes were folded. The parts Kiln runs then take these as
+    constants, and no part is left without a tensor input. A result that reaches the graph's
+    outputs stays computed (the caller owns what it is returned)."""
+    values = {n: _fetch_attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    values = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+    views: set = set()
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if not _foldable(node, values):
+            continue
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
+        try:
+            with torch.no_grad():
+                result = node.target(*args, **kwargs)
+        except Exception:  # whatever cannot be evaluated here stays in the graph
+            continue
+        if isinstance(result, (tuple, list)) or _is_view(node, views):
+            # Views (a weight's transpose that linear takes as is) and tuples stay in the graph;
+            # the ops computed from them fold.
+            values[node] = result
+            views.add(node)
+            continue
+        if result is None and not node.users:  # a check (_assert_tensor_metadata) that passed
+            gm.graph.erase_node(node)
+            continue
+        if not isinstance(result, torch.Tensor) or any(u.op == "output" for u in node.users):
+            continue
+        operand_bytes = sum(v.numel() * v.element_size() for v in _flatten((args, kwargs))
+                            if isinstance(v, torch.Tensor))
+        if result.numel() * result.element_size() > operand_bytes + _FOLD_GROWTH_BYTES:
+            continue
+        attr = "_kiln_folded_" + node.name
+        gm.register_buffer(attr, result)
+        with gm.graph.inserting_before(node):
+            getter = gm.graph.get_attr(attr)
+        values[getter] = result
+        getter.meta = dict(node.meta)
+        node.replace_all_uses_with(getter)
+        gm.graph.erase_node(node)
+        folded += 1
+    for node in reversed(list(gm.graph.nodes)):  # views and tuples whose users all folded
+        if node in views and not node.users:
+            gm.graph.erase_node(node)
+    if folded:
+        gm.graph.lint()
+        gm.recompile()
+    return folded
+
+
 def _partition(gm: fx.GraphModule, backend: str, targets: Sequence[str], pipeline: Any,
                passes: str | None) -> fx.GraphModule:
-    """Replaces every maximal part of `gm` Kiln supports by a KilnGraphModule; the rest stays."""
+    """Replaces every maximal part of `gm` Kiln supports by a KilnGraphModule; the rest stays.
+    Ops on constants only are folded first."""
+    _fold_constants(gm)
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -807,6 +887,8 @@ def _partition(gm: fx.GraphModule, backend: str, targets: Sequence[str], pipelin
         # Weights reach the part as get_attr arguments: they become Kiln constants.
         constants = {i: (_fetch_attr(fused, a.target), a.meta.get("kiln_name", a.target))
                      for i, a in enumerate(node.args) if isinstance(a, fx.Node) and a.op == "get_attr"}
+        if all(not isinstance(a, fx.Node) or a.op == "get_attr" or not _is_tensor_node(a) for a in node.args):
+            continue  # constants only (a result too large to fold): PyTorch computes it
         try:
             part = KilnGraphModule(sub, node.target, backend, targets, pipeline, passes, constants)
         except Exception as e:  # whatever Kiln cannot take, PyTorch runs: never a failed model

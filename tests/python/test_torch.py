@@ -2,6 +2,8 @@
 and run on the reference and cpu backends, transformer and vision blocks as torchvision and
 transformers build them, dynamic dims, partitioning around ops Kiln lacks, and
 torch.compile(backend="kiln")."""
+import importlib.util
+import operator
 import os
 import sys
 import unittest
@@ -145,6 +147,56 @@ class ConvBlock(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
 
 
+class GPT2Style(nn.Module):
+    """GPT-2 as transformers writes it: position ids and the padding-aware causal mask are
+    computed inside forward from an all-ones attention mask (cumsum, arange comparisons,
+    index): tensors from constants only, which Kiln must not hand to PyTorch as NumPy."""
+
+    def __init__(self, vocab=50, d=32, heads=4, max_pos=16):
+        super().__init__()
+        self.heads = heads
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(max_pos, d)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, ids):
+        b, s = ids.shape
+        d = self.wte.embedding_dim
+        attention_mask = torch.ones(b, s, dtype=torch.long, device=ids.device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        x = self.wte(ids) + self.wpe(position_ids)
+        pos = torch.arange(s, device=ids.device)
+        keep = (pos[None, :] <= pos[:, None])[None, None] & attention_mask[:, None, None, :].bool()
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        x = x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return self.ln_f(x)
+
+
+class BertStyle(nn.Module):
+    """BERT's embeddings as transformers writes them (position ids sliced from a buffer, token
+    type ids gathered from a buffer) and a layer with the mask of an unpadded batch."""
+
+    def __init__(self, vocab=50, d=32, max_pos=16, types=2):
+        super().__init__()
+        self.word, self.pos, self.token_type = nn.Embedding(vocab, d), nn.Embedding(max_pos, d), nn.Embedding(types, d)
+        self.norm = nn.LayerNorm(d, eps=1e-12)
+        self.register_buffer("position_ids", torch.arange(max_pos).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(1, max_pos, dtype=torch.long), persistent=False)
+        self.layer = BertLayer(d)
+
+    def forward(self, ids):
+        b, s = ids.shape
+        position_ids = self.position_ids[:, :s]
+        token_type_ids = torch.gather(self.token_type_ids.expand(position_ids.shape[0], -1), 1, position_ids)
+        token_type_ids = token_type_ids.expand(b, s)
+        x = self.norm(self.word(ids) + self.token_type(token_type_ids) + self.pos(position_ids))
+        return self.layer(x, torch.ones(b, s, dtype=torch.long, device=ids.device))
+
+
 def small_resnet18():
     from export import SmallResNet18, randomize_batchnorm  # bench/models/export.py
 
@@ -200,6 +252,93 @@ class Blocks(unittest.TestCase):
         g = kiln.torch.export_graph(mlp, (torch.randn(1, 3, 32),))
         self.assertEqual([i["name"] for i in g.inputs], ["x"])
         self.assertTrue("%fc1.weight = constant" in str(g), "the constants are named after the parameters")
+
+
+def computed_ops(gm):
+    """The ATen ops PyTorch still runs in a partitioned graph (outside Kiln's parts)."""
+    return {str(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem}
+
+
+class ConstantParts(unittest.TestCase):
+    """Tensors computed from constants only (position ids, masks) fold into constants: no part
+    of the graph is left without inputs (such a part once returned NumPy arrays to PyTorch's
+    cumsum and gather on the GPU path)."""
+
+    def check_model(self, module, ids):
+        compiled = check(self, module, (ids,))
+        parts = compiled.kiln_parts()
+        self.assertEqual(len(parts), 1, compiled.graph_module.graph)
+        self.assertEqual(computed_ops(compiled.graph_module), set(), "everything but the part folded")
+        self.assertTrue(all(p.tensor_inputs for p in parts))
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(module, backend="kiln")(ids)
+            torch.testing.assert_close(got, module(ids), rtol=1e-4, atol=1e-4)
+        self.assertEqual(len(kiln.torch.kiln_backend.last_parts), 1)
+        self.assertTrue(all(p.tensor_inputs for p in kiln.torch.kiln_backend.last_parts))
+
+    def test_gpt2_position_ids_from_cumsum(self):
+        self.check_model(GPT2Style(), torch.randint(0, 50, (2, 12)))
+
+    def test_bert_token_types_from_gather(self):
+        self.check_model(BertStyle(), torch.randint(0, 50, (2, 12)))
+
+    def test_results_too_large_to_fold_stay_in_pytorch(self):
+        # Nothing folds: the constant-only part of the mask runs in PyTorch, never in a Kiln part
+        # without inputs.
+        saved = kiln.torch._FOLD_GROWTH_BYTES
+        kiln.torch._FOLD_GROWTH_BYTES = -(1 << 40)
+        try:
+            module = GPT2Style().eval()
+            ids = torch.randint(0, 50, (2, 12))
+            compiled = check(self, module, (ids,), backends=BACKENDS[-1:])
+        finally:
+            kiln.torch._FOLD_GROWTH_BYTES = saved
+        self.assertIn("aten.cumsum.default", computed_ops(compiled.graph_module))
+        self.assertTrue(compiled.kiln_parts())
+        self.assertTrue(all(p.tensor_inputs for p in compiled.kiln_parts()))
+
+    def test_a_constant_output_is_not_shared_between_calls(self):
+        class Positions(nn.Module):
+            def forward(self, x):
+                return x + 1, torch.arange(4) * 2
+
+        x = torch.randn(4)
+        compiled = kiln.torch.compile_module(Positions(), (x,), backend=BACKENDS[-1])
+        first = compiled(x)[1]
+        first.add_(100)  # the caller owns what it is returned
+        torch.testing.assert_close(compiled(x)[1], torch.arange(4) * 2)
+
+
+@unittest.skipUnless(importlib.util.find_spec("transformers"), "transformers is not installed")
+class Transformers(unittest.TestCase):
+    """transformers' own GPT-2 and BERT (tiny configurations) through torch.compile(backend="kiln")."""
+
+    def run_model(self, model, ids):
+        model = model.eval()
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = model(input_ids=ids, use_cache=False).last_hidden_state
+            got = torch.compile(model, backend="kiln")(input_ids=ids, use_cache=False).last_hidden_state
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        parts = kiln.torch.kiln_backend.last_parts
+        self.assertTrue(parts and all(p.tensor_inputs for p in parts))
+
+    def test_gpt2(self):
+        import transformers as tf
+
+        cfg = tf.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=32,
+                            bos_token_id=0, eos_token_id=0)
+        torch.manual_seed(0)
+        self.run_model(tf.GPT2Model(cfg), torch.randint(0, 100, (2, 12)))
+
+    def test_bert(self):
+        import transformers as tf
+
+        cfg = tf.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                            vocab_size=100, max_position_embeddings=32)
+        torch.manual_seed(0)
+        self.run_model(tf.BertModel(cfg), torch.randint(0, 100, (2, 12)))
 
 
 class DynamicDims(unittest.TestCase):
