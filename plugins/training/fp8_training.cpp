@@ -12,17 +12,12 @@
 // they are re-quantized from the f32 value every step.
 //
 // Every quantized tensor t has two variables: t.fp8_scale (the scale this step divides by) and
-// t.amax_history (newest first). Each step (delayed scaling):
-//   history = [amax(t), history[0 .. H-2]]
-//   amax    = max(history) (algorithm max) or amax(t) (most_recent)
-//   t.fp8_scale = amax * 2^margin / max_finite(format) for the next step, when amax is finite
-//                 and positive; otherwise the scale stays.
-// Kiln's scale divides (q = x / scale), the reciprocal of Transformer Engine's scale.
+// t.amax_history (newest first), updated every step by quantize-fp8's delayed scaling
+// (../quantize/delayed_scaling.h). Kiln's scale divides (q = x / scale), the reciprocal of
+// Transformer Engine's scale.
 //
 // An f8 value's gradient is the gradient of the real number it stands for (q * its scale),
 // carried in f32: quantize and dequantize pass gradients straight through.
-#include <cmath>
-#include <limits>
 #include <map>
 #include <set>
 
@@ -31,8 +26,6 @@
 
 namespace kiln::training {
 namespace {
-
-double max_finite(DType t) { return t == DType::kF8E4M3FN ? 448.0 : 57344.0; }
 
 bool is_f8(DType t) { return t == DType::kF8E4M3FN || t == DType::kF8E5M2; }
 
@@ -47,25 +40,21 @@ DType format_of(const Node& n) {
 
 Value* delayed_scale_update(Builder& b, Value* x, Value* scale, const std::string& history_name,
                             const DelayedScaling& recipe, DType format) {
-  const int64_t h = recipe.history;
-  Value* hist = b.op("variable", {}, {{"name", Attribute(history_name)}, {"init", Attribute(Tensor(DType::kF32, {h}))}},
-                     history_name);
-  Value* amax = b.op("amax", {x});
-  Value* rolled = b.reshape(amax, {Dim(1)});
-  if (h > 1) {
-    Value* kept = b.op("slice", {hist},
-                       {{"starts", Attribute(std::vector<int64_t>{0})}, {"ends", Attribute(std::vector<int64_t>{h - 1})}});
-    rolled = b.op("concat", {rolled, kept}, {{"axis", Attribute(int64_t{0})}});
-  }
-  Value* m = recipe.algorithm == "max" ? b.op("reduce_max", {rolled}, {{"keepdims", Attribute(int64_t{0})}}) : amax;
-  Value* candidate = b.mul(m, std::ldexp(1.0, static_cast<int>(recipe.margin)) / max_finite(format));
-  // A nan compares false, so an all-zero or non-finite history leaves the scale as it was.
-  Value* ok = b.op("and", {b.op("greater", {m, b.scalar(0.0, DType::kF32)}),
-                           b.op("less_equal", {m, b.scalar(std::numeric_limits<float>::max(), DType::kF32)})});
-  Value* next = b.where(ok, candidate, scale);
-  b.op_n("assign", {rolled}, 0, {{"name", Attribute(history_name)}});
-  b.op_n("assign", {next}, 0, {{"name", scale->producer()->attrs().at("name")}});
-  return next;
+  MakeNode make = [&b](const std::string& op, std::vector<Value*> operands, AttrMap attrs,
+                       const std::string& name) -> StatusOr<Value*> {
+    try {
+      if (OpRegistry::global().find(op)->fixed_outputs() == 0) {
+        b.op_n(op, std::move(operands), 0, std::move(attrs));
+        return static_cast<Value*>(nullptr);
+      }
+      return b.op(op, std::move(operands), std::move(attrs), name);
+    } catch (const BuildError& e) {
+      return e.status;
+    }
+  };
+  auto next = build_delayed_scaling(make, x, scale, history_name, scale->producer()->get_string("name"), recipe, format);
+  if (!next.ok()) throw BuildError{next.status()};
+  return *next;
 }
 
 // --- the quantize_grad op ----------------------------------------------------------------

@@ -6,16 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "../quantize/delayed_scaling.h"
 #include "autodiff.h"
 
 namespace kiln::training {
-
-/// Transformer Engine's delayed-scaling recipe for one tensor.
-struct DelayedScaling {
-  int64_t history = 16;           ///< amax history length
-  std::string algorithm = "max";  ///< max or most_recent
-  int64_t margin = 0;             ///< scale = amax * 2^margin / max_finite
-};
 
 /// The op fp8-training puts after each FP8 GEMM: the identity in the forward, whose gradient
 /// rule quantizes the gradient (autodiff removes it once the backward is built).
@@ -24,8 +18,9 @@ inline constexpr const char* kQuantizeGradOp = "quantize_grad";
 /// Registers quantize_grad (idempotent).
 Status register_fp8_training_ops();
 
-/// Adds the delayed-scaling update of `x`'s state: rolls amax(x) into variable `history_name`
-/// (made here) and assigns the next scale to the variable `scale` reads. Returns the next scale.
+/// Adds the delayed-scaling update of `x`'s state (build_delayed_scaling with a Builder): rolls
+/// amax(x) into variable `history_name` (made here) and assigns the next scale to the variable
+/// `scale` reads. Returns the next scale; throws BuildError.
 Value* delayed_scale_update(Builder& b, Value* x, Value* scale, const std::string& history_name,
                             const DelayedScaling& recipe, DType format);
 

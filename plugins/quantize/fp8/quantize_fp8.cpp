@@ -11,9 +11,8 @@
 //   run t quantizes with <x>.scale; history = [amax(x), history[0 .. H-2]] (newest first);
 //   on runs where step % interval == 0 (step counts from 0), when max(history) is finite and
 //   positive, <x>.scale becomes max(history) * 2^margin / max_finite(format) for run t + 1.
-// It is built from core ops only (amax, reshape, slice, concat, reduce_max, mul, compare, and,
-// mod, where), so every backend that runs those and variable/assign runs delayed scaling.
-// Weights keep static scales computed here.
+// The update is delayed_scaling.h's (shared with fp8-training), plus a step counter for the
+// interval. Weights keep static scales computed here.
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -23,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "../delayed_scaling.h"
 #include "../output_layers.h"
 #include "fp8.h"
 #include "kiln/ir/walk.h"
@@ -42,10 +42,8 @@ struct Config {
   int64_t history = 16, interval = 1, margin = 0;
 };
 
-double max_finite(DType t) { return t == DType::kF8E4M3FN ? 448.0 : 57344.0; }
-
 /// The per-tensor scale for a tensor whose largest magnitude is `amax`; all-zero tensors get 1.
-double scale_for(double amax, DType t) { return amax > 0 && std::isfinite(amax) ? amax / max_finite(t) : 1.0; }
+double scale_for(double amax, DType t) { return amax > 0 && std::isfinite(amax) ? amax / fp8_max_finite(t) : 1.0; }
 
 class QuantizeFp8 : public Pass {
  public:
@@ -209,44 +207,25 @@ class QuantizeFp8 : public Pass {
   StatusOr<Value*> delayed_scale(Graph& g, Node& at, Value* x) {
     const std::string base = x->name().empty() ? "fp8.act" : x->name();
     const std::string hist_name = fresh_name(base + ".amax_history"), scale_name = fresh_name(base + ".scale");
-    const int64_t h = c_.history;
-    KILN_ASSIGN_OR_RETURN(Value * hist, make(g, at, "variable", {},
-                                             {{"name", Attribute(hist_name)}, {"init", Attribute(Tensor(DType::kF32, {h}))}},
-                                             hist_name));
     KILN_ASSIGN_OR_RETURN(Value * scale, make(g, at, "variable", {},
                                               {{"name", Attribute(scale_name)},
                                                {"init", Attribute(Tensor::scalar_f64(DType::kF32, 1.0))}},
                                               scale_name));
-    KILN_ASSIGN_OR_RETURN(Value * amax, make(g, at, "amax", {x}, {}, base + ".amax"));
-    KILN_ASSIGN_OR_RETURN(Value * newest, make(g, at, "reshape", {amax}, {{"shape", Attribute(std::vector<int64_t>{1})}}));
-    Value* rolled = newest;
-    if (h > 1) {
-      KILN_ASSIGN_OR_RETURN(Value * kept, make(g, at, "slice", {hist},
-                                               {{"starts", Attribute(std::vector<int64_t>{0})},
-                                                {"ends", Attribute(std::vector<int64_t>{h - 1})}}));
-      KILN_ASSIGN_OR_RETURN(rolled, make(g, at, "concat", {newest, kept}, {{"axis", Attribute(int64_t{0})}}));
-    }
-    KILN_ASSIGN_OR_RETURN(Value * m, make(g, at, "reduce_max", {rolled}, {{"keepdims", Attribute(int64_t{0})}}));
-    KILN_ASSIGN_OR_RETURN(Value * factor, scalar(g, at, DType::kF32, std::ldexp(1.0, static_cast<int>(c_.margin)) /
-                                                                          max_finite(c_.act)));
-    KILN_ASSIGN_OR_RETURN(Value * candidate, make(g, at, "mul", {m, factor}, {}));
-    // max(history) must be positive and finite (nan compares false): else the old scale stays.
-    KILN_ASSIGN_OR_RETURN(Value * zero, scalar(g, at, DType::kF32, 0.0));
-    KILN_ASSIGN_OR_RETURN(Value * big, scalar(g, at, DType::kF32, std::numeric_limits<float>::max()));
-    KILN_ASSIGN_OR_RETURN(Value * positive, make(g, at, "greater", {m, zero}, {}));
-    KILN_ASSIGN_OR_RETURN(Value * finite, make(g, at, "less_equal", {m, big}, {}));
-    KILN_ASSIGN_OR_RETURN(Value * update, make(g, at, "and", {positive, finite}, {}));
-    if (c_.interval > 1) {
+    Value* due = nullptr;
+    if (c_.interval > 1) {  // the scale changes on runs where step % interval == 0
       KILN_ASSIGN_OR_RETURN(Value * step, step_counter(g, at));
       KILN_ASSIGN_OR_RETURN(Value * every, scalar(g, at, DType::kI64, static_cast<double>(c_.interval)));
       KILN_ASSIGN_OR_RETURN(Value * izero, scalar(g, at, DType::kI64, 0));
       KILN_ASSIGN_OR_RETURN(Value * phase, make(g, at, "mod", {step, every}, {}));
-      KILN_ASSIGN_OR_RETURN(Value * due, make(g, at, "equal", {phase, izero}, {}));
-      KILN_ASSIGN_OR_RETURN(update, make(g, at, "and", {update, due}, {}));
+      KILN_ASSIGN_OR_RETURN(due, make(g, at, "equal", {phase, izero}, {}));
     }
-    KILN_ASSIGN_OR_RETURN(Value * next, make(g, at, "where", {update, candidate, scale}, {}));
-    KILN_RETURN_IF_ERROR(make(g, at, "assign", {rolled}, {{"name", Attribute(hist_name)}}).status());
-    KILN_RETURN_IF_ERROR(make(g, at, "assign", {next}, {{"name", Attribute(scale_name)}}).status());
+    DelayedScaling recipe;
+    recipe.history = c_.history;
+    recipe.margin = c_.margin;
+    MakeNode here = [&](const std::string& op, std::vector<Value*> operands, AttrMap attrs, const std::string& name) {
+      return make(g, at, op, std::move(operands), std::move(attrs), name);
+    };
+    KILN_RETURN_IF_ERROR(build_delayed_scaling(here, x, scale, hist_name, scale_name, recipe, c_.act, due).status());
     return scale;
   }
 

@@ -1,0 +1,83 @@
+// Shared by quantize-fp8 (mode=delayed) and fp8-training: Transformer Engine's delayed per-tensor
+// scaling, built into a graph from core ops with its state in variables.
+//
+// Each run, for a tensor x quantized with the variable `scale`:
+//   history = [amax(x), history[0 .. H-2]]                     (newest first)
+//   amax    = max(history) (algorithm max) or amax(x) (most_recent)
+//   scale   = amax * 2^margin / max_finite(format) for the next run, when amax is finite and
+//             positive (and `due` holds, if given); otherwise the scale stays.
+// Only core ops (amax, reshape, slice, concat, reduce_max, mul, compare, and, where), so every
+// backend that runs those and variable/assign runs delayed scaling.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kiln/ir/graph.h"
+#include "kiln/ir/op.h"
+
+namespace kiln {
+
+/// One tensor's recipe (Transformer Engine's names: amax_history_len, amax_compute_algo, margin).
+struct DelayedScaling {
+  int64_t history = 16;
+  std::string algorithm = "max";  ///< max or most_recent
+  int64_t margin = 0;
+};
+
+/// The largest finite value of an f8 format: 448 (e4m3fn), 57344 (e5m2).
+inline double fp8_max_finite(DType t) { return t == DType::kF8E4M3FN ? 448.0 : 57344.0; }
+
+/// Makes a node of `op` where the caller wants it, typed by the op's shape rule, its result named
+/// `name` (may be empty); returns the result (null for an op without results).
+using MakeNode = std::function<StatusOr<Value*>(const std::string& op, std::vector<Value*> operands, AttrMap attrs,
+                                                const std::string& name)>;
+
+/// Adds the update of x's delayed scale: creates variable `history_name`, rolls amax(x) into it
+/// and assigns the next scale to the variable `scale` reads (`scale_name`). `due` (a bool
+/// scalar, may be null) limits the scale's update to some runs. Returns the next scale.
+inline StatusOr<Value*> build_delayed_scaling(const MakeNode& make, Value* x, Value* scale,
+                                              const std::string& history_name, const std::string& scale_name,
+                                              const DelayedScaling& recipe, DType format, Value* due = nullptr) {
+  const int64_t h = recipe.history;
+  auto scalar = [&](DType t, double v) {
+    return make("constant", {}, {{"value", Attribute(Tensor::scalar_f64(t, v))}}, "");
+  };
+  KILN_ASSIGN_OR_RETURN(Value * hist, make("variable", {},
+                                           {{"name", Attribute(history_name)}, {"init", Attribute(Tensor(DType::kF32, {h}))}},
+                                           history_name));
+  KILN_ASSIGN_OR_RETURN(Value * amax, make("amax", {x}, {}, x->name().empty() ? "" : x->name() + ".amax"));
+  KILN_ASSIGN_OR_RETURN(Value * rolled, make("reshape", {amax}, {{"shape", Attribute(std::vector<int64_t>{1})}}, ""));
+  if (h > 1) {
+    KILN_ASSIGN_OR_RETURN(Value * kept, make("slice", {hist},
+                                             {{"starts", Attribute(std::vector<int64_t>{0})},
+                                              {"ends", Attribute(std::vector<int64_t>{h - 1})}}, ""));
+    KILN_ASSIGN_OR_RETURN(rolled, make("concat", {rolled, kept}, {{"axis", Attribute(int64_t{0})}}, ""));
+  }
+  Value* m = amax;
+  if (recipe.algorithm == "max") {
+    KILN_ASSIGN_OR_RETURN(m, make("reduce_max", {rolled}, {{"keepdims", Attribute(int64_t{0})}}, ""));
+  }
+  KILN_ASSIGN_OR_RETURN(Value * factor,
+                        scalar(DType::kF32, std::ldexp(1.0, static_cast<int>(recipe.margin)) / fp8_max_finite(format)));
+  KILN_ASSIGN_OR_RETURN(Value * candidate, make("mul", {m, factor}, {}, ""));
+  // A nan compares false, so an all-zero or non-finite history leaves the scale as it was.
+  KILN_ASSIGN_OR_RETURN(Value * zero, scalar(DType::kF32, 0.0));
+  KILN_ASSIGN_OR_RETURN(Value * big, scalar(DType::kF32, std::numeric_limits<float>::max()));
+  KILN_ASSIGN_OR_RETURN(Value * positive, make("greater", {m, zero}, {}, ""));
+  KILN_ASSIGN_OR_RETURN(Value * finite, make("less_equal", {m, big}, {}, ""));
+  KILN_ASSIGN_OR_RETURN(Value * update, make("and", {positive, finite}, {}, ""));
+  if (due != nullptr) {
+    KILN_ASSIGN_OR_RETURN(update, make("and", {update, due}, {}, ""));
+  }
+  KILN_ASSIGN_OR_RETURN(Value * next, make("where", {update, candidate, scale}, {}, ""));
+  KILN_RETURN_IF_ERROR(make("assign", {rolled}, {{"name", Attribute(history_name)}}, "").status());
+  KILN_RETURN_IF_ERROR(make("assign", {next}, {{"name", Attribute(scale_name)}}, "").status());
+  return next;
+}
+
+}  // namespace kiln
