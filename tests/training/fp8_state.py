@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """FP8 training's delayed scaling against a NumPy implementation of Transformer Engine's recipe.
 
-One linear layer y = x @ w^T with loss = sum(y * r) (so dy = r) trains with fp8-training,
-autodiff and plain SGD on the reference backend. NumPy repeats every step: E4M3 rounding of x and
-w with the scales of earlier steps, the E5M2 rounding of dy, the SGD update, the amax histories
-and the next scales. The test compares every step's loss and, from a checkpoint, each history,
-scale and the weight. Several recipes: algorithm max and most_recent, history lengths, a margin,
-the e4m3-only format, a step whose activation is all zero (the scale must stay) and tiny
-gradients that only a scale keeps from flushing to zero.
+Two linear layers y1 = x @ w1^T, y = y1 @ w2^T with loss = sum(y * r) (so dy = r) train with
+fp8-training, autodiff and plain SGD on the reference backend. NumPy repeats every step: E4M3
+rounding of x, y1, w1 and w2 with the scales of earlier steps, the E5M2 rounding of dy and of
+dy1 (itself an FP8 GEMM of the rounded dy and w2), the SGD updates, the amax histories and the
+next scales. The test compares every step's loss and, from a checkpoint, each history, scale
+and weight. Several recipes: algorithm max and most_recent, history lengths, a margin, the
+e4m3-only format, a step whose input is all zero (the scales must stay) and tiny gradients that
+only a scale keeps from flushing to zero.
 
   fp8_state.py KILN WORKDIR
 """
@@ -19,7 +20,7 @@ import sys
 
 import numpy as np
 
-B, K, N, STEPS, LR = 8, 16, 8, 7, 0.5
+B, K, H, N, STEPS, LR = 8, 16, 32, 8, 7, 0.5
 FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0)}
 
 
@@ -58,30 +59,36 @@ def data(seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(0, 1, (STEPS, B, K)).astype(np.float32)
     x[:, :, 0] *= np.linspace(1, 40, STEPS)[:, None]  # the activation's range grows
-    x[3] = 0                                            # an all-zero step: its scale must stay
+    x[3] = 0                                            # an all-zero step: its scales must stay
     r = (rng.normal(0, 1, (STEPS, B, N)) * 1e-6).astype(np.float32)  # below e5m2's subnormals
-    w = rng.normal(0, 0.1, (N, K)).astype(np.float32)
-    return x, r, w
+    w1 = rng.normal(0, 0.3, (H, K)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (N, H)).astype(np.float32)
+    return x, r, w1, w2
 
 
-def numpy_run(recipe, x, r, w):
+def numpy_run(recipe, x, r, w1, w2):
     grad_fmt = "e4m3" if recipe.fmt == "e4m3" else "e5m2"
     fwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, "e4m3")
     bwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, grad_fmt)
-    st = {k: (np.zeros(recipe.history, np.float32), np.float32(1)) for k in ("x", "w", "y.grad")}
+    st = {k: (np.zeros(recipe.history, np.float32), np.float32(1)) for k in ("x", "w1", "y1", "w2", "y1.grad", "y.grad")}
     losses = []
     for t in range(STEPS):
-        xd = quantize(x[t], st["x"][1], "e4m3")
-        wd = quantize(w, st["w"][1], "e4m3")
-        y = (xd @ wd.T).astype(np.float32)
+        xd, w1d, w2d = (quantize(v, st[k][1], "e4m3") for v, k in ((x[t], "x"), (w1, "w1"), (w2, "w2")))
+        y1 = (xd @ w1d.T).astype(np.float32)
+        y1d = quantize(y1, st["y1"][1], "e4m3")
+        y = (y1d @ w2d.T).astype(np.float32)
         losses.append(float(np.sum(y.astype(np.float64) * r[t])))
         gd = quantize(r[t], st["y.grad"][1], grad_fmt)
-        dw = (gd.T @ xd).astype(np.float32)
-        st["x"] = fwd.update(st["x"], np.abs(x[t]).max())
-        st["w"] = fwd.update(st["w"], np.abs(w).max())
-        st["y.grad"] = bwd.update(st["y.grad"], np.abs(r[t]).max())
-        w = (w - np.float32(LR) * dw).astype(np.float32)
-    return np.array(losses), st, w
+        dw2 = (gd.T @ y1d).astype(np.float32)
+        dy1 = (gd @ w2d).astype(np.float32)  # an FP8 GEMM too: the rounded dy and w2
+        g1d = quantize(dy1, st["y1.grad"][1], grad_fmt)
+        dw1 = (g1d.T @ xd).astype(np.float32)
+        for k, v, rec in (("x", x[t], fwd), ("w1", w1, fwd), ("y1", y1, fwd), ("w2", w2, fwd),
+                          ("y.grad", r[t], bwd), ("y1.grad", dy1, bwd)):
+            st[k] = rec.update(st[k], np.abs(v).max())
+        w1 = (w1 - np.float32(LR) * dw1).astype(np.float32)
+        w2 = (w2 - np.float32(LR) * dw2).astype(np.float32)
+    return np.array(losses), st, {"w1": w1, "w2": w2}
 
 
 def read_checkpoint(path):
@@ -100,25 +107,27 @@ def read_checkpoint(path):
     return out
 
 
-def kir(w):
-    values = ", ".join(repr(float(v)) for v in w.reshape(-1))
-    return f"""graph @fp8(%x: f32[{B}, {K}], %r: f32[{B}, {N}]) -> (%loss: f32[]) {{
-  %w = constant() {{value = dense<f32[{N}, {K}]>[{values}]}} : f32[{N}, {K}]
-  %y = linear(%x, %w) : f32[{B}, {N}]
+def kir(w1, w2):
+    def const(name, w):
+        values = ", ".join(repr(float(v)) for v in w.reshape(-1))
+        return f"  %{name} = constant() {{value = dense<f32[{w.shape[0]}, {w.shape[1]}]>[{values}]}} : f32[{w.shape[0]}, {w.shape[1]}]\n"
+    return (f"graph @fp8(%x: f32[{B}, {K}], %r: f32[{B}, {N}]) -> (%loss: f32[]) {{\n" + const("w1", w1) + const("w2", w2) +
+            f"""  %y1 = linear(%x, %w1) : f32[{B}, {H}]
+  %y = linear(%y1, %w2) : f32[{B}, {N}]
   %p = mul(%y, %r) : f32[{B}, {N}]
   %loss = reduce_sum(%p) {{keepdims = 0}} : f32[]
   return %loss
 }}
-"""
+""")
 
 
 def check(kiln, workdir, recipe):
     os.makedirs(os.path.join(workdir, "data"), exist_ok=True)
-    x, r, w = data(recipe.history * 7 + recipe.margin)
+    x, r, w1, w2 = data(recipe.history * 7 + recipe.margin)
     np.save(os.path.join(workdir, "data", "x.npy"), x)
     np.save(os.path.join(workdir, "data", "r.npy"), r)
     with open(os.path.join(workdir, "model.kir"), "w") as f:
-        f.write(kir(w))
+        f.write(kir(w1, w2))
     with open(os.path.join(workdir, "train.toml"), "w") as f:
         f.write(f"""frontend = "kir"
 
@@ -142,18 +151,19 @@ name = "reference"
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
-    want_losses, want, want_w = numpy_run(recipe, x, r, w)
+    want_losses, want, want_w = numpy_run(recipe, x, r, w1, w2)
     got = read_checkpoint(ckpt)
     label = f"history={recipe.history} algorithm={recipe.algorithm} margin={recipe.margin} format={recipe.fmt}"
     np.testing.assert_allclose(np.load(losses), want_losses, rtol=1e-5, atol=1e-12, err_msg=label + ": losses")
     for name, (hist, scale) in want.items():
         np.testing.assert_allclose(got[name + ".amax_history"], hist, rtol=1e-6, err_msg=f"{label}: {name}.amax_history")
         np.testing.assert_allclose(got[name + ".fp8_scale"], scale, rtol=1e-6, err_msg=f"{label}: {name}.fp8_scale")
-    np.testing.assert_allclose(got["w"], want_w, rtol=1e-5, atol=1e-7, err_msg=label + ": w")
-    if not np.any(want_w != w):
-        sys.exit(f"FAIL: {label}: the weight never moved: the gradient flushed to zero")
-    print(f"  {label}: {STEPS} steps, losses, histories, scales and the weight match NumPy "
-          f"(x.fp8_scale {float(got['x.fp8_scale']):.4g}, y.grad.fp8_scale {float(got['y.grad.fp8_scale']):.4g})")
+    for name, w0 in (("w1", w1), ("w2", w2)):
+        np.testing.assert_allclose(got[name], want_w[name], rtol=1e-5, atol=1e-7, err_msg=f"{label}: {name}")
+        if not np.any(want_w[name] != w0):
+            sys.exit(f"FAIL: {label}: {name} never moved: its gradient flushed to zero")
+    print(f"  {label}: {STEPS} steps, losses, 6 histories and scales, both weights match NumPy "
+          f"(x.fp8_scale {float(got['x.fp8_scale']):.4g}, y1.grad.fp8_scale {float(got['y1.grad.fp8_scale']):.4g})")
 
 
 def main():
