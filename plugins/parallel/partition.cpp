@@ -897,28 +897,33 @@ StatusOr<int> strategy_axis(const DeviceMesh& mesh, const std::string& name, int
   return a;
 }
 
+std::vector<std::string> batch_input_names(const Graph& g, int64_t batch_dim, const std::vector<std::string>& names) {
+  if (!names.empty()) return names;
+  std::vector<std::string> chosen;
+  for (const Value* in : g.inputs())
+    if (in->type().rank() > batch_dim && !in->shape()[static_cast<size_t>(batch_dim)].is_static())
+      chosen.push_back(in->name());
+  // Static shapes: the first input's batch size picks out the batch inputs (a training
+  // step's tokens and targets split alike).
+  if (chosen.empty() && g.num_inputs() > 0 && g.input(0)->type().rank() > batch_dim) {
+    const Dim& batch = g.input(0)->shape()[static_cast<size_t>(batch_dim)];
+    for (const Value* in : g.inputs())
+      if (in->type().rank() > batch_dim && in->shape()[static_cast<size_t>(batch_dim)] == batch) chosen.push_back(in->name());
+  }
+  if (chosen.empty() && g.num_inputs() > 0) chosen.push_back(g.input(0)->name());
+  return chosen;
+}
+
 Status shard_batch_inputs(Graph& g, int axis, int64_t batch_dim, const std::vector<std::string>& names,
                           const std::string& who) {
   const DeviceMesh& mesh = g.mesh();
   std::vector<Value*> chosen;
-  for (const std::string& name : names) {
+  for (const std::string& name : batch_input_names(g, batch_dim, names)) {
     Value* found = nullptr;
     for (Value* in : g.inputs())
       if (in->name() == name) found = in;
     if (!found) return not_found(who + ": graph @" + g.name() + " has no input '" + name + "'");
     chosen.push_back(found);
-  }
-  if (names.empty()) {
-    for (Value* in : g.inputs())
-      if (in->type().rank() > batch_dim && !in->shape()[static_cast<size_t>(batch_dim)].is_static()) chosen.push_back(in);
-    // Static shapes: the first input's batch size picks out the batch inputs (a training
-    // step's tokens and targets split alike).
-    if (chosen.empty() && g.num_inputs() > 0 && g.input(0)->type().rank() > batch_dim) {
-      const Dim& batch = g.input(0)->shape()[static_cast<size_t>(batch_dim)];
-      for (Value* in : g.inputs())
-        if (in->type().rank() > batch_dim && in->shape()[static_cast<size_t>(batch_dim)] == batch) chosen.push_back(in);
-    }
-    if (chosen.empty() && g.num_inputs() > 0) chosen.push_back(g.input(0));
   }
   for (Value* in : chosen) {
     if (in->type().rank() <= batch_dim)

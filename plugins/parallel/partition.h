@@ -64,6 +64,11 @@ StatusOr<DeviceMesh> parse_mesh_option(const std::string& text);
 /// the end) when `name` is empty; `who` names the strategy in errors.
 StatusOr<int> strategy_axis(const DeviceMesh& mesh, const std::string& name, int fallback_index, const std::string& who);
 
+/// The inputs a batch split cuts: `names` when given, else every input whose dim `batch_dim` is
+/// symbolic (a batch), or when none is, those whose dim `batch_dim` equals the first input's,
+/// or the first input.
+std::vector<std::string> batch_input_names(const Graph& g, int64_t batch_dim, const std::vector<std::string>& names);
+
 /// Places graph inputs' dim `batch_dim` on mesh axis `axis` (Shard), the data-parallel split:
 /// the inputs named in `names`, or when empty every input whose dim `batch_dim` is symbolic
 /// (a batch), or when none is, every input whose dim `batch_dim` equals the first input's

@@ -11,48 +11,16 @@
 
 #include "kiln/core/memory_estimate.h"
 #include "kiln/ir/op.h"
+#include "partition.h"
 #include "strategies.h"
 
 namespace kiln::parallel {
 namespace {
 
-// ---- symbols ---------------------------------------------------------------------------------
-
-/// Replaces every symbolic dim of `g` (regions included) by its size, so the partitioned copy
-/// has static per-rank shapes to cost. Symbols missing from `dims` take `fallback`.
-void bind_symbols(Graph& g, const std::map<std::string, int64_t>& dims, int64_t fallback,
-                  std::map<std::string, int64_t>& used, std::set<std::string>& defaulted) {
-  auto bind = [&](Value* v) {
-    TensorType t = v->type();
-    bool changed = false;
-    for (Dim& d : t.shape) {
-      if (d.is_static()) continue;
-      const auto it = dims.find(d.symbol_name());
-      const int64_t size = it != dims.end() ? it->second : fallback;
-      if (it == dims.end()) defaulted.insert(d.symbol_name());
-      used[d.symbol_name()] = size;
-      d = Dim(size);
-      changed = true;
-    }
-    if (changed) v->set_type(std::move(t));
-  };
-  for (Value* v : g.inputs()) bind(v);
-  for (const auto& n : g.nodes()) {
-    for (int i = 0; i < n->num_results(); ++i) bind(n->result(i));
-    for (int k = 0; k < n->num_regions(); ++k) bind_symbols(n->region(k), dims, fallback, used, defaulted);
-  }
-}
-
 /// The inputs a data-parallel axis splits, decided on the symbolic graph the way
 /// shard_batch_inputs decides (before binding makes every batch dim static).
 std::vector<std::string> batch_inputs(const Graph& g, const PlannerOptions& o) {
-  if (!o.inputs.empty()) return o.inputs;
-  std::vector<std::string> names;
-  for (const Value* in : g.inputs())
-    if (in->type().rank() > o.batch_dim && !in->shape()[static_cast<size_t>(o.batch_dim)].is_static())
-      names.push_back(in->name());
-  if (names.empty() && g.num_inputs() > 0) names.push_back(g.input(0)->name());
-  return names;
+  return batch_input_names(g, o.batch_dim, o.inputs);
 }
 
 // ---- cost model --------------------------------------------------------------------------------
@@ -193,6 +161,31 @@ bool better(const Candidate& a, const Candidate& b, Objective o) {
 
 }  // namespace
 
+// ---- symbols ---------------------------------------------------------------------------------
+
+void bind_symbol_sizes(Graph& g, const std::map<std::string, int64_t>& dims, int64_t fallback,
+                  std::map<std::string, int64_t>& used, std::set<std::string>& defaulted) {
+  auto bind = [&](Value* v) {
+    TensorType t = v->type();
+    bool changed = false;
+    for (Dim& d : t.shape) {
+      if (d.is_static()) continue;
+      const auto it = dims.find(d.symbol_name());
+      const int64_t size = it != dims.end() ? it->second : fallback;
+      if (it == dims.end()) defaulted.insert(d.symbol_name());
+      used[d.symbol_name()] = size;
+      d = Dim(size);
+      changed = true;
+    }
+    if (changed) v->set_type(std::move(t));
+  };
+  for (Value* v : g.inputs()) bind(v);
+  for (const auto& n : g.nodes()) {
+    for (int i = 0; i < n->num_results(); ++i) bind(n->result(i));
+    for (int k = 0; k < n->num_regions(); ++k) bind_symbol_sizes(n->region(k), dims, fallback, used, defaulted);
+  }
+}
+
 // ---- device models ---------------------------------------------------------------------------------
 
 StatusOr<DeviceModel> device_preset(const std::string& name) {
@@ -257,6 +250,31 @@ StatusOr<DeviceModel> load_probe(const std::string& path, DeviceModel base) {
 
 // ---- costing -----------------------------------------------------------------------------------------
 
+double node_seconds(const Node& n, const DeviceModel& d) {
+  if (n.num_regions() > 0 && n.op_name() != "fused") {  // a pipeline stage: its body, node by node
+    double s = 0;
+    for (int k = 0; k < n.num_regions(); ++k)
+      for (const auto& m : n.region(k).nodes()) s += node_seconds(*m, d);
+    return s;
+  }
+  if (n.num_results() == 0 || is_view_op(n.op_name()) || n.op_name() == "constant") return 0;
+  double bytes = 0;
+  std::unordered_set<const Value*> seen;
+  for (int i = 0; i < n.num_operands(); ++i) {
+    const Value* v = n.operand(i);
+    // An embedding lookup reads the rows it picks, not its whole table.
+    if (n.op_name() == "gather" && i == 0) bytes += static_cast<double>(value_bytes(*n.result()));
+    else if (seen.insert(v).second) bytes += static_cast<double>(value_bytes(*v));
+  }
+  for (int i = 0; i < n.num_results(); ++i) bytes += static_cast<double>(value_bytes(*n.result(i)));
+  const DType dt = n.num_operands() > 0 ? n.operand(0)->dtype() : n.result()->dtype();
+  const bool contraction = n.op() && n.op()->has(kTraitContraction);
+  const double rate = contraction ? matmul_rate(dt, d) : d.f32_flops;
+  return std::max(node_flops(n) / rate, bytes / d.hbm_bytes_per_s);
+}
+
+// ---- costing (whole programs) ---------------------------------------------------------------------------------------
+
 StatusOr<ProgramCost> cost_program(const Graph& g, const DeviceModel& d) {
   ProgramCost c;
   const StorageMap storage(g);
@@ -275,21 +293,8 @@ StatusOr<ProgramCost> cost_program(const Graph& g, const DeviceModel& d) {
       ++c.collectives[n.op_name()];
       continue;
     }
-    double bytes = 0;
-    std::unordered_set<const Value*> seen;
-    for (int i = 0; i < n.num_operands(); ++i) {
-      const Value* v = n.operand(i);
-      // An embedding lookup reads the rows it picks, not its whole table.
-      if (n.op_name() == "gather" && i == 0) bytes += static_cast<double>(value_bytes(*n.result()));
-      else if (seen.insert(v).second) bytes += static_cast<double>(value_bytes(*v));
-    }
-    for (int i = 0; i < n.num_results(); ++i) bytes += static_cast<double>(value_bytes(*n.result(i)));
-    const double flops = node_flops(n);
-    const DType dt = n.num_operands() > 0 ? n.operand(0)->dtype() : n.result()->dtype();
-    const bool contraction = n.op() && n.op()->has(kTraitContraction);
-    const double rate = contraction ? matmul_rate(dt, d) : d.f32_flops;
-    c.flops += flops;
-    c.compute_s += std::max(flops / rate, bytes / d.hbm_bytes_per_s);
+    c.flops += node_flops(n);
+    c.compute_s += node_seconds(n, d);
   }
   for (const Value* v : g.outputs()) note_weight(v);
   c.splits_nothing = true;
@@ -346,7 +351,7 @@ StatusOr<Plan> make_plan(const Graph& global, const PlannerOptions& o) {
   plan.options = o;
   std::set<std::string> defaulted;
   std::unique_ptr<Graph> bound = global.clone();
-  bind_symbols(*bound, o.dims, kSymbolicDimEstimate, plan.symbols, defaulted);
+  bind_symbol_sizes(*bound, o.dims, kSymbolicDimEstimate, plan.symbols, defaulted);
   plan.defaulted.assign(defaulted.begin(), defaulted.end());
   // The batch inputs come from the symbolic graph; binding made every batch dim static.
   PlannerOptions bound_options = o;
@@ -434,6 +439,22 @@ std::vector<OptionSpec> planner_option_specs() {
   };
 }
 
+StatusOr<std::map<std::string, int64_t>> parse_dims_option(const std::vector<std::string>& entries, const std::string& who) {
+  std::map<std::string, int64_t> dims;
+  for (const std::string& d : entries) {
+    const auto eq = d.find('=');
+    int64_t size = 0;
+    try {
+      size = eq == std::string::npos ? 0 : std::stoll(d.substr(eq + 1));
+    } catch (const std::exception&) {
+    }
+    if (eq == std::string::npos || eq == 0 || size < 1)
+      return invalid_argument(who + ": dims entry '" + d + "': expected NAME=SIZE with SIZE >= 1");
+    dims[d.substr(0, eq)] = size;
+  }
+  return dims;
+}
+
 /// Planner options from a [parallel] section's (or `kiln plan`'s) values.
 StatusOr<PlannerOptions> planner_options(const Options& o) {
   PlannerOptions p;
@@ -451,17 +472,7 @@ StatusOr<PlannerOptions> planner_options(const Options& o) {
   if (!o.get_string("probe").empty()) {
     KILN_ASSIGN_OR_RETURN(p.device, load_probe(o.get_string("probe"), p.device));
   }
-  for (const std::string& d : o.get_strings("dims")) {
-    const auto eq = d.find('=');
-    int64_t size = 0;
-    try {
-      size = eq == std::string::npos ? 0 : std::stoll(d.substr(eq + 1));
-    } catch (const std::exception&) {
-    }
-    if (eq == std::string::npos || eq == 0 || size < 1)
-      return invalid_argument("auto: dims entry '" + d + "': expected NAME=SIZE with SIZE >= 1");
-    p.dims[d.substr(0, eq)] = size;
-  }
+  KILN_ASSIGN_OR_RETURN(p.dims, parse_dims_option(o.get_strings("dims"), "auto"));
   p.batch_dim = o.get_int("batch-dim");
   p.sequence_dim = o.get_int("sequence-dim");
   if (p.batch_dim < 0 || p.sequence_dim < 0) return invalid_argument("auto: batch-dim and sequence-dim must be >= 0");
@@ -477,7 +488,7 @@ std::string format_bytes(double b) {
   int u = 0;
   while (b >= 1024 && u < 4) b /= 1024, ++u;
   char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.3g %s", b, units[u]);
+  std::snprintf(buf, sizeof buf, u == 0 || b >= 100 ? "%.0f %s" : "%.3g %s", b, units[u]);  // 1010 KiB, not 1.01e+03
   return buf;
 }
 

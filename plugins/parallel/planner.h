@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,8 @@ struct Plan {
 /// The options of the `auto` strategy (and `kiln plan`): devices, objective, memory-limit,
 /// device, probe, dims, batch-dim, sequence-dim, inputs, print-plan.
 std::vector<OptionSpec> planner_option_specs();
+/// The `dims` option (["B=8", "T=2048"]) as sizes; `who` names the strategy in errors.
+StatusOr<std::map<std::string, int64_t>> parse_dims_option(const std::vector<std::string>& entries, const std::string& who);
 /// Planner options from resolved option values; checks them.
 StatusOr<PlannerOptions> planner_options(const Options& o);
 
@@ -100,6 +103,16 @@ struct ProgramCost {
   bool splits_nothing = false;  ///< no input is sharded and no value is cut by local_shard
 };
 StatusOr<ProgramCost> cost_program(const Graph& per_rank, const DeviceModel& device);
+
+/// Compute time of one node on `device` (no collectives): max(FLOPs / rate, bytes / bandwidth);
+/// views and constants are free; a node with a region other than `fused` costs its body.
+double node_seconds(const Node& n, const DeviceModel& device);
+
+/// Replaces every symbolic dim of `g` (regions included) by its size in `dims`, so a copy has
+/// static shapes to cost or to pass between ranks. Symbols missing from `dims` take `fallback`
+/// and are listed in `defaulted`; `used` receives every size bound.
+void bind_symbol_sizes(Graph& g, const std::map<std::string, int64_t>& dims, int64_t fallback,
+                       std::map<std::string, int64_t>& used, std::set<std::string>& defaulted);
 
 /// "80GiB", "512 MiB", "16GB", "1e9" -> bytes.
 StatusOr<int64_t> parse_bytes(const std::string& text);

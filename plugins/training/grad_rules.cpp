@@ -632,7 +632,7 @@ std::map<std::string, RuleEntry> build_table() {
   t[kQuantizeGradOp].gradient_only = true;
   refuse("matmul_int4", "int4 weights are inference-only: run autodiff before quantize-int4 (fp8-training trains in FP8)");
   for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv",
-                         "local_shard"})
+                         "local_shard", "pipeline_stage"})
     refuse(op, "collectives appear after a parallel strategy: run autodiff before it");
   return t;
 }

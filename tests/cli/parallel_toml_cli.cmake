@@ -11,7 +11,7 @@ kiln_cli_test(parallel-one-line ARGS opt ${here}/double.kir --passes "cse,data-p
 kiln_cli_test(parallel-bad-mesh ARGS opt ${here}/double.kir --pipeline ${here}/parallel_bad_mesh.toml RC 1
   ERR "kiln: error: [^\n]*/parallel_bad_mesh\\.toml:5:12: mesh 'dp=two': size of axis 'dp' must be an integer, got 'two'")
 kiln_cli_test(parallel-unknown ARGS opt ${here}/double.kir --pipeline ${here}/parallel_unknown.toml RC 1
-  ERR "kiln: error: [^\n]*/parallel_unknown\\.toml:4:12: unknown parallel strategy 'tensr-parallel' \\(did you mean 'tensor-parallel'\\?\\); registered parallel strategies: auto, data-parallel, tensor-parallel; a plugin may provide it")
+  ERR "kiln: error: [^\n]*/parallel_unknown\\.toml:4:12: unknown parallel strategy 'tensr-parallel' \\(did you mean 'tensor-parallel'\\?\\); registered parallel strategies: auto, data-parallel, pipeline, tensor-parallel; a plugin may provide it")
 kiln_cli_test(parallel-after-missing ARGS opt ${here}/double.kir --pipeline ${here}/parallel_after.toml RC 1
   ERR "kiln: error: [^\n]*/parallel_after\\.toml:6:9: \\[parallel\\] after = 'cse', which is not in 'passes'")
 kiln_cli_test(parallel-mesh-twice ARGS opt ${here}/double.kir --pipeline ${here}/parallel_mesh_twice.toml RC 1

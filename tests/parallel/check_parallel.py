@@ -18,6 +18,8 @@ inputs). STRATEGY is one of:
   dp-tp-seq the same with the dp split along dim 1
   auto      the planner's choice for the mesh's device count (objective throughput)
   auto-memory  the planner's choice for the smallest memory per rank
+  pp        pipeline stages, one per rank, as many microbatches as stages (GPipe)
+  pp-mb1    pipeline stages without microbatches
   FILE.toml a pipeline with a [parallel] section (and fusion passes), run on reference
 --require TEXT fails a mesh of more than one rank whose per-rank program lacks TEXT (e.g. the
 name suffix a rule gives the values it adds).
@@ -40,11 +42,16 @@ from model_dir import output_files  # noqa: E402
 CLEANUP = "canonicalize,cse"
 
 
-def strategy_spec(name, ranks):
+def strategy_spec(name, ranks, syms=()):
     """The pass-list entry for `name` on a mesh of `ranks`, or None where it does not apply.
-    A pipeline file (NAME.toml, its own mesh) runs once, as the mesh of 2 ranks."""
+    A pipeline file (NAME.toml, its own mesh) runs once, as the mesh of 2 ranks. `syms`
+    (NAME=SIZE) bind a .kir model's symbols for strategies that need static shapes."""
     if name.endswith(".toml"):
         return name if ranks == 2 else None
+    if name in ("pp", "pp-mb1"):
+        dims = ",dims=[" + ",".join(f'"{s}"' for s in syms) + "]" if syms else ""
+        micro = ",microbatches=1" if name == "pp-mb1" else ""
+        return f'pipeline{{mesh="pp={ranks}"{micro}{dims},print-stages=false}}'
     if name == "dp":
         return f'data-parallel{{mesh="dp={ranks}"}}'
     if name == "dp-seq":
@@ -144,7 +151,7 @@ def main():
             return 1
         ok = True
         for ranks in [int(r) for r in a.ranks.split(",")]:
-            spec = strategy_spec(a.strategy, ranks)
+            spec = strategy_spec(a.strategy, ranks, [] if os.path.isdir(a.model) else a.sym)
             if spec is None:
                 continue
             passes = spec if spec.endswith(".toml") else f"{CLEANUP},{spec}"
@@ -159,7 +166,7 @@ def main():
             signature = text.split(") ->")[0]
             split_inputs = len(re.findall(r"<[^>]*S\(", signature))
             counts = {op: text.count(f" {op}(") for op in
-                      ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_shard")}
+                      ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_shard", "send")}
             for n in names:
                 v = allclose(want[n], got[n], a.rtol, a.atol)
                 status = "ok" if v.ok else "FAIL"
@@ -172,7 +179,9 @@ def main():
                 data_only = a.strategy.startswith("dp") and "tp" not in a.strategy
                 split = split_inputs if data_only else counts["local_shard"]
                 if a.strategy.endswith(".toml") or a.strategy.startswith("auto"):
-                    split = split_inputs + counts["local_shard"]
+                    split = split_inputs + counts["local_shard"] + counts["send"]
+                if a.strategy.startswith("pp"):  # stages pass activations on
+                    split = counts["send"]
                 for want_text in a.require:
                     if want_text not in text:
                         print(f"FAIL {a.strategy} on {ranks} ranks: the per-rank program has no '{want_text}'")

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "mesh_helpers.h"
 #include "kiln/core/driver.h"
 #include "kiln/core/npy.h"
 #include "kiln/ir/interpreter.h"
@@ -63,25 +64,9 @@ Tensor input() {
   return x;
 }
 
-/// The outputs of per-rank program `g` run on every rank, put back together.
-Tensor run_sharded(const Graph& g) {
-  std::vector<Tensor> whole = {input()};
-  auto pieces = split_inputs_by_rank(g, whole);
-  REQUIRE_MESSAGE(pieces.ok(), pieces.status().message());
-  const Graph* programs[] = {&g};
-  auto by_rank = run_mesh(g.mesh(), programs, *pieces);
-  REQUIRE_MESSAGE(by_rank.ok(), by_rank.status().message());
-  auto outs = assemble_outputs(g, *by_rank);
-  REQUIRE_MESSAGE(outs.ok(), outs.status().message());
-  return (*outs)[0];
-}
+Tensor run_sharded(const Graph& g) { return testing::run_sharded(g, {input()}); }
 
-Tensor run_whole(const Graph& g) {
-  std::vector<Tensor> in = {input()};
-  auto outs = Interpreter().run(g, in);
-  REQUIRE_MESSAGE(outs.ok(), outs.status().message());
-  return (*outs)[0];
-}
+Tensor run_whole(const Graph& g) { return testing::run_whole(g, {input()}); }
 
 void check_close(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());

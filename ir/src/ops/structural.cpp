@@ -1,7 +1,9 @@
-// Core structural ops: fused, a node that runs a nested graph (a group made by fusion).
+// Core structural ops: fused, a node that runs a nested graph (a group made by fusion), and
+// pipeline_stage, the work of one rank of a pipeline-parallel program.
 #include <unordered_map>
 
 #include "kiln/ir/interpreter.h"
+#include "kiln/ir/mesh_run.h"
 #include "ops/op_helpers.h"
 #include "ops/ops.h"
 
@@ -97,6 +99,29 @@ Status fused_kernel(KernelContext& ctx) {
   return ok_status();
 }
 
+/// Runs the region on the rank named by `rank`; every other rank skips it, its results zeros
+/// (the last stage's outputs are P(sum) over the stages: one rank holds the value).
+Status pipeline_stage_kernel(KernelContext& ctx) {
+  const MeshContext* m = ctx.interpreter.mesh_context();
+  if (m == nullptr) return ctx.error("a pipeline stage runs only as part of a mesh run (run_mesh, or a parallel backend)");
+  if (m->rank != ctx.node.get_int("rank")) {
+    for (size_t i = 0; i < ctx.outputs.size(); ++i) {
+      const TensorType& t = ctx.node.result(static_cast<int>(i))->type();
+      ctx.outputs[i] = Tensor(t.dtype, static_sizes(t.shape));
+    }
+    return ok_status();
+  }
+  return fused_kernel(ctx);
+}
+
+Status infer_pipeline_stage(InferContext& ctx) {
+  const DeviceMesh& mesh = ctx.node.graph()->mesh();
+  const int64_t rank = ctx.node.get_int("rank");
+  if (mesh.empty() || rank < 0 || rank >= mesh.num_ranks())
+    return ctx.error("rank " + std::to_string(rank) + " is not a rank of mesh " + mesh.str());
+  return infer_fused(ctx);
+}
+
 }  // namespace
 
 void register_structural_ops(OpRegistry& r) {
@@ -110,6 +135,19 @@ void register_structural_ops(OpRegistry& r) {
                     .num_regions = 1,
                     .infer = infer_fused,
                     .reference = fused_kernel});
+  add_op_or_die(r, {.name = "pipeline_stage",
+                    .summary = "one rank's part of a pipeline-parallel program: rank `rank` runs the region, "
+                               "the others skip it (zeros)",
+                    .traits = kTraitHasRegions | kTraitSideEffects,
+                    .inputs = {"xs..."},
+                    .outputs = {"ys..."},
+                    .result_rule = "the types of the region's outputs",
+                    .attrs = {attr_required("rank", AttrKind::kInt, "the rank that runs the region"),
+                              attr_default("microbatches", Attribute(int64_t{1}),
+                                           "microbatches the region runs one after another (for reports)")},
+                    .num_regions = 1,
+                    .infer = infer_pipeline_stage,
+                    .reference = pipeline_stage_kernel});
 }
 
 }  // namespace kiln
