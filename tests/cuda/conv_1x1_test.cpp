@@ -16,7 +16,7 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 std::string lowered_case(int i, const char* t) { return test::replace_all(test::k1x1Cases[i][1], "T[", std::string(t) + "["); }
 
 TEST_CASE("a 1x1 conv with a constant bias and a relu is one gemm step: C is the bias plane, shared by the images") {
-  const LoweredGraph l = lower_text(lowered_case(0, "f32"), {.allow_tf32 = true});
+  const LoweredGraph l = lower_text(lowered_case(0, "f32"), {.allow_tf32_conv = true});
   CHECK(l.kernels.empty());
   const auto st = steps(l.plan);
   REQUIRE(st.size() == 1);

@@ -38,9 +38,9 @@ TEST_CASE("conv with bias, groups and stride is one cudnn step that applies the 
   CHECK(plan_lines(l.plan, "workspace")[0] == "workspace bytes=33554432");
 }
 
-TEST_CASE("allow_tf32 gives f32 convs math=tf32, half types keep math=f32") {
+TEST_CASE("allow_tf32_conv gives f32 convs math=tf32, half types keep math=f32") {
   LoweringOptions tf32;
-  tf32.allow_tf32 = true;
+  tf32.allow_tf32_conv = true;
   CHECK(plan_lines(lower_text(kBiasRelu, tf32).plan, "step conv")[0].find(" dtype=f32 math=tf32 ") != std::string::npos);
   tf32.conv1x1 = "cudnn";  // the 1x1 conv too
   const LoweredGraph h = lower_text(R"(
@@ -168,7 +168,7 @@ graph @g(%x: f32[2, 3, 37, 45], %w: f32[16, 3, 7, 7], %b: f32[16], %v: f32[8, 3,
   %t = conv(%x, %s) {pads = [1, 1, 1, 1]} : f32[2, 72, 37, 45]
   return %y, %p, %q, %t
 })";
-  const LoweredGraph l = lower_text(text, {.allow_tf32 = true});
+  const LoweredGraph l = lower_text(text, {.allow_tf32_conv = true});
   // The 7x7 stem: one kernel with bias and relu, and the 3x3 over RGB another (72 channels: one
   // pixel tile a warp), sharing their helpers; the 1x1 conv over RGB is a GEMM and the 5-channel
   // conv stays a cuDNN step.

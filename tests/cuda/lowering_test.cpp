@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "kiln/core/options.h"
+#include "kiln/cuda/backend.h"
 #include "kiln/cuda/lowering.h"
 #include "kiln/ir/text.h"
 #include "lowering_test_util.h"
@@ -141,6 +143,33 @@ graph @g(%a: f32[2, 3], %b: f32[3, 5]) -> (f32[2, 5]) {
   return %y
 })", o);
   CHECK(l.plan.find("compute=tf32") != std::string::npos);
+}
+
+TEST_CASE("tf32 for matmuls and for convolutions are separate options, as PyTorch's flags are") {
+  const char* text = R"(
+graph @g(%a: f32[2, 3], %b: f32[3, 5], %x: f32[1, 4, 8, 8], %w: f32[6, 4, 3, 3]) -> (f32[2, 5], f32[1, 6, 8, 8]) {
+  %y = matmul(%a, %b) : f32[2, 5]
+  %c = conv(%x, %w) {pads = [1, 1, 1, 1]} : f32[1, 6, 8, 8]
+  return %y, %c
+})";
+  Capabilities caps;
+  caps.plugin = "cuda-test";
+  caps.targets = {"sm_90a"};
+  Registry reg;
+  REQUIRE(register_backend(reg, caps).ok());
+  const BackendInfo* info = *reg.backend("cuda-test");
+  auto math = [&](const std::map<std::string, OptionValue>& given) {
+    auto opts = resolve_options(info->options, given, "cuda-test");
+    REQUIRE_MESSAGE(opts.ok(), opts.status().message());
+    const LoweredGraph l = lower_text(text, lowering_options(caps, *opts));
+    const std::string gemm = plan_lines(l.plan, "step gemm").at(0), conv = plan_lines(l.plan, "step conv").at(0);
+    return std::string(gemm.find("compute=tf32") != std::string::npos ? "tf32" : "f32") + "/" +
+           (conv.find("math=tf32") != std::string::npos ? "tf32" : "f32");
+  };
+  CHECK(math({}) == "f32/f32");
+  CHECK(math({{"allow-tf32-matmul", true}}) == "tf32/f32");
+  CHECK(math({{"allow-tf32-conv", true}}) == "f32/tf32");  // PyTorch's defaults
+  CHECK(math({{"allow-tf32", true}}) == "tf32/tf32");
 }
 
 TEST_CASE("matmul: shared B folds the batch into M, broadcast A by stride 0, materialized partial broadcast") {

@@ -128,15 +128,8 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(Capabilities caps, const Options& o)
       : caps_(std::move(caps)), keep_source_(!o.has("keep-source") || o.get_bool("keep-source")) {
-    opts_.allow_tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
+    opts_ = lowering_options(caps_, o);
     autotune_ = o.has("autotune") && o.get_bool("autotune");
-    if (o.has("conv")) opts_.conv = o.get_string("conv");
-    if (o.has("depthwise")) opts_.depthwise = o.get_string("depthwise");
-    if (o.has("conv1x1")) opts_.conv1x1 = o.get_string("conv1x1");
-    opts_.int4_exact_zeros = o.has("int4-exact-zeros") && o.get_bool("int4-exact-zeros");
-    opts_.fp8 = caps_.fp8;
-    opts_.max_smem_per_block = caps_.max_smem_per_block;
-    opts_.target = caps_.plugin + ": target " + (caps_.targets.empty() ? "?" : caps_.targets[0]);
     images_ = o.has("images") && !o.get_strings("images").empty() ? o.get_strings("images") : caps_.targets;
   }
 
@@ -403,13 +396,34 @@ StatusOr<std::string> autotune_artifact(ArtifactContents& art, const std::vector
   return summary;
 }
 
+LoweringOptions lowering_options(const Capabilities& caps, const Options& o) {
+  LoweringOptions l;
+  // allow-tf32 allows both kinds, as PyTorch's two flags set alike; each of the others one kind.
+  const bool tf32 = o.has("allow-tf32") && o.get_bool("allow-tf32");
+  l.allow_tf32 = tf32 || (o.has("allow-tf32-matmul") && o.get_bool("allow-tf32-matmul"));
+  l.allow_tf32_conv = tf32 || (o.has("allow-tf32-conv") && o.get_bool("allow-tf32-conv"));
+  if (o.has("conv")) l.conv = o.get_string("conv");
+  if (o.has("depthwise")) l.depthwise = o.get_string("depthwise");
+  if (o.has("conv1x1")) l.conv1x1 = o.get_string("conv1x1");
+  l.int4_exact_zeros = o.has("int4-exact-zeros") && o.get_bool("int4-exact-zeros");
+  l.fp8 = caps.fp8;
+  l.max_smem_per_block = caps.max_smem_per_block;
+  l.target = caps.plugin + ": target " + (caps.targets.empty() ? "?" : caps.targets[0]);
+  return l;
+}
+
 Status register_backend(Registry& r, const Capabilities& caps) {
   BackendInfo info;
   info.name = caps.plugin;
   info.version = caps.version;
   info.summary = caps.summary;
   info.targets = caps.targets;
-  info.options = {{"allow-tf32", OptionType::kBool, false, "f32 matmuls may use tf32 tensor cores"},
+  info.options = {{"allow-tf32", OptionType::kBool, false,
+                   "f32 GEMMs and convolutions may use tf32 tensor cores (both of the options below)"},
+                  {"allow-tf32-matmul", OptionType::kBool, false,
+                   "f32 matmuls and linears may use tf32 tensor cores (PyTorch's torch.backends.cuda.matmul.allow_tf32)"},
+                  {"allow-tf32-conv", OptionType::kBool, false,
+                   "f32 convolutions may use tf32 tensor cores (PyTorch's torch.backends.cudnn.allow_tf32)"},
                   {"autotune", OptionType::kBool, false,
                    "time cuBLASLt/cuDNN algorithms on this machine's GPU at compile time and record the fastest in "
                    "the plan (cached in the kernel cache)"},

@@ -86,7 +86,7 @@ StatusOr<bool> Lowerer::conv_1x1(const Node& n) {
   note_dtype(t);
   const int w = buf(n.operand(1));
   used.insert(used.begin(), {w, buf(x), out});
-  const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  const std::string compute = t == DType::kF32 && opts_.allow_tf32_conv ? "tf32" : "f32";
   steps_.push_back({"step gemm a=b" + std::to_string(w) + " b=b" + std::to_string(buf(x)) + " d=b" +
                         std::to_string(out) + c_fields + " m=" + std::to_string(cout) + " n=" +
                         std::to_string(plane) + " k=" + std::to_string(cin) + " batch=" + std::to_string(batch) +

@@ -108,7 +108,7 @@ StatusOr<bool> Lowerer::conv_cudnn(const Node& n) {
           " spatial=" + join_ints(Sizes(xs.begin() + 2, xs.end())) + " kernel=" + join_ints(Sizes(ws.begin() + 2, ws.end())) +
           " pad=" + join_ints(Sizes(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(nsp))) +
           " stride=" + join_ints(strides) + " dilation=" + join_ints(dil) + " groups=" + std::to_string(groups) +
-          " dtype=" + dname(t) + " math=" + (t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32") +
+          " dtype=" + dname(t) + " math=" + (t == DType::kF32 && opts_.allow_tf32_conv ? "tf32" : "f32") +
           " activation=" + (relu ? "relu" : "none") + (channels_last ? " layout=nhwc" : "");
   steps_.push_back({text, used});
   gemm_ = true;  // the plan's workspace serves cuDNN as it serves cuBLASLt

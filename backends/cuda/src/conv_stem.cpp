@@ -149,7 +149,7 @@ constexpr const char* kStemKernel = R"(
 
 StatusOr<bool> Lowerer::conv_stem(const Node& n) {
   const Value* x = n.operand(0);
-  if (x->dtype() != DType::kF32 || !opts_.allow_tf32) return false;
+  if (x->dtype() != DType::kF32 || !opts_.allow_tf32_conv) return false;
   const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
   if (xs.size() != 4 || n.get_int("groups", 1) != 1) return false;
   const Window win = window_of(n, 2);

@@ -958,7 +958,7 @@ Status Lowerer::conv_gemm(const Node& n) {
   const std::string act = sole_activation(n.result(), false);
   if (!act.empty()) absorb_user(n.result(), out);
   gemm_ = true;
-  const std::string compute = t == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32";
+  const std::string compute = t == DType::kF32 && opts_.allow_tf32_conv ? "tf32" : "f32";
   const int w = buf(n.operand(1));
   for (int64_t g = 0; g < groups; ++g) {
     // Group g: rows g*C_out/g.. of W and y, rows g*K.. of each sample's columns.

@@ -7,8 +7,11 @@
 
 namespace kiln::cuda {
 
-/// Registers a backend named caps.plugin with options allow-tf32, autotune, keep-source, conv,
-/// images and int4-exact-zeros.
+/// Registers a backend named caps.plugin with options allow-tf32 (and -matmul, -conv), autotune,
+/// keep-source, conv, depthwise, conv1x1, images and int4-exact-zeros.
 Status register_backend(Registry& r, const Capabilities& caps);
+
+/// How a backend with these capabilities and (resolved) options lowers graphs.
+LoweringOptions lowering_options(const Capabilities& caps, const Options& o);
 
 }  // namespace kiln::cuda

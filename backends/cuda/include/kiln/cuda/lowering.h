@@ -25,7 +25,8 @@ struct Capabilities {
 };
 
 struct LoweringOptions {
-  bool allow_tf32 = false;  ///< f32 GEMMs may use tf32 tensor cores
+  bool allow_tf32 = false;       ///< f32 GEMMs (matmul, linear) may use tf32 tensor cores
+  bool allow_tf32_conv = false;  ///< f32 convolutions (cuDNN, 1x1 and im2col GEMMs, the stem) too
   /// Every target has FP8 tensor cores. When false, scaled_matmul is refused unless its
   /// `fallback` attribute is bf16 (then it runs as a GEMM in the result dtype on dequantized operands).
   bool fp8 = true;
