@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Mapping, Sequence
 
 
@@ -186,36 +187,50 @@ class Model(_Runnable):
         """As CompiledModel.run. CUDA tensors (all inputs on the runtime's device) stay on the
         device: the run is ordered on PyTorch's current stream and returns CUDA tensors without
         waiting (kiln_model_run_device); other inputs go through host memory."""
-        xs = _ordered(self._impl.inputs, inputs)
-        if xs and all(_is_torch(x) and x.is_cuda for x in xs):
+        xs = inputs if type(inputs) is list else _ordered(self._impl.inputs, inputs)
+        torch = sys.modules.get("torch")  # never imported here: CUDA tensors mean it is loaded
+        if xs and torch is not None and all(isinstance(x, torch.Tensor) and x.is_cuda for x in xs):
             return self._run_cuda(xs)
         return super().run(inputs)
 
-    def _run_cuda(self, xs: list) -> list:
+    def _cuda_interface(self) -> tuple:
+        """(inputs as (dtype, shape), outputs as (dtype, shape), a device's current raw stream,
+        torch.empty) in torch's terms, made once: the CUDA path below runs per call."""
         import torch
 
-        if self._cuda is None:  # the interface as torch types, once: this path is per call
-            def spec(info):
-                return getattr(torch, _TORCH_DTYPES[info["dtype"]]), torch.Size(info["shape"])
-            self._cuda = ([spec(i) for i in self._impl.inputs], [spec(o) for o in self._impl.outputs])
-        in_specs, out_specs = self._cuda
-        device = xs[0].device
-        if device.index != self._runtime.device:
-            raise KilnError(f"inputs are on {device}, the model on cuda:{self._runtime.device}")
+        def spec(info):
+            return getattr(torch, _TORCH_DTYPES[info["dtype"]]), torch.Size(info["shape"])
+
+        try:  # what torch.cuda.current_stream(i).cuda_stream is, without making a Stream object
+            from torch._C import _cuda_getCurrentRawStream as raw_stream
+        except ImportError:
+            def raw_stream(index):
+                return torch.cuda.current_stream(index).cuda_stream
+        self._cuda = ([spec(i) for i in self._impl.inputs], [spec(o) for o in self._impl.outputs], raw_stream,
+                      torch.empty)
+        return self._cuda
+
+    def _run_cuda(self, xs: list) -> list:
+        """Inputs: CUDA tensors of the model's dtypes and shapes. Their pointers and new outputs'
+        go to kiln_model_run_device on PyTorch's current stream of the runtime's device."""
+        in_specs, out_specs, raw_stream, empty = self._cuda or self._cuda_interface()
+        index = self._runtime.device
         if len(xs) != len(in_specs):
             raise KilnError(f"the model takes {len(in_specs)} inputs, got {len(xs)}")
-        buffers = []
+        pointers, keep = [], None
         for (dtype, shape), x in zip(in_specs, xs):
-            if x.dtype is not dtype or x.shape != shape or x.device != device:
-                info = self._impl.inputs[len(buffers)]
-                raise KilnError(f"input '{info['name']}': expected {info['dtype']}{info['shape']} on {device}, "
+            if x.dtype is not dtype or x.shape != shape or x.get_device() != index:
+                info = self._impl.inputs[len(pointers)]
+                raise KilnError(f"input '{info['name']}': expected {info['dtype']}{info['shape']} on cuda:{index}, "
                                 f"got {x.dtype} {list(x.shape)} on {x.device}")
             if not x.is_contiguous():
                 x = x.contiguous()
-            buffers.append((x.data_ptr(), x.nbytes))
-        outs = [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in out_specs]
-        self._impl._run_device(buffers, [(o.data_ptr(), o.nbytes) for o in outs],
-                               torch.cuda.current_stream(device).cuda_stream)
+                keep = (keep or []) + [x]  # alive until the run is queued (then the stream orders its reuse)
+            pointers.append(x.data_ptr())
+        device = xs[0].device
+        outs = [empty(shape, dtype=dtype, device=device) for dtype, shape in out_specs]
+        self._impl._run_device_pointers(pointers, [o.data_ptr() for o in outs], raw_stream(index))
+        del keep
         return outs
 
 

@@ -1,6 +1,5 @@
 // kiln.Runtime and kiln.Model: the runtime's C API (kiln/runtime.h) for Python. Host arrays
 // go through kiln_model_run; outputs come back as new arrays.
-#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -85,14 +84,14 @@ std::vector<nb::object> run_model(PyModel& pm, const std::vector<nb::ndarray<nb:
   for (size_t i = 0; i < arrays.size(); ++i) {
     const auto& a = arrays[i];
     const kiln_tensor_info& info = pm.inputs[i];
-    const std::string what = "input '" + std::string(info.name) + "'";
-    if (a.device_type() != nb::device::cpu::value) throw KilnError(what + ": not in host memory");
-    const DType dt = dtype_from_dlpack(a.dtype(), what);
+    auto what = [&] { return "input '" + std::string(info.name) + "'"; };  // for errors only: this runs per call
+    if (a.device_type() != nb::device::cpu::value) throw KilnError(what() + ": not in host memory");
+    const DType dt = dtype_from_dlpack(a.dtype(), "input");
     if (static_cast<int>(dt) != static_cast<int>(info.dtype))
-      throw KilnError(what + ": expected " + kDTypeNames[info.dtype] + ", got " + kDTypeNames[static_cast<int>(dt)]);
+      throw KilnError(what() + ": expected " + kDTypeNames[info.dtype] + ", got " + kDTypeNames[static_cast<int>(dt)]);
     bool same = static_cast<int>(a.ndim()) == info.rank;
     for (int d = 0; same && d < info.rank; ++d) same = static_cast<int64_t>(a.shape(static_cast<size_t>(d))) == info.dims[d];
-    if (!same) throw KilnError(what + ": shape differs from the model's");
+    if (!same) throw KilnError(what() + ": shape differs from the model's");
     ins[i] = {const_cast<void*>(a.data()), info.bytes};
   }
   std::vector<std::unique_ptr<std::byte[]>> bufs;
@@ -114,13 +113,18 @@ std::vector<nb::object> run_model(PyModel& pm, const std::vector<nb::ndarray<nb:
   return result;
 }
 
-/// Runs on device memory in the order of the caller's CUDA stream (kiln_model_run_device): each
-/// buffer is (pointer, bytes); the package checks dtypes and shapes before calling.
-void run_model_device(PyModel& pm, const std::vector<std::pair<uintptr_t, uint64_t>>& inputs,
-                      const std::vector<std::pair<uintptr_t, uint64_t>>& outputs, uintptr_t stream) {
-  std::vector<kiln_device_tensor> ins, outs;
-  for (const auto& [ptr, bytes] : inputs) ins.push_back({reinterpret_cast<void*>(ptr), bytes});
-  for (const auto& [ptr, bytes] : outputs) outs.push_back({reinterpret_cast<void*>(ptr), bytes});
+/// Runs on device memory in the order of the caller's CUDA stream (kiln_model_run_device): one
+/// pointer per input and output, each to the model's bytes of it. The package checks dtypes,
+/// shapes and devices before calling; plain integers keep the per-call conversions cheap.
+void run_model_device(PyModel& pm, const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs,
+                      uintptr_t stream) {
+  if (inputs.size() != pm.inputs.size() || outputs.size() != pm.outputs.size())
+    throw KilnError("the model takes " + std::to_string(pm.inputs.size()) + " inputs and " +
+                    std::to_string(pm.outputs.size()) + " outputs, got " + std::to_string(inputs.size()) + " and " +
+                    std::to_string(outputs.size()));
+  std::vector<kiln_device_tensor> ins(inputs.size()), outs(outputs.size());
+  for (size_t i = 0; i < ins.size(); ++i) ins[i] = {reinterpret_cast<void*>(inputs[i]), pm.inputs[i].bytes};
+  for (size_t i = 0; i < outs.size(); ++i) outs[i] = {reinterpret_cast<void*>(outputs[i]), pm.outputs[i].bytes};
   nb::gil_scoped_release nogil;
   check_rt(kiln_model_run_device(pm.m.get(), ins.data(), ins.size(), outs.data(), outs.size(),
                                  reinterpret_cast<void*>(stream)));
@@ -152,7 +156,7 @@ void bind_runtime(nb::module_& m) {
       .def_prop_ro("inputs", [](const PyModel& pm) { return info_list(pm.inputs); })
       .def_prop_ro("outputs", [](const PyModel& pm) { return info_list(pm.outputs); })
       .def("_run", &run_model, nb::arg("inputs"), nb::arg("torch_out") = false)
-      .def("_run_device", &run_model_device, nb::arg("inputs"), nb::arg("outputs"), nb::arg("stream"))
+      .def("_run_device_pointers", &run_model_device, nb::arg("inputs"), nb::arg("outputs"), nb::arg("stream"))
       .def("memory_report", [](const PyModel& pm) {
             kiln_memory_report r{};
             r.struct_size = sizeof r;
