@@ -97,6 +97,8 @@ def tolerance(torch, dtype):
 
 
 def run_model(name, a, torch, nn, kiln_options):
+    import kiln.torch
+
     model, inputs, desc = build(name, a.smoke, torch, nn)
     dev = torch.device(a.device)
     model = model.to(dev)
@@ -133,6 +135,11 @@ def run_model(name, a, torch, nn, kiln_options):
                     except AssertionError:
                         entry[key] = False
                 entry["ms"] = round(timed(torch, lambda: fn(*inputs), a.iters, a.warmup, cuda), 4)
+                if mode == "kiln":  # what Kiln compiled: its parts and the pipeline of each
+                    parts = kiln.torch.kiln_backend.last_parts
+                    entry["kiln_parts"] = len(parts)
+                    entry["pipelines"] = sorted({p.pipeline.canonical if p.pipeline is not None else
+                                                 f"passes={p.passes!r} backend={p.backend}" for p in parts})
             except Exception as e:  # one failing mode must not stop the others
                 entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 traceback.print_exc()
@@ -183,7 +190,13 @@ def host_overhead(a, torch):
     relu = torch.nn.ReLU()
     xt = torch.from_numpy(xs).to(a.device)
     fast = kiln.torch.compile_module(relu, (xt,), backend="cpu", targets=[a.target] if a.device == "cuda" else ())
+    # Waiting for the GPU after each call (as first measured), and host time alone as above.
     out["compile_module_call_us"] = 1e3 * timed(torch, lambda: fast(xt), 2000, 200, a.device == "cuda")
+    out["compile_module_call_host_us"] = 1e3 * timed(torch, lambda: fast(xt), 2000, 200, False)
+    (part,) = fast.kiln_parts()
+    out["kiln_part_call_us"] = 1e3 * timed(torch, lambda: part(xt), 2000, 200, False)
+    if a.device == "cuda":
+        torch.cuda.synchronize()
     out = {k: round(v, 2) for k, v in out.items()}
     print("  host overhead:", json.dumps(out), flush=True)
     return out

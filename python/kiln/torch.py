@@ -27,7 +27,8 @@ from kiln import KilnError
 
 aten = torch.ops.aten
 
-__all__ = ["compile_module", "convert", "export_graph", "kiln_backend", "supported_ops", "Unsupported"]
+__all__ = ["GPU_PASSES", "compile_module", "convert", "export_graph", "gpu_pipeline", "kiln_backend", "supported_ops",
+           "tf32_options", "Unsupported"]
 
 _DTYPES = {
     torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
@@ -720,6 +721,34 @@ def _probe(node: fx.Node) -> None:
     b.run()
 
 
+# The passes of the shipped CUDA pipelines (examples/pipelines/cuda-sm90*.toml; a test keeps them
+# the same): the standard passes plus layout-nhwc, so convolutions run channels last as cuDNN's
+# tensor-core kernels want them.
+GPU_PASSES = ("canonicalize", "cse", "layout-nhwc", "fold-layout", "fuse-attention", "fuse-horizontal", "fuse-rows",
+              "fuse-pointwise", "dce", "schedule-memory")
+
+
+def tf32_options() -> dict:
+    """The CUDA backends' TF32 options as PyTorch's flags set them now: convolutions follow
+    torch.backends.cudnn.allow_tf32 (on by default), matmuls torch.backends.cuda.matmul.allow_tf32
+    and torch.set_float32_matmul_precision (off, "highest", by default)."""
+    matmul = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    return {"allow-tf32-matmul": bool(matmul), "allow-tf32-conv": bool(torch.backends.cudnn.allow_tf32)}
+
+
+def gpu_pipeline(targets: Sequence[str], passes: str | None = None) -> "kiln.Pipeline":
+    """The pipeline GPU targets compile with when none is given: the shipped CUDA pipelines'
+    passes (or `passes`), the backend that builds the first target, and TF32 as PyTorch would
+    use it (tf32_options, read now)."""
+    targets = list(targets)
+    backends = [p["name"] for p in kiln.plugins() if p["kind"] == "backend" and targets[0] in p.get("targets", ())]
+    if not backends:
+        raise KilnError(f"kiln.torch: no backend builds target '{targets[0]}'")
+    options = ",".join(f"{k}={'true' if v else 'false'}" for k, v in tf32_options().items())
+    pass_list = ",".join(GPU_PASSES) if passes is None else passes
+    return kiln.Pipeline.from_string(f"| {pass_list} | {backends[0]}{{{options}}}@{','.join(targets)}")
+
+
 class KilnGraphModule(torch.nn.Module):
     """One part of a PyTorch graph compiled by Kiln; called with the part's inputs."""
 
@@ -733,7 +762,12 @@ class KilnGraphModule(torch.nn.Module):
         self.tensor_inputs = builder.tensor_inputs
         outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
         self.single = not isinstance(outs, (tuple, list))
-        self.backend, self.targets, self.pipeline, self.passes = backend, list(targets), pipeline, passes
+        self.backend, self.targets, self.passes = backend, list(targets), passes
+        # GPU targets without a pipeline: the CUDA pipelines' passes and PyTorch's TF32 choices,
+        # fixed when the part is made. `pipeline.canonical` shows it (artifacts record it too).
+        if self.targets and pipeline is None:
+            pipeline, self.passes = gpu_pipeline(self.targets, passes), None
+        self.pipeline = pipeline
         self._models: dict = {}
         self._runtime = None
         # (input, dim, symbol) of every symbolic dim of the graph's inputs.
@@ -747,24 +781,42 @@ class KilnGraphModule(torch.nn.Module):
         if not self.targets:
             return self._models[None]
         # Artifacts have static shapes: one per set of sizes of the symbolic dims.
-        key = tuple(tensors[i].shape[j] for i, j, _ in self._symbolic)
+        key = tuple(tensors[i].shape[j] for i, j, _ in self._symbolic) if self._symbolic else ()
         model = self._models.get(key)
         if model is None:
-            symbols = {name: int(tensors[i].shape[j]) for i, j, name in self._symbolic}
-            art = kiln.compile(self.graph_, self.pipeline, targets=self.targets, symbols=symbols, passes=self.passes)
+            art = self.build_artifact({name: int(tensors[i].shape[j]) for i, j, name in self._symbolic})
             if self._runtime is None:  # on the inputs' GPU
                 self._runtime = kiln.Runtime(next((t.device.index or 0 for t in tensors if t.is_cuda), 0))
             model = self._models[key] = self._runtime.load(art)
         return model
 
+    def build_artifact(self, symbols: dict | None = None) -> "kiln.Artifact":
+        """The artifact for the targets with the symbolic dims bound to `symbols` (needs no GPU)."""
+        return kiln.compile(self.graph_, self.pipeline, targets=self.targets, symbols=symbols or {},
+                            passes=self.passes)
+
     def forward(self, *args: Any) -> Any:
         tensors = [args[i] for i in self.tensor_inputs]
-        model = self._model(tensors)
-        if self.targets:
-            outs = model.run(tensors)
-        else:  # the in-process model on host tensors, without the package's checks
-            outs = model._impl._run([t.detach().contiguous() for t in tensors], True)
+        if not self.targets:  # the in-process model on host tensors, without the package's checks
+            outs = self._models[None]._impl._run([_host_array(t) for t in tensors], True)
+        else:
+            model = self._model(tensors)
+            outs = model._run_cuda(tensors) if all(t.is_cuda for t in tensors) else model.run(tensors)
         return outs[0] if self.single else tuple(outs)
+
+
+# NumPy views of host tensors of these dtypes reach Kiln through the buffer protocol, which costs
+# less per call than DLPack (about 1 us against 2.5 on the development machine).
+_NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                 torch.uint8, torch.bool}
+
+
+def _host_array(t: torch.Tensor) -> Any:
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.numpy() if t.dtype in _NUMPY_DTYPES else t
 
 
 def _freeze_params(gm: fx.GraphModule, placeholders: dict, names: dict | None = None) -> None:
@@ -863,10 +915,58 @@ def _fold_constants(gm: fx.GraphModule) -> int:
     return folded
 
 
+def _fold_batch_norms(gm: fx.GraphModule) -> int:
+    """Folds each inference batch norm that alone reads a convolution with constant weights
+    into those weights (as PyTorch's own freezing and ONNX export do): the convolution then
+    applies it, with no batch-norm kernel between it and what follows (and nothing to stop
+    layout-nhwc keeping a chain of convolutions channels last). Returns how many folded."""
+    from torch.nn.utils.fusion import fuse_conv_bn_weights
+
+    def constant(a: Any) -> Any:
+        return _fetch_attr(gm, a.target) if isinstance(a, fx.Node) and a.op == "get_attr" else None
+
+    folded = 0
+    for bn in list(gm.graph.nodes):
+        if bn.op != "call_function" or bn.target != aten._native_batch_norm_legit_no_training.default:
+            continue
+        conv, w, b, mean, var = bn.args[:5]
+        eps = bn.args[6] if len(bn.args) > 6 else bn.kwargs.get("eps", 1e-5)
+        if not (isinstance(conv, fx.Node) and conv.target == aten.convolution.default and len(conv.users) == 1):
+            continue
+        if any(u.target is not operator.getitem or u.args[1] != 0 for u in bn.users):
+            continue  # the batch statistics are used: PyTorch computes them
+        cw, cb, transposed = constant(conv.args[1]), constant(conv.args[2]), conv.args[6]
+        stats = [constant(a) for a in (w, b, mean, var)]
+        if transposed or cw is None or (conv.args[2] is not None and cb is None) or \
+                any(s is None for s in stats[2:]) or any(a is not None and s is None for a, s in zip((w, b), stats)):
+            continue
+        with torch.no_grad():
+            fw, fb = fuse_conv_bn_weights(cw, cb, stats[2], stats[3], eps, stats[0], stats[1])
+        getters = []
+        for suffix, value in (("weight", fw), ("bias", fb)):
+            attr = f"_kiln_bn_{suffix}_{conv.name}"
+            gm.register_buffer(attr, value.detach())
+            with gm.graph.inserting_before(conv):
+                getters.append(gm.graph.get_attr(attr))
+            getters[-1].meta["val"] = value  # the types the converter reads (a bias may be new)
+            getters[-1].meta["kiln_name"] = f"{conv.name}.{suffix}"
+        conv.args = (conv.args[0], getters[0], getters[1]) + tuple(conv.args[3:])
+        for use in list(bn.users):
+            use.replace_all_uses_with(conv)
+            gm.graph.erase_node(use)
+        gm.graph.erase_node(bn)
+        folded += 1
+    if folded:
+        gm.graph.lint()
+        gm.recompile()
+    return folded
+
+
 def _partition(gm: fx.GraphModule, backend: str, targets: Sequence[str], pipeline: Any,
                passes: str | None) -> fx.GraphModule:
     """Replaces every maximal part of `gm` Kiln supports by a KilnGraphModule; the rest stays.
-    Ops on constants only are folded first."""
+    Batch norms after convolutions and ops on constants only are folded first."""
+    _fold_batch_norms(gm)
     _fold_constants(gm)
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
@@ -962,20 +1062,70 @@ class CompiledModule(torch.nn.Module):
         self._in_spec = ep.call_spec.in_spec
         self._out_spec = ep.call_spec.out_spec
         self._original = type(module).__name__
+        # The common case, tensors in and a tensor or a tuple of them out, skips pytree per call.
+        self._positional = _positional_count(self._in_spec)
+        self._out_kind = _output_kind(self._out_spec)
 
     def kiln_parts(self) -> list:
         """The KilnGraphModule of each part Kiln runs."""
         return [m for m in self.graph_module.children() if isinstance(m, KilnGraphModule)]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != self._positional or not all(isinstance(a, torch.Tensor) for a in args):
+            return self._forward_tree(args, kwargs)
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                outs = self.graph_module.forward(*args)
+        else:
+            outs = self.graph_module.forward(*args)
+        if self._out_kind == "one":
+            return outs[0]
+        return tuple(outs) if self._out_kind == "tuple" else self._unflatten(outs)
+
+    def _forward_tree(self, args: tuple, kwargs: dict) -> Any:
         import torch.utils._pytree as pytree
 
         flat, spec = pytree.tree_flatten((args, kwargs))
         if self._in_spec is not None and spec != self._in_spec:
             raise KilnError(f"kiln.torch: called with arguments of another structure than the example inputs")
         with torch.no_grad():
-            outs = self.graph_module(*flat)
+            outs = self.graph_module.forward(*flat)
+        return self._unflatten(outs)
+
+    def _unflatten(self, outs: Any) -> Any:
+        import torch.utils._pytree as pytree
+
         return pytree.tree_unflatten(list(outs), self._out_spec) if self._out_spec is not None else outs
+
+
+def _leaf_marks(spec: Any) -> tuple:
+    """`spec` filled with distinct markers, and the markers."""
+    import torch.utils._pytree as pytree
+
+    marks = [object() for _ in range(spec.num_leaves)]
+    return pytree.tree_unflatten(marks, spec), marks
+
+
+def _positional_count(in_spec: Any) -> int:
+    """n when the call takes n positional leaves and no keywords; -1 otherwise."""
+    if in_spec is None:
+        return -1
+    tree, marks = _leaf_marks(in_spec)
+    ok = isinstance(tree, tuple) and len(tree) == 2 and isinstance(tree[0], tuple) and tree[1] == {} and \
+        len(tree[0]) == len(marks) and all(a is b for a, b in zip(tree[0], marks))
+    return len(marks) if ok else -1
+
+
+def _output_kind(out_spec: Any) -> str:
+    """"one" for a single leaf, "tuple" for a flat tuple of leaves, else "tree"."""
+    if out_spec is None:
+        return "tree"
+    tree, marks = _leaf_marks(out_spec)
+    if len(marks) == 1 and tree is marks[0]:
+        return "one"
+    if type(tree) is tuple and len(tree) == len(marks) and all(a is b for a, b in zip(tree, marks)):
+        return "tuple"
+    return "tree"
 
 
 def compile_module(module: torch.nn.Module, example_inputs: Sequence[Any], *, dynamic_shapes: Any = None,
@@ -985,7 +1135,8 @@ def compile_module(module: torch.nn.Module, example_inputs: Sequence[Any], *, dy
     torch.export takes them) into a callable nn.Module. Kiln runs the parts of the graph it
     lowers; PyTorch runs the rest. backend: "cpu" or "reference" (in this process); targets
     (e.g. ["sm_90a"]): GPU artifacts, one per set of input sizes, on a kiln.Runtime.
-    pipeline / passes: as kiln.compile (default: the standard passes)."""
+    pipeline / passes: as kiln.compile; default: the standard passes in this process, and for
+    GPU targets gpu_pipeline (the shipped CUDA pipelines' passes, TF32 as PyTorch's flags say)."""
     module = module.eval()
     gm, ep = _aten_graph(module, tuple(example_inputs), dynamic_shapes)
     fused = _partition(gm, backend, targets, pipeline, passes)

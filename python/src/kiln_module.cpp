@@ -67,6 +67,7 @@ nb::list plugins_list() {
       opts.append(od);
     }
     d["options"] = opts;
+    if (row.kind == PluginKind::kBackend) d["targets"] = take(registry().backend(row.entry->name))->targets;
     out.append(d);
   }
   return out;

@@ -242,10 +242,38 @@ class Blocks(unittest.TestCase):
         self.assertEqual(len(compiled.kiln_parts()), 1)
 
     def test_conv_block(self):
-        check(self, ConvBlock(), (torch.randn(2, 3, 16, 16),))
+        compiled = check(self, ConvBlock(), (torch.randn(2, 3, 16, 16),))
+        self.assertNotIn("batch_norm", compiled.kiln_parts()[0].graph_.ops(), "folded into the conv's weights")
 
     def test_small_resnet18(self):
-        check(self, small_resnet18(), (torch.randn(2, 3, 32, 32),), backends=["cpu"] if "cpu" in BACKENDS else None)
+        compiled = check(self, small_resnet18(), (torch.randn(2, 3, 32, 32),),
+                         backends=["cpu"] if "cpu" in BACKENDS else None)
+        ops = compiled.kiln_parts()[0].graph_.ops()
+        self.assertEqual((ops.count("conv"), ops.count("batch_norm")), (20, 0))
+
+    def test_batch_norms_that_cannot_fold(self):
+        class SharedConv(nn.Module):
+            """A conv read by its batch norm and by an add; a batch norm after a pool."""
+
+            def __init__(self):
+                super().__init__()
+                self.conv, self.bn, self.bn2 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+                for bn in (self.bn, self.bn2):
+                    with torch.no_grad():
+                        bn.running_mean.uniform_(-0.5, 0.5)
+                        bn.running_var.uniform_(0.5, 1.5)
+                        bn.weight.uniform_(0.5, 1.5)
+
+            def forward(self, x):
+                y = self.conv(x)
+                return self.bn2(F.avg_pool2d(self.bn(y) + y, 2))
+
+        compiled = check(self, SharedConv(), (torch.randn(2, 3, 8, 8),))
+        self.assertEqual(compiled.kiln_parts()[0].graph_.ops().count("batch_norm"), 2)
+        torch._dynamo.reset()
+        module, x = SharedConv().eval(), torch.randn(2, 3, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(module, backend="kiln")(x), module(x), rtol=1e-4, atol=1e-4)
 
     def test_weights_are_shared_not_copied(self):
         mlp = MLP().eval()
@@ -479,6 +507,103 @@ class TorchCompile(unittest.TestCase):
         y.sum().backward()
         self.assertIsNotNone(mlp.fc1.weight.grad)
         self.assertTrue(any("gradients" in str(w.message) for w in caught))
+
+
+class CallPaths(unittest.TestCase):
+    """The per-call paths of compile_module's module: tensors in and out without pytree, other
+    structures through it; host tensors of every dtype and layout reaching Kiln."""
+
+    def test_outputs_and_arguments_of_every_structure(self):
+        class Structured(nn.Module):
+            def forward(self, x, y):
+                return {"sum": x + y, "pair": (x * y, torch.relu(x))}
+
+        class Single(nn.Module):
+            def forward(self, x):
+                return torch.sigmoid(x) * 2
+
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        compiled = kiln.torch.compile_module(Structured(), (x, y), backend=BACKENDS[-1])
+        torch.testing.assert_close(compiled(x, y), Structured()(x, y))
+        for wrong in ((x,), (x, [y]), (x, y, x)):
+            with self.assertRaisesRegex(kiln.KilnError, "another structure"):
+                compiled(*wrong)
+        single = kiln.torch.compile_module(Single(), (x,), backend=BACKENDS[-1])
+        torch.testing.assert_close(single(x), Single()(x))
+        self.assertIsInstance(single(x), torch.Tensor)
+
+    def test_host_tensors_of_every_dtype_and_layout(self):
+        class Mix(nn.Module):
+            def forward(self, a, b, i, m):
+                return (a * 2, (b.float() + i.float()).to(torch.bfloat16), torch.where(m, a, -a))
+
+        a = torch.randn(4, 6).t()  # not contiguous
+        b = torch.randn(6, 4).to(torch.bfloat16)  # no NumPy dtype: DLPack
+        i = torch.arange(24).reshape(6, 4)
+        m = torch.rand(6, 4) > 0.5
+        compiled = kiln.torch.compile_module(Mix(), (a, b, i, m), backend=BACKENDS[-1])
+        want = Mix()(a, b, i, m)
+        torch.testing.assert_close(compiled(a, b, i, m), want)
+        leaf = a.clone().requires_grad_()
+        torch.testing.assert_close(compiled(leaf, b, i, m)[0], want[0])
+
+
+class GpuPipeline(unittest.TestCase):
+    """The pipeline GPU targets compile with when none is given (checked without a GPU: NVRTC
+    builds sm_90a kernels here): the shipped CUDA pipelines' passes, TF32 as PyTorch's flags say."""
+
+    def setUp(self):
+        self.saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+                      torch.get_float32_matmul_precision())
+
+    def tearDown(self):
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved[:2]
+        torch.set_float32_matmul_precision(self.saved[2])
+
+    def test_passes_are_those_of_the_shipped_cuda_pipelines(self):
+        for name in ("cuda-sm90.toml", "cuda-sm90-tf32.toml"):
+            shipped = kiln.Pipeline.from_toml(os.path.join(SRC, "examples", "pipelines", name))
+            self.assertEqual(tuple(shipped.passes), kiln.torch.GPU_PASSES, name)
+        p = kiln.torch.gpu_pipeline(["sm_90a"])
+        self.assertEqual(tuple(p.passes), kiln.torch.GPU_PASSES)
+        self.assertEqual((p.backend, p.targets), ("cuda-sm90", ["sm_90a"]))
+        self.assertEqual(kiln.torch.gpu_pipeline(["sm_80"]).backend, "cuda-sm80")
+
+    def test_tf32_follows_pytorchs_flags(self):
+        def backend():  # the canonical form leaves out options at their defaults (false)
+            return kiln.torch.gpu_pipeline(["sm_90a"]).canonical.rsplit("| ", 1)[1]
+
+        torch.backends.cudnn.allow_tf32 = True  # PyTorch's defaults: TF32 convolutions, IEEE matmuls
+        torch.set_float32_matmul_precision("highest")
+        self.assertEqual(backend(), "cuda-sm90{allow-tf32-conv=true}@sm_90a")
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = False
+        self.assertEqual(backend(), "cuda-sm90{allow-tf32-matmul=true}@sm_90a")
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        self.assertEqual(backend(), "cuda-sm90{allow-tf32-conv=true,allow-tf32-matmul=true}@sm_90a")
+
+    def test_a_conv_block_artifact_for_sm90a(self):
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("highest")
+        compiled = kiln.torch.compile_module(ConvBlock(), (torch.randn(2, 3, 16, 16),), targets=["sm_90a"])
+        (part,) = compiled.kiln_parts()
+        self.assertIn("layout-nhwc", part.pipeline.canonical)
+        recorded = part.build_artifact().inspect()["meta"]["pipeline"]
+        self.assertEqual(recorded, "python " + part.pipeline.canonical)
+        self.assertTrue(recorded.endswith("| cuda-sm90{allow-tf32-conv=true}@sm_90a"), recorded)
+        with self.assertRaisesRegex(kiln.KilnError, "no backend builds target 'sm_12'"):
+            kiln.torch.gpu_pipeline(["sm_12"])
+
+    def test_a_given_pipeline_or_pass_list_is_kept(self):
+        module, x = MLP().eval(), torch.randn(2, 3, 32)
+        (part,) = kiln.torch.compile_module(module, (x,), targets=["sm_90a"], passes="cse,dce").kiln_parts()
+        self.assertEqual(part.pipeline.passes, ["cse", "dce"])
+        self.assertEqual(part.pipeline.backend, "cuda-sm90")
+        given = kiln.Pipeline.from_toml(os.path.join(SRC, "examples", "pipelines", "cuda-sm90-tf32.toml"))
+        (part,) = kiln.torch.compile_module(module, (x,), targets=["sm_90a"], pipeline=given).kiln_parts()
+        self.assertEqual(part.pipeline, given)
 
 
 def gpu_target():
