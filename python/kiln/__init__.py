@@ -79,9 +79,13 @@ def _ordered(interface: list, inputs: Any) -> list:
 def _host_inputs(interface: list, inputs: Any) -> tuple[list, bool, Any]:
     """The inputs in the model's order as C-contiguous host arrays, whether torch tensors were
     given (outputs are then torch tensors), and the device those were on."""
+    import numpy as np
+
     arrays, torch_out, device = [], False, None
-    for x in _ordered(interface, inputs):
-        if _is_torch(x):
+    for x in inputs if type(inputs) is list else _ordered(interface, inputs):
+        if type(x) is np.ndarray:
+            arrays.append(x if x.flags.c_contiguous else np.ascontiguousarray(x))
+        elif _is_torch(x):
             torch_out = True
             device = x.device
             x = x.detach()
@@ -89,8 +93,6 @@ def _host_inputs(interface: list, inputs: Any) -> tuple[list, bool, Any]:
                 x = x.cpu()  # Model.run takes host memory; CUDA tensors make a round trip
             arrays.append(x.contiguous())
         else:
-            import numpy as np
-
             arrays.append(np.ascontiguousarray(x))
     return arrays, torch_out, device
 
