@@ -115,10 +115,17 @@ struct Ranks {
 
 StatusOr<Ranks> find_ranks(const Graph& g, const std::string& backend) {
   Ranks r;
-  if (!g.is_per_rank() || g.mesh().empty() || backend == "reference") return r;
+  if (!g.is_per_rank() || g.mesh().empty()) return r;
   std::string error;
   const dist::LaunchFound launched = dist::find_launch(&r.info, &error);
   if (launched == dist::LaunchFound::kError) return invalid_argument(error);
+  if (backend == "reference") {
+    // Every launched process would train every rank and write the same checkpoint.
+    if (launched == dist::LaunchFound::kFound && r.info.world_size > 1)
+      return invalid_argument("backend 'reference' runs every rank of mesh " + g.mesh().str() +
+                              " in one process: run kiln train without a launcher, or use a cuda backend");
+    return r;
+  }
   if (launched != dist::LaunchFound::kFound) r.info = dist::LaunchInfo{};
   const int64_t ranks = g.mesh().num_ranks();
   if (r.info.world_size != ranks)
