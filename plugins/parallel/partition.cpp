@@ -359,6 +359,29 @@ class Partitioner {
     return d;
   }
 
+  /// scaled_matmul(a [.., K], b [N, K], scales, bias?): a split of the contracted K (an FP8
+  /// weight gradient over a split batch) gives partial sums, unless a bias would be added on
+  /// every rank; otherwise a's batch dims keep their split and b is whole.
+  Decision scaled_matmul(const Node& n) const {
+    const int64_t ra = rank_of(n.operand(0));
+    Sharding sa = without_partials(layout(n, 0)), sb = without_partials(layout(n, 1));
+    Sharding ta = replicated(), tb = replicated(), ty = replicated();
+    bool contracted = false;
+    for (size_t a = 0; a < ta.size(); ++a)
+      if ((sa[a].is_shard() && sa[a].dim == ra - 1) || (sb[a].is_shard() && sb[a].dim == 1)) {
+        ta[a] = P::shard(ra - 1), tb[a] = P::shard(1), ty[a] = P::partial();
+        contracted = true;
+      }
+    if (!contracted || n.num_operands() > 4 || rank_of(n.operand(1)) != 2 || !fits(ta, n.operand(0)->type()) ||
+        !fits(tb, n.operand(1)->type()))
+      return keep_dims_except(n, {ra - 1}, 1);
+    Decision d;
+    d.operands = {ta, tb, replicated(), replicated()};
+    d.results = {ty};
+    d.attrs = n.attrs();
+    return d;
+  }
+
   /// Ops that only rename dims (transpose, squeeze, unsqueeze, identity): shards follow the
   /// dim map, partial sums pass.
   Decision remap(const Node& n, const std::function<int64_t(int64_t)>& to_out) const {
@@ -596,6 +619,13 @@ class Partitioner {
       if (op == "reduce_max") return reduction(n, axes, keep, ReduceOp::kMax, true);
       return reduction(n, axes, keep, std::nullopt, false);
     }
+    if (op == "amax") {  // max |x| over every dim: a split operand gives a partial max
+      std::vector<int64_t> every;
+      for (int64_t d = 0; d < r; ++d) every.push_back(d);
+      return reduction(n, every, false, ReduceOp::kMax, false);
+    }
+    // FP8 casts by a per-tensor scale: elementwise in x.
+    if ((op == "quantize" || op == "dequantize") && num_elements(n.operand(1)->shape()) == 1) return pointwise(n);
     if (op == "softmax" || op == "log_softmax") return reduction(n, {norm_axis(n.get_int("axis"))}, true, std::nullopt, false);
     if (op == "argmax" || op == "argmin")
       return reduction(n, {norm_axis(n.get_int("axis"))}, n.get_int("keepdims", 1) != 0, std::nullopt, false);
@@ -638,7 +668,8 @@ class Partitioner {
       for (size_t i = 1; i < d.operands.size(); ++i) d.operands[i] = params;
       return d;
     }
-    if (op == "matmul_int4" || op == "scaled_matmul") {
+    if (op == "scaled_matmul") return scaled_matmul(n);
+    if (op == "matmul_int4") {
       std::set<int64_t> whole = {r - 1};
       return keep_dims_except(n, whole, 1);
     }
@@ -773,10 +804,43 @@ class Partitioner {
     return true;
   }
 
+  /// mse_loss(input, target) split alike along any dims: each rank sums its squared errors (a
+  /// partial sum); a mean divides by the whole input's element count. Declines (false) when
+  /// nothing is split.
+  StatusOr<bool> lower_mse_loss(const Node& n) {
+    Sharding t = without_partials(layout(n, 0)), loss = replicated();
+    bool split = false;
+    for (size_t a = 0; a < t.size(); ++a) {
+      if (t[a].is_shard()) {
+        loss[a] = P::partial();
+        split = true;
+      }
+    }
+    if (!split || n.operand(0)->shape() != n.operand(1)->shape() || !fits(t, n.operand(0)->type())) return false;
+    KILN_ASSIGN_OR_RETURN(Value * input, redistribute(local_.at(n.operand(0)), t));
+    KILN_ASSIGN_OR_RETURN(Value * target, redistribute(local_.at(n.operand(1)), t));
+    const std::string name = n.result()->name();
+    const bool mean = n.get_string("reduction") == "mean";
+    AttrMap attrs = n.attrs();
+    attrs["reduction"] = Attribute(std::string("sum"));
+    KILN_ASSIGN_OR_RETURN(Node * sum, emit("mse_loss", {input, target}, attrs, mean ? name + ".local_sum" : name, n.loc()));
+    sum->result()->set_sharding(loss);
+    Value* out = sum->result();
+    if (mean) {
+      const auto count = static_cast<double>(num_elements(n.operand(0)->shape()));
+      KILN_ASSIGN_OR_RETURN(Value * total, constant(Tensor::scalar_f64(out->dtype(), count), name + ".count", n.loc()));
+      KILN_ASSIGN_OR_RETURN(Node * div, emit("div", {out, total}, {}, name, n.loc()));
+      div->result()->set_sharding(loss);
+      out = div->result();
+    }
+    KILN_RETURN_IF_ERROR(finish(n, 0, out));
+    return true;
+  }
+
   /// Partitions one node of the global graph into the per-rank graph.
   Status lower(const Node& n) {
-    if (n.op_name() == "cross_entropy") {
-      KILN_ASSIGN_OR_RETURN(bool done, lower_cross_entropy(n));
+    if (n.op_name() == "cross_entropy" || (n.op_name() == "mse_loss" && is_static(n.operand(0)->shape()))) {
+      KILN_ASSIGN_OR_RETURN(bool done, n.op_name() == "mse_loss" ? lower_mse_loss(n) : lower_cross_entropy(n));
       if (done) return ok_status();
     }
     Decision d = decide(n);

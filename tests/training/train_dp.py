@@ -25,11 +25,17 @@ import models  # noqa: E402
 from train_curve import PASSES_AFTER  # noqa: E402
 
 
+FP8 = None  # --fp8: the fp8-training pass's options
+
+
 def write_pipeline(path, task, ranks, zero, options=""):
     """autodiff, the optimizer and Kiln's standard passes; with `ranks`, the data-parallel
     strategy at its default place (after autodiff)."""
     with open(path, "w") as f:
-        f.write('frontend = "kir"\n\n[[passes]]\nname = "autodiff"\n')
+        f.write('frontend = "kir"\n')
+        if FP8:
+            f.write(f'\n[[passes]]\nname = "fp8-training"\noptions = {FP8}\n')
+        f.write('\n[[passes]]\nname = "autodiff"\n')
         f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {task.PIPELINE_OPTIMIZER}\n')
         for p in PASSES_AFTER:
             f.write(f'\n[[passes]]\nname = "{p}"\n')
@@ -90,8 +96,12 @@ def main():
     # order of the sums; such weights agree to about 1e-4 of their size, the others to 1e-6.
     ap.add_argument("--weight-tol", type=float, default=1e-5,
                     help="final weights and optimizer state against the 1-rank run's, relative to each tensor's largest value")
+    ap.add_argument("--fp8", action="store_true", help="FP8 training (hybrid, the head excluded) before autodiff")
     ap.add_argument("--workdir")
     args = ap.parse_args()
+    global FP8
+    if args.fp8:
+        FP8 = '{ format = "hybrid", exclude = ["logits"] }'
     workdir = args.workdir or tempfile.mkdtemp(prefix=f"kiln-dp-{args.task}-")
     os.makedirs(workdir, exist_ok=True)
     task = models.TASKS[args.task]
@@ -158,7 +168,11 @@ def main():
             if r.returncode != 0:
                 sys.exit(f"FAIL: kiln opt with bucket-mb = {bucket} exited {r.returncode}\n{r.stderr}")
             counts[bucket] = r.stdout.count("= all_reduce(")
-        grads = len(state1) - sum(1 for k in state1 if "." in k and k.rsplit(".", 1)[1] in ("exp_avg", "exp_avg_sq", "momentum_buffer", "step"))
+            # Data parallelism moves gradients (and losses, counts, FP8 amaxes), never activations.
+            moved = [op for op in ("all_gather", "all_to_all", "local_shard", "reduce_scatter") if f"= {op}(" in r.stdout]
+            if moved:
+                sys.exit(f"FAIL: the data-parallel step moves activations: it has {moved}")
+        grads = sum(1 for k in state1 if k.endswith((".exp_avg", ".momentum_buffer")))  # one per trained weight
         print(f"  all-reduces per step: {counts[25]} with 25 MiB buckets, {counts[0]} with one per gradient ({grads} weights)")
         if not counts[0] - counts[25] == grads - 1:
             sys.exit(f"FAIL: bucketing should turn {grads} gradient all-reduces into 1: {counts}")
@@ -173,6 +187,12 @@ def main():
     print(f"  batch {task.B} on {bad} ranks: {r.stderr.strip().splitlines()[-1]}")
     # A backend that runs one rank per process, started without a launcher or with too few ranks.
     toml = os.path.join(workdir, f"dp{args.ranks[0]}.toml")
+    launched = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    r = subprocess.run([args.kiln, "train", kir, "--pipeline", toml, "--data", data, "--steps", "1"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, **launched})
+    if r.returncode == 0 or "runs every rank of mesh" not in r.stderr:
+        sys.exit(f"FAIL: backend reference under a launcher: expected a refusal, got exit {r.returncode}\n{r.stderr}")
+    print(f"  backend reference under a launcher: {r.stderr.strip().splitlines()[-1]}")
     for env, want in (({}, "no launcher started the ranks"),
                       ({"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
                        "torchrun started 3")):
