@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <set>
+#include <unordered_map>
 
 #include "kiln/core/loader.h"
 #include "kiln/ir/mesh_run.h"
@@ -160,6 +161,47 @@ StatusOr<std::unique_ptr<Executable>> compile_graph(const Graph& g, const StageS
 TensorType interface_type(const Graph& g, const Value* v) {
   if (!g.is_per_rank()) return v->type();
   return TensorType{v->dtype(), global_shape(v->shape(), v->sharding(), g.mesh())};
+}
+
+StatusOr<std::unique_ptr<Graph>> program_of_rank(const Graph& g, int64_t rank) {
+  std::unique_ptr<Graph> out = g.clone();
+  std::vector<Node*> stages;
+  for (Node* n : out->node_list())
+    if (n->op_name() == "pipeline_stage") stages.push_back(n);
+  for (Node* n : stages) {
+    if (n->get_int("rank") == rank) {  // inline the region in place of the node
+      const Graph& body = n->region(0);
+      std::unordered_map<const Value*, Value*> map;
+      for (int i = 0; i < body.num_inputs(); ++i) map[body.input(i)] = n->operand(i);
+      for (const auto& b : body.nodes()) {
+        std::vector<Value*> operands;
+        for (const Value* v : b->operands()) operands.push_back(map.at(v));
+        std::vector<TensorType> types;
+        std::vector<std::string> names;
+        for (int i = 0; i < b->num_results(); ++i) types.push_back(b->result(i)->type()), names.push_back(b->result(i)->name());
+        KILN_ASSIGN_OR_RETURN(Node * c, out->create_node(b->op_name(), operands, types, b->attrs(), n, names));
+        c->set_loc(b->loc());
+        for (int k = 0; k < b->num_regions(); ++k) c->add_region(b->region(k).clone());
+        for (int i = 0; i < b->num_results(); ++i) map[b->result(i)] = c->result(i);
+      }
+      for (int i = 0; i < n->num_results(); ++i) {
+        Value* v = map.at(body.output(i));
+        v->set_sharding(n->result(i)->sharding());
+        n->result(i)->replace_all_uses_with(v);
+      }
+    } else {  // another rank's stage: its results are zeros here (P(sum) terms)
+      for (int i = 0; i < n->num_results(); ++i) {
+        Value* r = n->result(i);
+        const TensorType& t = r->type();
+        KILN_ASSIGN_OR_RETURN(Node * zeros, out->create_node("constant", {}, {t}, {{"value", Attribute(Tensor(t.dtype, static_sizes(t.shape)))}},
+                                                            n, {r->name()}));
+        zeros->result()->set_sharding(r->sharding());
+        r->replace_all_uses_with(zeros->result());
+      }
+    }
+    KILN_RETURN_IF_ERROR(out->erase_node(n));
+  }
+  return out;
 }
 
 StatusOr<std::vector<Tensor>> compile_and_run(const Graph& g, const StageSpec& backend,

@@ -457,12 +457,15 @@ StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, cons
   bounds.push_back(n);
   for (int64_t s = 0; s < stages; ++s) {
     const size_t a = bounds[static_cast<size_t>(s)], b = bounds[static_cast<size_t>(s) + 1];
-    double sec = prefix[b] - prefix[a];
+    double send = 0, flops = 0;
     if (b < n) {
-      sec += static_cast<double>(cross.bytes[b]) / cfg.device.link_bytes_per_s + cfg.device.link_latency_s;
+      send = static_cast<double>(cross.bytes[b]) / cfg.device.link_bytes_per_s + cfg.device.link_latency_s;
       split.boundary_bytes.push_back(cross.bytes[b]);
     }
-    split.stage_seconds.push_back(sec);
+    for (size_t i = a; i < b; ++i) flops += node_flops(*cut.work[i]);
+    split.stage_seconds.push_back(prefix[b] - prefix[a] + send);
+    split.stage_send_seconds.push_back(send);
+    split.stage_flops.push_back(flops);
     split.stage_nodes.push_back(static_cast<int>(b - a));
     // The constants the stage reads, directly or through what it recomputes (an embedding).
     std::set<const Value*> weights, seen;
@@ -482,6 +485,8 @@ StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, cons
     for (const Value* w : weights) bytes += value_bytes(*w);
     split.stage_weight_bytes.push_back(bytes);
   }
+
+  split.activation_bytes = peak_activation_bytes(*p);
 
   Graph out(g.name());
   out.set_mesh(cfg.mesh);

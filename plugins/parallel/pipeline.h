@@ -29,6 +29,9 @@ struct PipelineSplit {
   int64_t stages = 1, microbatches = 1;
   int cut_points = 0;                      ///< places where at most one activation crosses
   std::vector<double> stage_seconds;       ///< predicted compute of one microbatch per stage, plus its send
+  std::vector<double> stage_send_seconds;  ///< of which sending the activation on
+  std::vector<double> stage_flops;         ///< of one microbatch
+  int64_t activation_bytes = 0;            ///< peak of live activations of one microbatch's whole model (an upper bound per stage)
   std::vector<int64_t> stage_weight_bytes; ///< the constants each stage keeps
   std::vector<int64_t> boundary_bytes;     ///< bytes sent between stage s and s+1 per microbatch
   std::vector<int> stage_nodes;            ///< top-level nodes of the global graph each stage runs

@@ -12,6 +12,7 @@
 #include "kiln/core/memory_estimate.h"
 #include "kiln/ir/op.h"
 #include "partition.h"
+#include "pipeline.h"
 #include "strategies.h"
 
 namespace kiln::parallel {
@@ -43,34 +44,6 @@ int64_t static_dim(const Value* v, int64_t d) {
   const int64_t r = v->type().rank();
   if (d < 0) d += r;
   return d >= 0 && d < r ? v->shape()[static_cast<size_t>(d)].value() : 1;
-}
-
-/// Floating-point operations of one node (multiply-adds count two).
-double node_flops(const Node& n) {
-  const std::string& op = n.op_name();
-  if (n.num_regions() > 0) {
-    double f = 0;
-    for (int k = 0; k < n.num_regions(); ++k)
-      for (const auto& m : n.region(k).nodes()) f += node_flops(*m);
-    return f;
-  }
-  if (n.num_results() == 0) return 0;
-  const double out = elements(n.result());
-  if (op == "linear" || op == "matmul" || op == "matmul_int4" || op == "scaled_matmul")
-    return 2 * out * static_cast<double>(static_dim(n.operand(0), -1));
-  if (op == "conv") {
-    const Value* w = n.operand(1);
-    return 2 * out * elements(w) / static_cast<double>(std::max<int64_t>(static_dim(w, 0), 1));
-  }
-  if (op == "attention") {
-    const Value *q = n.operand(0), *k = n.operand(1), *v = n.operand(2);
-    const double sq = static_cast<double>(static_dim(q, 2)), skv = static_cast<double>(static_dim(k, 2));
-    double f = 2 * static_cast<double>(static_dim(q, 0) * static_dim(q, 1)) * sq * skv *
-               static_cast<double>(static_dim(q, 3) + static_dim(v, 3));
-    if (n.get_int("causal") != 0 && sq == skv) f *= 0.5;  // half the score matrix is masked
-    return f;
-  }
-  return out;
 }
 
 bool is_collective(const std::string& op) {
@@ -127,6 +100,10 @@ std::vector<int64_t> thresholds(const std::vector<int64_t>& sizes, size_t most =
 
 DeviceMesh mesh_of(const Candidate& c) {
   DeviceMesh m;
+  if (c.pp > 1) {
+    m.axes.push_back({"pp", c.pp});
+    return m;
+  }
   if (c.dp > 1 || c.tp == 1) m.axes.push_back({"dp", c.dp});
   if (c.tp > 1) m.axes.push_back({"tp", c.tp});
   return m;
@@ -160,6 +137,34 @@ bool better(const Candidate& a, const Candidate& b, Objective o) {
 }
 
 }  // namespace
+
+double node_flops(const Node& n) {
+  const std::string& op = n.op_name();
+  if (n.num_regions() > 0) {
+    double f = 0;
+    for (int k = 0; k < n.num_regions(); ++k)
+      for (const auto& m : n.region(k).nodes()) f += node_flops(*m);
+    return f;
+  }
+  if (n.num_results() == 0) return 0;
+  const double out = elements(n.result());
+  if (op == "linear" || op == "matmul" || op == "matmul_int4" || op == "scaled_matmul")
+    return 2 * out * static_cast<double>(static_dim(n.operand(0), -1));
+  if (op == "conv") {
+    const Value* w = n.operand(1);
+    return 2 * out * elements(w) / static_cast<double>(std::max<int64_t>(static_dim(w, 0), 1));
+  }
+  if (op == "attention") {
+    const Value *q = n.operand(0), *k = n.operand(1), *v = n.operand(2);
+    const double sq = static_cast<double>(static_dim(q, 2)), skv = static_cast<double>(static_dim(k, 2));
+    double f = 2 * static_cast<double>(static_dim(q, 0) * static_dim(q, 1)) * sq * skv *
+               static_cast<double>(static_dim(q, 3) + static_dim(v, 3));
+    if (n.get_int("causal") != 0 && sq == skv) f *= 0.5;  // half the score matrix is masked
+    return f;
+  }
+  return out;
+}
+
 
 // ---- symbols ---------------------------------------------------------------------------------
 
@@ -315,6 +320,7 @@ std::string Candidate::mesh() const {
 }
 
 std::string Candidate::strategy() const {
+  if (pp > 1) return "pipeline{mesh=\"" + mesh() + "\"}";
   if (tp == 1) return "data-parallel{mesh=\"" + mesh() + "\"}";
   std::string s = "tensor-parallel{mesh=\"" + mesh() + "\"";
   if (dp > 1) s += ",data-axis=\"dp\"";
@@ -323,8 +329,19 @@ std::string Candidate::strategy() const {
   return s + "}";
 }
 
+PipelineConfig pipeline_config(const Candidate& c, const PlannerOptions& o, std::vector<std::string> inputs) {
+  PipelineConfig cfg;
+  cfg.mesh = mesh_of(c);
+  cfg.batch_dim = o.batch_dim;
+  cfg.inputs = std::move(inputs);
+  cfg.dims = o.dims;
+  cfg.device = o.device;
+  return cfg;
+}
+
 Status apply_candidate(Graph& g, const Candidate& c, const PlannerOptions& o) {
   const std::vector<std::string> inputs = batch_inputs(g, o);
+  if (c.pp > 1) return apply_pipeline(g, pipeline_config(c, o, inputs), "auto").status();
   if (c.tp == 1) {
     DataParallelConfig cfg{mesh_of(c), "dp", o.batch_dim, inputs};
     return apply_data_parallel(g, cfg, "auto");
@@ -376,12 +393,37 @@ StatusOr<Plan> make_plan(const Graph& global, const PlannerOptions& o) {
       }
   }
 
+  if (o.devices > 1) {  // pipeline stages over every device
+    Candidate c;
+    c.pp = o.devices;
+    space.push_back(c);
+  }
+
   std::vector<Candidate> fits;
   std::set<std::string> programs;  // candidates that build the same program are one candidate
   const Candidate* smallest = nullptr;
   std::vector<Candidate> all;
   for (Candidate c : space) {
     std::unique_ptr<Graph> g = bound->clone();
+    if (c.pp > 1) {  // costed from its stages: GPipe's (M + S - 1) slots of the slowest one
+      auto split = apply_pipeline(*g, pipeline_config(c, bound_options, bound_options.inputs), "auto");
+      if (!split.ok()) {
+        plan.rejected.push_back(c.strategy() + ": " + split.status().message());
+        continue;
+      }
+      const double slots = static_cast<double>(split->microbatches + split->stages - 1);
+      size_t slowest = 0;
+      for (size_t s = 0; s < split->stage_seconds.size(); ++s)
+        if (split->stage_seconds[s] > split->stage_seconds[slowest]) slowest = s;
+      c.comm_s = slots * split->stage_send_seconds[slowest];
+      c.compute_s = slots * split->stage_seconds[slowest] - c.comm_s;
+      c.flops = static_cast<double>(split->microbatches) * split->stage_flops[slowest];
+      c.weight_bytes = *std::max_element(split->stage_weight_bytes.begin(), split->stage_weight_bytes.end());
+      c.activation_bytes = split->activation_bytes;
+      c.collectives["send"] = static_cast<int>((split->stages - 1) * split->microbatches);
+      all.push_back(c);
+      continue;
+    }
     Status st = apply_candidate(*g, c, bound_options);
     if (!st.ok()) {
       plan.rejected.push_back(c.strategy() + ": " + st.message());
@@ -394,7 +436,7 @@ StatusOr<Plan> make_plan(const Graph& global, const PlannerOptions& o) {
     c.collectives = cost->collectives;
     c.splits_nothing = cost->splits_nothing && o.devices > 1;
     std::ostringstream key;
-    key << c.dp << "x" << c.tp << " " << c.step_s() << " " << c.memory_bytes();
+    key << c.dp << "x" << c.tp << "x" << c.pp << " " << c.step_s() << " " << c.memory_bytes();
     for (const auto& [op, k] : c.collectives) key << " " << op << k;
     if (!programs.insert(key.str()).second) continue;
     all.push_back(c);
@@ -578,7 +620,7 @@ std::string plan_json(const Plan& p) {
   auto candidate = [&](const Candidate& c) {
     std::ostringstream o;
     o.precision(9);
-    o << "{\"mesh\": " << quote(c.mesh()) << ", \"dp\": " << c.dp << ", \"tp\": " << c.tp
+    o << "{\"mesh\": " << quote(c.mesh()) << ", \"dp\": " << c.dp << ", \"tp\": " << c.tp << ", \"pp\": " << c.pp
       << ", \"sequence_parallel\": " << (c.sequence_parallel ? "true" : "false") << ", \"min_size\": " << c.min_size
       << ", \"strategy\": " << quote(c.strategy()) << ", \"splits_nothing\": " << (c.splits_nothing ? "true" : "false") << ", \"step_s\": " << c.step_s() << ", \"compute_s\": " << c.compute_s
       << ", \"comm_s\": " << c.comm_s << ", \"flops\": " << c.flops << ", \"weight_bytes\": " << c.weight_bytes

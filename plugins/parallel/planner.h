@@ -48,7 +48,7 @@ struct PlannerOptions {
 
 /// One way to split the model, and what the cost model predicts for it.
 struct Candidate {
-  int64_t dp = 1, tp = 1;
+  int64_t dp = 1, tp = 1, pp = 1;  ///< pp > 1: pipeline stages (the whole mesh; dp = tp = 1)
   bool sequence_parallel = false;
   int64_t min_size = 0;  ///< tensor parallelism splits weights of at least this many elements
   double compute_s = 0, comm_s = 0;
@@ -60,7 +60,7 @@ struct Candidate {
   int64_t memory_bytes() const { return weight_bytes + activation_bytes; }
   /// "dp=2, tp=4"
   std::string mesh() const;
-  /// "tensor-parallel{...}" or "data-parallel{...}": the pass-list entry that builds it.
+  /// "tensor-parallel{...}", "data-parallel{...}" or "pipeline{...}": the pass-list entry that builds it.
   std::string strategy() const;
 };
 
@@ -107,6 +107,8 @@ StatusOr<ProgramCost> cost_program(const Graph& per_rank, const DeviceModel& dev
 /// Compute time of one node on `device` (no collectives): max(FLOPs / rate, bytes / bandwidth);
 /// views and constants are free; a node with a region other than `fused` costs its body.
 double node_seconds(const Node& n, const DeviceModel& device);
+/// Floating-point operations of one node (a multiply-add counts two; a region, its body's).
+double node_flops(const Node& n);
 
 /// Replaces every symbolic dim of `g` (regions included) by its size in `dims`, so a copy has
 /// static shapes to cost or to pass between ranks. Symbols missing from `dims` take `fallback`

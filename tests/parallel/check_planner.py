@@ -75,6 +75,25 @@ def write_lm(path, vocab, d, dtype):
     return vocab * d * size
 
 
+def write_deep(path, layers, d, dtype):
+    """x[B, d] through `layers` linear layers of [d, d] with relu between: deep enough for a
+    pipeline of `layers` stages; weights in a sparse side file."""
+    size = {"f32": 4, "bf16": 2}[dtype]
+    side = os.path.basename(path) + ".bin"
+    lines = [f"graph @deep(%x: {dtype}[B, {d}]) -> ({dtype}[B, {d}]) {{"]
+    prev, tags, offset = "%x", [], 0
+    for i in range(layers):
+        lines.append(f'  %w{i} = constant() {{value = dense<{dtype}[{d}, {d}]>(file "{side}", offset {offset})}} : {dtype}[{d}, {d}]')
+        lines.append(f"  %h{i} = linear({prev}, %w{i}) : {dtype}[B, {d}]")
+        lines.append(f"  %a{i} = relu(%h{i}) : {dtype}[B, {d}]")
+        tags.append(offset)
+        offset += d * d * size
+        prev = f"%a{i}"
+    lines += [f"  return {prev}", "}"]
+    write_sparse(path, lines, tags, offset)
+    return offset
+
+
 def plan(kiln, model, *args):
     proc = subprocess.run([kiln, "plan", model, "--json", *args], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -141,6 +160,34 @@ def main():
             want = lookup_bytes / 4.27e12 + head_s
             check(abs(p["chosen"]["compute_s"] - want) < 1e-6 * want,
                   f"one device: lookup and head {p['chosen']['compute_s']:.6g} s, by hand {want:.6g} s")
+
+        # Pipeline stages: 8 layers of 32 MiB on 8 devices over a slow link, under a memory limit
+        # that rules out a whole copy per rank. Tensor parallelism all-reduces the whole batch's
+        # activations after every second layer; the pipeline sends one microbatch's activation
+        # per stage boundary, so it wins; each rank keeps one layer.
+        deep = os.path.join(tmp, "deep.kir")
+        deep_weights = write_deep(deep, 8, 4096, "bf16")
+        slow = os.path.join(tmp, "slow-link.toml")
+        with open(slow, "w") as f:
+            f.write("[link]\nmeasured = true\nbandwidth = 1e9\nlatency = 1e-5\n")
+        p, proc = plan(kiln, deep, "--devices", "8", "--sym", "B=4096", "--probe", slow, "--memory-limit", "100MiB")
+        if p:
+            c = p["chosen"]
+            check(c["pp"] == 8 and c["strategy"] == 'pipeline{mesh="pp=8"}',
+                  f"deep model, slow link, 100 MiB a rank: pipeline stages (chose {c['strategy']})")
+            check(c["weight_bytes"] == deep_weights // 8, f"pipeline: one layer of weights per rank ({c['weight_bytes']} bytes)")
+            check(c["collectives"] == {"send": 7 * 8}, f"pipeline: 7 boundaries x 8 microbatches of sends ({c['collectives']})")
+            # GPipe: 15 slots of the slowest stage, each a layer of 512 rows plus its 4 MiB send.
+            layer = max(2 * 512 * 4096 * 4096 / 800e12, 2 * (512 * 4096 * 2 + 4096 * 4096 + 512 * 4096) / 4.27e12)
+            relu = 2 * 2 * 512 * 4096 / 4.27e12
+            send = 512 * 4096 * 2 / 1e9 + 1e-5
+            want = 15 * (layer + relu + send)
+            check(abs(c["step_s"] - want) < 1e-6 * want, f"pipeline step {c['step_s']:.6g} s, by hand {want:.6g} s")
+        else:
+            check(False, "deep plan: " + proc.stderr)
+        p, proc = plan(kiln, small, "--devices", "8", "--sym", "B=64")
+        check(p is not None and any(r.startswith('pipeline{mesh="pp=8"}') and "places to cut" in r for r in p["rejected"]),
+              "a 2-layer model has too few cut points for 8 stages: the pipeline is refused, saying why")
 
         # A big batch makes tensor parallelism's all-reduces dear: data parallel wins, until a
         # memory limit below the whole weights rules it out.

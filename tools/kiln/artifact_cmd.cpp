@@ -37,6 +37,8 @@ dimension needs a --sym. Works without a GPU.
   --sym NAME=VALUE          size of symbolic dimension NAME; repeatable
   --backend LIST            only these backends may build the targets (default: any that
                             lists a target; the pipeline's backend when several do)
+  --rank K                  a pipeline-parallel program: build rank K's artifact (its stage;
+                            each rank of a pipeline runs its own)
 
 Without --pipeline or --passes the standard passes run, those of them the loaded plugins
 provide, in this order: canonicalize, cse, fold-layout, fuse-attention, fuse-horizontal,
@@ -65,6 +67,7 @@ struct CompileFlags {
   std::optional<std::string> passes;
   std::vector<std::string> plugin_paths, targets, backends;
   std::map<std::string, int64_t> symbols;
+  int64_t rank = -1;  ///< a pipeline's rank to compile (-1: not a pipeline)
   PassManagerOptions pm;
 };
 
@@ -107,6 +110,12 @@ CompileFlags parse_compile(Args& args) {
       if (eq == 0 || eq == std::string::npos || std::from_chars(v.data() + eq + 1, end, n).ptr != end || eq + 1 == v.size() || n < 0)
         throw UsageError{"--sym expects NAME=VALUE with VALUE >= 0, got '" + v + "'"};
       if (!f.symbols.emplace(v.substr(0, eq), n).second) throw UsageError{"--sym " + v.substr(0, eq) + " given twice"};
+    } else if (flag == "--rank") {
+      const std::string v = args.value(flag);
+      int64_t n = -1;
+      if (std::from_chars(v.data(), v.data() + v.size(), n).ptr != v.data() + v.size() || v.empty() || n < 0)
+        throw UsageError{"--rank expects a rank >= 0, got '" + v + "'"};
+      f.rank = n;
     } else if (flag == "--pipeline") { f.pipeline_file = args.value(flag);
     } else if (flag == "--passes") { f.passes = args.value(flag);
     } else if (flag == "--frontend") { f.frontend = args.value(flag);
@@ -166,12 +175,31 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
   std::set<std::string> taken;
   if (p.frontend.options.has("dims"))
     for (const std::string& d : p.frontend.options.get_strings("dims")) taken.insert(d.substr(0, d.find('=')));
-  KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols, taken));
   KILN_RETURN_IF_ERROR(bind_symbols(*imported, f.symbols, taken));
+  // The imported graph checked every --sym is a symbol of the model; a strategy may have bound
+  // some already (a pipeline passes static shapes between its stages).
+  for (const auto& [name, size] : f.symbols) taken.insert(name);
+  KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols, taken));
+  bool staged = false;
+  for (const auto& n : g->nodes()) staged |= n->op_name() == "pipeline_stage";
+  if (staged != (f.rank >= 0)) {
+    const std::string n = std::to_string(g->mesh().num_ranks());
+    return invalid_argument(staged ? "graph '" + g->name() + "' is a pipeline of " + n +
+                                         " stages: each rank compiles its own artifact; give --rank K (0.." +
+                                         std::to_string(g->mesh().num_ranks() - 1) + "), e.g. -o model.rank0.kiln --rank 0"
+                                   : "--rank " + std::to_string(f.rank) + ": graph '" + g->name() +
+                                         "' is not a pipeline; every rank runs the same artifact");
+  }
+  if (staged) {
+    if (f.rank >= g->mesh().num_ranks())
+      return invalid_argument("--rank " + std::to_string(f.rank) + " is not a rank of mesh " + g->mesh().str());
+    KILN_ASSIGN_OR_RETURN(g, program_of_rank(*g, f.rank));
+  }
 
   KILN_ASSIGN_OR_RETURN(ArtifactContents contents, build_artifact_contents(*g, p, reg, groups));
   contents.meta["model"] = std::filesystem::path(f.model).filename().string();
   contents.meta["created_by"] = "kiln compile";
+  if (f.rank >= 0) contents.meta["rank"] = std::to_string(f.rank);
 
   // The runtime's own reader checks the result, so a backend bug is caught here rather than
   // when the artifact is first loaded on a GPU machine.

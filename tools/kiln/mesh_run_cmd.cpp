@@ -30,7 +30,8 @@ StatusOr<std::vector<std::vector<Tensor>>> run_rank(const Graph& g, const Pipeli
   KILN_ASSIGN_OR_RETURN(const BackendInfo* be, reg.backend(p.backend.name));
   const std::string who = "backend '" + be->name + "'";
   // Symbols take the rank's own extents (a per-rank program's symbols are local).
-  std::unique_ptr<Graph> bound = g.clone();
+  // A pipeline's rank runs only its own stage.
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> bound, program_of_rank(g, info.rank));
   std::map<std::string, int64_t> symbols;
   for (int i = 0; i < g.num_inputs(); ++i)
     for (size_t d = 0; d < g.input(i)->shape().size(); ++d)

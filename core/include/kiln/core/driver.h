@@ -95,6 +95,10 @@ TensorType interface_type(const Graph& g, const Value* v);
 
 // split_inputs_by_rank and assemble_outputs (per-rank programs' whole inputs and outputs) are
 // in kiln/ir/mesh_run.h.
+/// The program rank `rank` of per-rank program `g` runs by itself: a pipeline's stages of other
+/// ranks dropped (their results, P(sum) terms, are zeros here) and its own stage inlined. A
+/// program without pipeline_stage nodes comes back as a copy. CUDA backends compile this.
+StatusOr<std::unique_ptr<Graph>> program_of_rank(const Graph& g, int64_t rank);
 
 /// Compiles `g` with the backend and runs it on `inputs` (graph-input order). A per-rank
 /// program of a mesh of several ranks takes and returns whole tensors and runs every rank in
