@@ -132,6 +132,7 @@ StatusOr<std::vector<TensorType>> infer_node_types(const Node& node,
                 std::to_string(node.num_regions()));
   for (const auto& [name, value] : node.attrs()) {
     const AttrSpec* spec = def->find_attr(name);
+    if (!spec && is_annotation(name)) continue;
     if (!spec) return fail("unknown attribute '" + name + "'");
     if (!value.convertible_to(spec->kind))
       return fail("attribute '" + name + "' must be " + attr_kind_name(spec->kind) + ", got " +

@@ -384,10 +384,14 @@ class Parser {
         const std::string name(tok_.text);
         if (attrs.count(name)) return error(name_tok, "duplicate attribute '" + name + "'");
         const AttrSpec* spec = def.find_attr(name);
-        if (!spec) return error(name_tok, def.name + ": unknown attribute '" + name + "'");
+        if (!spec && !is_annotation(name)) return error(name_tok, def.name + ": unknown attribute '" + name + "'");
         advance();
         KILN_RETURN_IF_ERROR(expect(Tok::kEqual, "'=' after the attribute name"));
         KILN_ASSIGN_OR_RETURN(Attribute value, parse_attr_value());
+        if (!spec) {  // an annotation keeps the kind it is written in
+          attrs.emplace(name, value);
+          continue;
+        }
         if (!value.convertible_to(spec->kind))
           return error(name_tok, def.name + ": expected " + attr_kind_name(spec->kind) +
                                      " for attribute '" + name + "', got " +

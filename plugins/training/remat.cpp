@@ -95,7 +95,11 @@ class Remat final : public Pass {
     std::vector<Value*> operands;
     for (Value* o : p->operands()) operands.push_back(recompute(b, o, forward, clones, flops, count));
     b.set_loc(p->loc());
-    Value* c = b.op(p->op_name(), operands, p->attrs(), v->name().empty() ? "" : v->name() + ".remat");
+    // The `_remat` annotation keeps cse (which runs after remat in the usual pipelines) from
+    // merging the recomputation back into the forward value it duplicates.
+    AttrMap attrs = p->attrs();
+    attrs.insert_or_assign("_remat", Attribute(int64_t{1}));
+    Value* c = b.op(p->op_name(), operands, attrs, v->name().empty() ? "" : v->name() + ".remat");
     flops += node_flops(*p);
     ++count;
     clones[v] = c;

@@ -61,4 +61,10 @@ class Attribute {
 /// Attributes of a node, sorted by name so printing is deterministic.
 using AttrMap = std::map<std::string, Attribute>;
 
+/// Whether attribute `name` is an annotation: a name starting with '_', which any op may carry
+/// without declaring it. Annotations never change what an op computes (kernels and the
+/// verifier ignore them); passes that compare nodes see them, so two nodes that differ only in
+/// annotations are not merged (remat marks its recomputations `_remat` so cse keeps them).
+inline bool is_annotation(const std::string& name) { return !name.empty() && name[0] == '_'; }
+
 }  // namespace kiln
