@@ -88,8 +88,8 @@ def write_pipeline(workdir, task, remat, dtype, backend, target):
         if dtype != "f32":
             f.write(f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{dtype}" }}\n')
         f.write('\n[[passes]]\nname = "autodiff"\n')
-        if remat != "none":
-            f.write(f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat}" }}\n')
+        if not remat.startswith("none"):
+            f.write(f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat.split("-")[0]}" }}\n')
         f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {task.PIPELINE_OPTIMIZER}\n')
         if backend.startswith("cuda"):
             f.write('\n[[passes]]\nname = "decompose-losses"\n')
@@ -136,21 +136,11 @@ def torch_steps(task, batches, steps, warmup, dtype, compiled, device):
     torch.manual_seed(0)
     p = {k: torch.tensor(v, device=device, requires_grad=True) for k, v in task.params.items()}
     opt = torch.optim.AdamW(p.values(), lr=task.LR, weight_decay=task.WD, **({"fused": True} if device == "cuda" else {}))
-    B, T, d, H, V = task.B, task.T, task.D, task.H, task.V
+    sys.path.insert(0, os.path.join(REPO, "bench", "training"))
+    from torch_reference import gpt_logits
 
     def loss_fn(tokens, targets):
-        h = p["wte"][tokens] + p["wpe"]
-        for i in range(task.LAYERS):
-            a = F.layer_norm(h, (d,), p[f"l{i}.ln1.g"], p[f"l{i}.ln1.b"], 1e-5)
-            q, k, v = F.linear(a, p[f"l{i}.qkv.w"], p[f"l{i}.qkv.b"]).split(d, dim=-1)
-            heads = lambda x: x.view(B, T, H, d // H).transpose(1, 2)
-            y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-            h = h + F.linear(y.transpose(1, 2).reshape(B, T, d), p[f"l{i}.proj.w"], p[f"l{i}.proj.b"])
-            m = F.layer_norm(h, (d,), p[f"l{i}.ln2.g"], p[f"l{i}.ln2.b"], 1e-5)
-            f = F.gelu(F.linear(m, p[f"l{i}.fc.w"], p[f"l{i}.fc.b"]), approximate="tanh")
-            h = h + F.linear(f, p[f"l{i}.out.w"], p[f"l{i}.out.b"])
-        logits = F.linear(F.layer_norm(h, (d,), p["lnf.g"], p["lnf.b"], 1e-5), p["wte"])
-        return F.cross_entropy(logits.float().reshape(-1, V), targets.reshape(-1))
+        return F.cross_entropy(gpt_logits(p, task, tokens).float().reshape(-1, task.V), targets.reshape(-1))
 
     fwd = torch.compile(loss_fn) if compiled else loss_fn
     amp = torch.autocast(device_type=device, dtype=torch.bfloat16) if dtype == "bf16" else None
@@ -192,7 +182,8 @@ def main():
     ap.add_argument("--size", choices=sorted(SIZES), default="gpt2-small")
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--remat", default="none,selective", help="comma-separated remat policies (none, selective, full)")
-    ap.add_argument("--backend", default="cuda-sm90")
+    ap.add_argument("--backend", default="cuda-sm90", help="the backend that trains (with --run)")
+    ap.add_argument("--memory-backend", default="cuda-sm90", help="the backend whose plan gives the memory")
     ap.add_argument("--target", default="sm_90a")
     ap.add_argument("--run", action="store_true", help="train and time (needs the backend's device and PyTorch)")
     ap.add_argument("--steps", type=int, default=30)
@@ -222,9 +213,12 @@ def main():
                 json.dump(res, f, indent=1)
 
     for pol in policies:
-        toml = write_pipeline(workdir, task, pol, a.dtype, a.backend, a.target)
-        r = kiln_memory(a.kiln, kir, toml, a.backend, a.target, workdir, pol)
+        # The memory is the plan of --target's CUDA backend, whichever backend runs the steps.
+        toml = write_pipeline(workdir, task, pol, a.dtype, a.memory_backend, a.target)
+        r = kiln_memory(a.kiln, kir, toml, a.memory_backend, a.target, workdir, pol)
         if a.run:
+            if a.backend != a.memory_backend:
+                toml = write_pipeline(workdir, task, pol + "-" + a.backend, a.dtype, a.backend, None)
             r.update(kiln_steps(a.kiln, kir, toml, data, a.backend, a.steps, a.warmup))
         res["kiln"][pol] = r
         print(f"kiln remat={pol}: plan arena {r['plan_arena_mib']} MiB" +

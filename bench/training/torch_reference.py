@@ -23,25 +23,30 @@ import models  # noqa: E402
 from train_curve import train, write_task  # noqa: E402
 
 
+def gpt_logits(p, task, tokens):
+    """models.Gpt's forward in PyTorch (parameters `p` by name): the logits."""
+    B, T, d, H = task.B, task.T, task.D, task.H
+    h = p["wte"][tokens] + p["wpe"]
+    for i in range(task.LAYERS):
+        a = F.layer_norm(h, (d,), p[f"l{i}.ln1.g"], p[f"l{i}.ln1.b"], 1e-5)
+        q, k, v = F.linear(a, p[f"l{i}.qkv.w"], p[f"l{i}.qkv.b"]).split(d, dim=-1)
+        heads = lambda x: x.view(B, T, H, d // H).transpose(1, 2)
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+        h = h + F.linear(y.transpose(1, 2).reshape(B, T, d), p[f"l{i}.proj.w"], p[f"l{i}.proj.b"])
+        m = F.layer_norm(h, (d,), p[f"l{i}.ln2.g"], p[f"l{i}.ln2.b"], 1e-5)
+        f = F.gelu(F.linear(m, p[f"l{i}.fc.w"], p[f"l{i}.fc.b"]), approximate="tanh")
+        h = h + F.linear(f, p[f"l{i}.out.w"], p[f"l{i}.out.b"])
+    return F.linear(F.layer_norm(h, (d,), p["lnf.g"], p["lnf.b"], 1e-5), p["wte"])
+
+
 def torch_gpt(task, data, steps, device):
     p = {k: torch.tensor(v, dtype=torch.float32, device=device, requires_grad=True) for k, v in task.params.items()}
     opt = torch.optim.AdamW(p.values(), lr=task.LR, weight_decay=task.WD, foreach=False)
-    B, T, d, H = task.B, task.T, task.D, task.H
     losses = []
     for s in range(steps):
         tokens = torch.tensor(data["tokens"][s % len(data["tokens"])], device=device)
         targets = torch.tensor(data["targets"][s % len(data["targets"])], device=device)
-        h = p["wte"][tokens] + p["wpe"]
-        for i in range(task.LAYERS):
-            a = F.layer_norm(h, (d,), p[f"l{i}.ln1.g"], p[f"l{i}.ln1.b"], 1e-5)
-            q, k, v = F.linear(a, p[f"l{i}.qkv.w"], p[f"l{i}.qkv.b"]).split(d, dim=-1)
-            heads = lambda x: x.view(B, T, H, d // H).transpose(1, 2)
-            y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-            h = h + F.linear(y.transpose(1, 2).reshape(B, T, d), p[f"l{i}.proj.w"], p[f"l{i}.proj.b"])
-            m = F.layer_norm(h, (d,), p[f"l{i}.ln2.g"], p[f"l{i}.ln2.b"], 1e-5)
-            f = F.gelu(F.linear(m, p[f"l{i}.fc.w"], p[f"l{i}.fc.b"]), approximate="tanh")
-            h = h + F.linear(f, p[f"l{i}.out.w"], p[f"l{i}.out.b"])
-        logits = F.linear(F.layer_norm(h, (d,), p["lnf.g"], p["lnf.b"], 1e-5), p["wte"])
+        logits = gpt_logits(p, task, tokens)
         loss = F.cross_entropy(logits.reshape(-1, task.V), targets.reshape(-1))
         opt.zero_grad()
         loss.backward()
