@@ -20,7 +20,7 @@ import numpy as np
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "..", "tests", "training"))
 import models  # noqa: E402
-from train_curve import PASSES_AFTER  # noqa: E402
+from train_curve import training_pipeline  # noqa: E402
 
 
 class Gpt2Small(models.Gpt):
@@ -52,18 +52,10 @@ def write_weights(model, path):
 
 
 def pipeline(path, target, autocast, ranks):
+    parallel = f'strategy = "data-parallel"\nmesh = "dp={ranks}"\n' if ranks else None
     with open(path, "w") as f:
-        f.write('frontend = "kir"\n')
-        if autocast:
-            f.write(f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{autocast}" }}\n')
-        f.write('\n[[passes]]\nname = "autodiff"\n')
-        f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {Gpt2Small.PIPELINE_OPTIMIZER}\n')
-        f.write('\n[[passes]]\nname = "decompose-losses"\n')
-        for p in PASSES_AFTER:
-            f.write(f'\n[[passes]]\nname = "{p}"\n')
-        if ranks:
-            f.write(f'\n[parallel]\nstrategy = "data-parallel"\nmesh = "dp={ranks}"\n')
-        f.write(f'\n[backend]\nname = "cuda-sm90"\ntargets = ["{target}"]\n')
+        f.write(training_pipeline(Gpt2Small.PIPELINE_OPTIMIZER, autocast=autocast, decompose_losses=True,
+                                  parallel=parallel, backend="cuda-sm90", targets=[target]))
 
 
 def main():

@@ -38,7 +38,10 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "training"))
 import models  # noqa: E402
-from train_curve import PASSES_AFTER  # noqa: E402
+from train_curve import training_pipeline  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "bench", "parallel"))
+from gpt2_train import SideFileKir, write_weights  # noqa: E402
 
 SIZES = {
     "gpt2-small": dict(V=50257, T=512, B=8, D=768, H=12, LAYERS=12),
@@ -46,33 +49,12 @@ SIZES = {
 }
 
 
-class SideKir(models.Kir):
-    """models.Kir with the weights in one raw side file (docs/kir.md), not as text."""
-
-    def __init__(self, name, path):
-        super().__init__(name)
-        self.path, self.f, self.offset = path, open(path, "wb"), 0
-
-    def const(self, name, value):
-        a = np.ascontiguousarray(value, dtype=np.float32)
-        pad = (-self.offset) % 64
-        self.f.write(b"\0" * pad)
-        self.offset += pad + a.nbytes
-        self.f.write(a.tobytes())
-        t = models.fmt_type("f32", a.shape)
-        at = self.offset - a.nbytes
-        self.lines.append(f'  %{name} = constant() {{value = dense<{t}>(file "{os.path.basename(self.path)}", '
-                          f'offset {at})}} : {t}')
-        return name
-
-
 def write_task(task, workdir, steps):
-    """model.kir (+ model.bin) and data/{tokens,targets}.npy."""
+    """model.kir (+ weights.bin) and data/{tokens,targets}.npy."""
     kir = os.path.join(workdir, "model.kir")
-    writer = SideKir("gpt", os.path.join(workdir, "model.bin"))
     with open(kir, "w") as f:
-        f.write(task.kir(lambda name: writer))
-    writer.f.close()
+        f.write(task.kir(SideFileKir))
+    write_weights(task, os.path.join(workdir, "weights.bin"))
     data = os.path.join(workdir, "data")
     os.makedirs(data, exist_ok=True)
     batches = type(task).batches(steps)
@@ -82,22 +64,14 @@ def write_task(task, workdir, steps):
 
 
 def write_pipeline(workdir, task, remat, dtype, backend, target):
+    """The step's pipeline; `remat` names the file and, before any '-', is the policy."""
     path = os.path.join(workdir, f"train-{remat}.toml")
+    policy = remat.split("-")[0]
     with open(path, "w") as f:
-        f.write('frontend = "kir"\n')
-        if dtype != "f32":
-            f.write(f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{dtype}" }}\n')
-        f.write('\n[[passes]]\nname = "autodiff"\n')
-        if not remat.startswith("none"):
-            f.write(f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat.split("-")[0]}" }}\n')
-        f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {task.PIPELINE_OPTIMIZER}\n')
-        if backend.startswith("cuda"):
-            f.write('\n[[passes]]\nname = "decompose-losses"\n')
-        for p in PASSES_AFTER:
-            f.write(f'\n[[passes]]\nname = "{p}"\n')
-        f.write(f'\n[backend]\nname = "{backend}"\n')
-        if target:
-            f.write(f'targets = ["{target}"]\n')
+        f.write(training_pipeline(task.PIPELINE_OPTIMIZER, autocast=None if dtype == "f32" else dtype,
+                                  remat=None if policy == "none" else policy,
+                                  decompose_losses=backend.startswith("cuda"), backend=backend,
+                                  targets=[target] if target else ()))
     return path
 
 

@@ -39,8 +39,9 @@ SIZES = {
     "tiny": dict(B=2, T=16, D=64, H=4, KVH=2, FFN=128, V=64),
 }
 LR, WD, CLIP = 1e-3, 0.1, 1.0
-AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-horizontal", "fuse-rows", "fuse-pointwise",
-         "dce", "schedule-memory"]
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "training"))
+from train_curve import training_pipeline  # noqa: E402
 
 
 class Side:
@@ -159,19 +160,10 @@ def write_data(workdir, s, steps, seed=1):
 
 def write_pipeline(workdir, name, backend, fp8_options):
     path = os.path.join(workdir, f"{name}.toml")
+    optimizer = f'{{ algorithm = "adamw", lr = {LR}, weight-decay = {WD}, max-grad-norm = {CLIP} }}'
     with open(path, "w") as f:
-        f.write('frontend = "kir"\n')
-        if fp8_options is not None:
-            f.write(f'\n[[passes]]\nname = "fp8-training"\noptions = {fp8_options}\n')
-        f.write('\n[[passes]]\nname = "autocast"\noptions = { dtype = "bf16" }\n')
-        f.write('\n[[passes]]\nname = "autodiff"\n')
-        f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {{ algorithm = "adamw", lr = {LR}, weight-decay = {WD}, '
-                f'max-grad-norm = {CLIP} }}\n')
-        if backend.startswith("cuda"):
-            f.write('\n[[passes]]\nname = "decompose-losses"\n')
-        for p in AFTER:
-            f.write(f'\n[[passes]]\nname = "{p}"\n')
-        f.write(f'\n[backend]\nname = "{backend}"\n')
+        f.write(training_pipeline(optimizer, fp8=fp8_options, autocast="bf16", decompose_losses=backend.startswith("cuda"),
+                                  backend=backend))
     return path
 
 

@@ -12,13 +12,14 @@ only a scale keeps from flushing to zero.
 
   fp8_state.py KILN WORKDIR
 """
-import io
 import os
-import struct
 import subprocess
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import read_checkpoint  # noqa: E402
 
 B, K, H, N, STEPS, LR = 8, 16, 32, 8, 7, 0.5
 FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0)}
@@ -89,22 +90,6 @@ def numpy_run(recipe, x, r, w1, w2):
         w1 = (w1 - np.float32(LR) * dw1).astype(np.float32)
         w2 = (w2 - np.float32(LR) * dw2).astype(np.float32)
     return np.array(losses), st, {"w1": w1, "w2": w2}
-
-
-def read_checkpoint(path):
-    raw = open(path, "rb").read()
-    assert raw[:8] == b"KILNCKPT", path
-    _, count = struct.unpack_from("<II", raw, 8)
-    at, out = 16, {}
-    for _ in range(count):
-        (n,) = struct.unpack_from("<I", raw, at)
-        name = raw[at + 4:at + 4 + n].decode()
-        at += 4 + n + 1
-        (length,) = struct.unpack_from("<Q", raw, at)
-        at += 8
-        out[name] = np.load(io.BytesIO(raw[at:at + length]))
-        at += length
-    return out
 
 
 def kir(w1, w2):

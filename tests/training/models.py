@@ -10,6 +10,9 @@ compared step by step with an implementation that shares no code with Kiln.
 
 Used by train_curve.py (CI) and bench/training/torch_reference.py (against PyTorch).
 """
+import io
+import struct
+
 import numpy as np
 
 
@@ -37,6 +40,23 @@ def fmt_attr(v):
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(fmt_attr(x) for x in v) + "]"
     raise TypeError(v)
+
+
+def read_checkpoint(path):
+    """A `kiln train --checkpoint` file (kiln/core/checkpoint.h's format): name -> array."""
+    blob = open(path, "rb").read()
+    assert blob[:8] == b"KILNCKPT", path
+    _, count = struct.unpack_from("<II", blob, 8)
+    at, out = 16, {}
+    for _ in range(count):
+        (n,) = struct.unpack_from("<I", blob, at)
+        name = blob[at + 4: at + 4 + n].decode()
+        at += 4 + n + 1
+        (length,) = struct.unpack_from("<Q", blob, at)
+        at += 8
+        out[name] = np.load(io.BytesIO(blob[at: at + length]))
+        at += length
+    return out
 
 
 class Kir:

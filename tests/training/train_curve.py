@@ -23,6 +23,34 @@ PASSES_AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-ho
                 "fuse-pointwise", "dce", "schedule-memory"]
 
 
+def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat=None, decompose_losses=False,
+                      parallel=None, backend="reference", targets=()):
+    """A training pipeline's TOML: [fp8-training `fp8` (its options),] [autocast,] autodiff
+    [with dynamic loss scaling from `loss_scale`,] [remat `remat`,] the optimizer (`optimizer`,
+    its options), [decompose-losses, which the CUDA backends need,] Kiln's standard passes,
+    then `parallel` (the lines of a [parallel] section) and the backend."""
+    t = 'frontend = "kir"\n'
+    if fp8:
+        t += f'\n[[passes]]\nname = "fp8-training"\noptions = {fp8}\n'
+    if autocast:
+        t += f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{autocast}" }}\n'
+    t += '\n[[passes]]\nname = "autodiff"\n'
+    if loss_scale:
+        t += f'options = {{ loss-scale = "dynamic", init-scale = {loss_scale} }}\n'
+    if remat:
+        t += f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat}" }}\n'
+    t += f'\n[[passes]]\nname = "optimizer"\noptions = {optimizer}\n'
+    if decompose_losses:
+        t += '\n[[passes]]\nname = "decompose-losses"\n'
+    t += "".join(f'\n[[passes]]\nname = "{p}"\n' for p in PASSES_AFTER)
+    if parallel:
+        t += "\n[parallel]\n" + parallel
+    t += f'\n[backend]\nname = "{backend}"\n'
+    if targets:
+        t += "targets = [" + ", ".join(f'"{x}"' for x in targets) + "]\n"
+    return t
+
+
 def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False, loss_scale=None, fp8=None,
                fp8_exclude=()):
     """The model .kir, its training pipeline and the data folder; returns their paths. With
@@ -34,24 +62,13 @@ def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses
     with open(kir, "w") as f:
         f.write(model.kir())
     toml = os.path.join(workdir, "train.toml")
+    fp8_options = None
+    if fp8:
+        exclude = ", ".join(f'"{e}"' for e in fp8_exclude)
+        fp8_options = f'{{ format = "{fp8}", exclude = [{exclude}] }}'
     with open(toml, "w") as f:
-        f.write('frontend = "kir"\n')
-        if fp8:
-            exclude = ", ".join(f'"{e}"' for e in fp8_exclude)
-            f.write(f'\n[[passes]]\nname = "fp8-training"\noptions = {{ format = "{fp8}", exclude = [{exclude}] }}\n')
-        if autocast:
-            f.write(f'\n[[passes]]\nname = "autocast"\noptions = {{ dtype = "{autocast}" }}\n')
-        f.write('\n[[passes]]\nname = "autodiff"\n')
-        if loss_scale:
-            f.write(f'options = {{ loss-scale = "dynamic", init-scale = {loss_scale} }}\n')
-        if remat:
-            f.write(f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat}" }}\n')
-        f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {task.PIPELINE_OPTIMIZER}\n')
-        if decompose_losses:
-            f.write('\n[[passes]]\nname = "decompose-losses"\n')
-        for p in PASSES_AFTER:
-            f.write(f'\n[[passes]]\nname = "{p}"\n')
-        f.write('\n[backend]\nname = "reference"\n')
+        f.write(training_pipeline(task.PIPELINE_OPTIMIZER, fp8=fp8_options, autocast=autocast, loss_scale=loss_scale,
+                                  remat=remat, decompose_losses=decompose_losses))
     data = os.path.join(workdir, "data")
     os.makedirs(data, exist_ok=True)
     batches = task.batches(steps)

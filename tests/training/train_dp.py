@@ -11,9 +11,7 @@ divide, and a one-process-per-rank backend started without the right launcher, a
 --zero shards the optimizer state (data-parallel's shard-optimizer-state, ZeRO-1).
 """
 import argparse
-import io
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -22,7 +20,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
-from train_curve import PASSES_AFTER  # noqa: E402
+from models import read_checkpoint  # noqa: E402
+from train_curve import training_pipeline  # noqa: E402
 
 
 FP8 = None  # --fp8: the fp8-training pass's options
@@ -31,37 +30,14 @@ FP8 = None  # --fp8: the fp8-training pass's options
 def write_pipeline(path, task, ranks, zero, options=""):
     """autodiff, the optimizer and Kiln's standard passes; with `ranks`, the data-parallel
     strategy at its default place (after autodiff)."""
+    parallel = None
+    if ranks:
+        parallel = f'strategy = "data-parallel"\nmesh = "dp={ranks}"\n'
+        opts = ", ".join(o for o in ("shard-optimizer-state = true" if zero else "", options) if o)
+        if opts:
+            parallel += f"options = {{ {opts} }}\n"
     with open(path, "w") as f:
-        f.write('frontend = "kir"\n')
-        if FP8:
-            f.write(f'\n[[passes]]\nname = "fp8-training"\noptions = {FP8}\n')
-        f.write('\n[[passes]]\nname = "autodiff"\n')
-        f.write(f'\n[[passes]]\nname = "optimizer"\noptions = {task.PIPELINE_OPTIMIZER}\n')
-        for p in PASSES_AFTER:
-            f.write(f'\n[[passes]]\nname = "{p}"\n')
-        if ranks:
-            f.write(f'\n[parallel]\nstrategy = "data-parallel"\nmesh = "dp={ranks}"\n')
-            opts = ", ".join(o for o in ("shard-optimizer-state = true" if zero else "", options) if o)
-            if opts:
-                f.write(f"options = {{ {opts} }}\n")
-        f.write('\n[backend]\nname = "reference"\n')
-
-
-def read_checkpoint(path):
-    """kiln/core/checkpoint.h's format: name -> array."""
-    blob = open(path, "rb").read()
-    assert blob[:8] == b"KILNCKPT", path
-    _, count = struct.unpack_from("<II", blob, 8)
-    at, out = 16, {}
-    for _ in range(count):
-        (n,) = struct.unpack_from("<I", blob, at)
-        name = blob[at + 4: at + 4 + n].decode()
-        at += 4 + n + 1
-        (length,) = struct.unpack_from("<Q", blob, at)
-        at += 8
-        out[name] = np.load(io.BytesIO(blob[at: at + length]))
-        at += length
-    return out
+        f.write(training_pipeline(task.PIPELINE_OPTIMIZER, fp8=FP8, parallel=parallel))
 
 
 def kiln_train(kiln, kir, toml, data, steps, workdir, tag, extra=(), expect_ok=True):
