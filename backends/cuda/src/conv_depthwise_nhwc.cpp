@@ -54,11 +54,11 @@ TAIL
 
 }  // namespace
 
-StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n, const Node* prologue) {
+StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n, const ConvPrologue* prologue) {
   if (opts_.depthwise != "kernel" || n.get_string("layout", "nchw") != "nhwc") return false;
   // With a prologue the kernel reads the pointwise node's input and applies it on each load
   // (zero padding stays zero: it pads the node's output).
-  const Value* x = prologue != nullptr ? prologue->operand(0) : n.operand(0);
+  const Value* x = prologue != nullptr ? prologue->node->operand(0) : n.operand(0);
   const DType t = x->dtype();
   if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return false;
   const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
@@ -109,9 +109,8 @@ StatusOr<bool> Lowerer::conv_depthwise_nhwc(const Node& n, const Node* prologue)
   text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ", TAPS_MAJOR = " +
           (filters ? "true" : "false") + ";\n";
   if (prologue != nullptr) {
-    KILN_ASSIGN_OR_RETURN(const std::string pro, conv_prologue(*prologue));
-    text += pro + "#undef PRO\n#define PRO(e) pro(e)\n";
-    absorbed_.insert(prologue);
+    text += prologue->code + "#undef PRO\n#define PRO(e) pro(e)\n";
+    absorbed_.insert(prologue->node);
   } else {
     text += "#undef PRO\n#define PRO(e) (e)\n";
   }

@@ -167,20 +167,20 @@ bool Lowerer::defer_to_conv_prologue(const Node& n) {
   if (n.num_operands() != 1 || n.operand(0)->dtype() != v->dtype() || sizes_of(n.operand(0)) != sizes_of(v))
     return false;
   const bool pure = n.op_name() == "fused" && n.num_regions() == 1 && pure_pointwise(n);
-  if (unary_pointwise_nodes(n, pure).empty() || !conv_prologue(n).ok()) return false;
-  prologue_[conv] = &n;
+  const std::vector<const Node*> nodes = unary_pointwise_nodes(n, pure);
+  if (nodes.empty()) return false;
+  std::optional<std::string> code = conv_prologue(n, nodes);
+  if (!code) return false;
+  prologue_[conv] = {&n, std::move(*code)};
   return true;
 }
 
-StatusOr<std::string> Lowerer::conv_prologue(const Node& pro) {
-  const bool pure = pro.op_name() == "fused" && pro.num_regions() == 1 && pure_pointwise(pro);
-  const std::vector<const Node*> nodes = unary_pointwise_nodes(pro, pure);
+std::optional<std::string> Lowerer::conv_prologue(const Node& pro, const std::vector<const Node*>& nodes) {
   std::map<const Value*, std::string> names = {{pro.operand(0), "v"}};
   if (pro.op_name() == "fused") names[pro.region(0).input(0)] = "v";
   std::string code;
   int next = 0;
-  if (nodes.empty() || !register_code(nodes, names, code, next, "p"))
-    return invalid_argument("pointwise prologue " + pro.op_name() + " has no register form");
+  if (!register_code(nodes, names, code, next, "p")) return std::nullopt;
   const Value* r = pro.op_name() == "fused" ? pro.region(0).output(0) : pro.result();
   return "  auto pro = [](float v) -> float {\n" + code + "      return " + round_expr(pro.result()->dtype(), names.at(r)) +
          ";\n  };\n";

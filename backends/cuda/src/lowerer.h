@@ -347,7 +347,13 @@ class Lowerer {
   /// ops after it (conv_tail); false when not eligible or option depthwise=cudnn.
   StatusOr<bool> conv_depthwise(const Node& n);
   /// The same for a channels-last depthwise conv (layout = "nhwc"; conv_depthwise_nhwc.cpp).
-  StatusOr<bool> conv_depthwise_nhwc(const Node& n, const Node* prologue = nullptr);
+  /// A pointwise node a channels-last depthwise conv applies to its input loads, and the
+  /// device lambda `pro(float) -> float` that computes it.
+  struct ConvPrologue {
+    const Node* node = nullptr;
+    std::string code;
+  };
+  StatusOr<bool> conv_depthwise_nhwc(const Node& n, const ConvPrologue* prologue = nullptr);
   /// What a conv kernel applies to each output `v` (f32 registers) before storing it: `code`
   /// (statements that may read the kernel's coordinates `coords`, one per result dim), the
   /// kernel parameters it reads (after the conv's own) and their buffers, and the absorbed ops.
@@ -368,8 +374,9 @@ class Lowerer {
   /// Whether pointwise node `n` (one input of its result's shape) becomes the prologue of the
   /// channels-last grouped conv that alone reads it; records it in prologue_ (conv_tail.cpp).
   bool defer_to_conv_prologue(const Node& n);
-  /// A device lambda `pro(float) -> float` computing prologue node `pro` on a loaded input.
-  StatusOr<std::string> conv_prologue(const Node& pro);
+  /// The device lambda `pro(float) -> float` computing `nodes` (those of pointwise node `pro`)
+  /// on a loaded input; nullopt when one has no register form.
+  std::optional<std::string> conv_prologue(const Node& pro, const std::vector<const Node*>& nodes);
   /// Completes a depthwise kernel: `text` (its signature and constants) + `body` with the tail's
   /// code at TAIL, the dtype's LOAD/STORE/ROUND macros, and its launch over `blocks` blocks
   /// reading x, w (buffer `w_buf` in its place when given), the bias (or w again), the tail's
@@ -444,7 +451,7 @@ class Lowerer {
   /// Channels-last depthwise convs -> the pointwise node before them (their input's only
   /// producer and user) that the conv kernel applies to each input it loads instead of a
   /// kernel of its own: an expand GEMM's SiLU then costs no round trip through memory.
-  std::map<const Node*, const Node*> prologue_;
+  std::map<const Node*, ConvPrologue> prologue_;
   std::set<const Value*> transposed_;  // transposes a matmul reads with trans_a/trans_b
   std::unordered_map<const Value*, Sizes> bhs_strides_;  // attention operands read strided: b, h, s
   std::vector<Step> steps_;

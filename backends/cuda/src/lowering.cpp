@@ -982,12 +982,12 @@ Status Lowerer::conv(const Node& n) {
   if (n.get_string("layout", "nchw") == "nhwc") {
     // Channels-last convs (the layout-nhwc pass): depthwise ones through the generated kernel,
     // the rest through cuDNN.
-    const Node* prologue = nullptr;
-    if (auto it = prologue_.find(&n); it != prologue_.end()) prologue = it->second;
+    const ConvPrologue* prologue = nullptr;
+    if (auto it = prologue_.find(&n); it != prologue_.end()) prologue = &it->second;
     KILN_ASSIGN_OR_RETURN(const bool depthwise, conv_depthwise_nhwc(n, prologue));
     if (depthwise) return ok_status();
     // The kernel declined: the deferred pointwise node gets its own kernel after all.
-    if (prologue != nullptr) KILN_RETURN_IF_ERROR(lower_node(*prologue));
+    if (prologue != nullptr) KILN_RETURN_IF_ERROR(lower_node(*prologue->node));
     KILN_ASSIGN_OR_RETURN(const bool cudnn, conv_cudnn(n));
     if (cudnn) return ok_status();
     return invalid_argument("conv " + n.result()->type().str() + ": layout=\"nhwc\" runs through cuDNN (or the " +
