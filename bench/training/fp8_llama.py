@@ -119,7 +119,7 @@ def write_model(workdir, s, seed=0):
     v0 = node("v.lin", "linear(%a, %v.w)", t([B, T, KVH * hd]))
     v1 = node("v.r", f"reshape(%{v0}) {{shape = [{B}, {T}, {KVH}, {hd}]}}", t([B, T, KVH, hd]))
     v = node("v.h", f"transpose(%{v1}) {{perm = [0, 2, 1, 3]}}", t([B, KVH, T, hd]))
-    att = node("att", f"attention(%{q}, %{k}, %{v}) {{causal = 1, scale = {1 / np.sqrt(hd)!r}}}", t([B, H, T, hd]))
+    att = node("att", f"attention(%{q}, %{k}, %{v}) {{causal = 1, scale = {float(1 / np.sqrt(hd))!r}}}", t([B, H, T, hd]))
     att = node("att.t", f"transpose(%{att}) {{perm = [0, 2, 1, 3]}}", t([B, T, H, hd]))
     att = node("att.r", f"reshape(%{att}) {{shape = [{B}, {T}, {D}]}}", t([B, T, D]))
     o = node("o.lin", f"linear(%{att}, %o.w)", t([B, T, D]))
