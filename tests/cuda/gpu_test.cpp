@@ -70,6 +70,19 @@ const Case kCases[] = {
   %zx = reduce_max(%z) {axes = [1, 2], keepdims = 1} : f32[2, 1, 1, 36]
   %hm = reduce_mean(%h) {axes = [1, 2], keepdims = 0} : bf16[2, 70]
   return %m, %n, %s, %t, %zm, %zx, %hm })"},
+    // Few long rows split into chunks, a block each, then a combining kernel: a global norm's
+    // sum over a whole tensor, 3 rows of 70000, kept dims between reduced ones. abs() keeps the f32
+    // sums free of cancellation, so f32 accumulation in any order stays within assert_close.
+    {"long reductions split across blocks", R"(graph @g(%x: f32[3, 70000], %h: bf16[300, 1100], %z: f32[40, 3, 3000]) -> (f32[3], bf16[], f32[1, 3, 1], f32[3], f32[], f32[]) {
+  %ax = abs(%x) : f32[3, 70000]
+  %s = reduce_sum(%ax) {axes = [1], keepdims = 0} : f32[3]
+  %hs = reduce_sum(%h) {keepdims = 0} : bf16[]
+  %az = abs(%z) : f32[40, 3, 3000]
+  %zm = reduce_mean(%az) {axes = [0, 2], keepdims = 1} : f32[1, 3, 1]
+  %zx = reduce_max(%z) {axes = [0, 2], keepdims = 0} : f32[3]
+  %xn = reduce_min(%x) {keepdims = 0} : f32[]
+  %xs = reduce_sum(%ax) {keepdims = 0} : f32[]
+  return %s, %hs, %zm, %zx, %xn, %xs })"},
     {"gemm", R"(graph @g(%a: f32[2, 3, 8], %b: f32[8, 5], %w: f32[6, 8], %bias: f32[6]) -> (f32[2, 3, 5], f32[2, 3, 6]) {
   %m = matmul(%a, %b) : f32[2, 3, 5]
   %l = linear(%a, %w, %bias) : f32[2, 3, 6]

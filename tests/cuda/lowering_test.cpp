@@ -343,6 +343,25 @@ graph @g(%x: f32[B, 4]) -> (f32[B, 4]) {
 }  // namespace kiln::cuda
 
 namespace kiln::cuda {
+TEST_CASE("few long reductions split across blocks (a global norm's sum of squares)") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%w: f32[50257, 768], %x: f32[3, 70000], %y: f32[300, 500]) -> (f32[], f32[3], f32[300]) {
+  %s = reduce_sum(%w) {keepdims = 0} : f32[]
+  %r = reduce_max(%x) {axes = [1], keepdims = 0} : f32[3]
+  %m = reduce_mean(%y) {axes = [1], keepdims = 0} : f32[300]
+  return %s, %r, %m
+})");
+  REQUIRE(l.kernels.size() == 5);
+  // One row of 38.6M elements: 264 blocks of f32 partials, then one combining thread; 3 rows of
+  // 70000: 17 chunks of at least 4096 each; 300 rows already fill the GPU, a block each.
+  CHECK(l.plan.find("kernel=" + l.kernels[0] + " grid=264,1,1") != std::string::npos);
+  CHECK(l.plan.find("kernel=" + l.kernels[1] + " grid=1,1,1") != std::string::npos);
+  CHECK(l.plan.find("kernel=" + l.kernels[2] + " grid=51,1,1") != std::string::npos);
+  CHECK(l.plan.find("kernel=" + l.kernels[4] + " grid=300,1,1") != std::string::npos);
+  CHECK(l.source.find("float* __restrict__ partial") != std::string::npos);
+  compiles_everywhere(l);
+}
+
 TEST_CASE("a reduction over middle dims reads along the kept trailing dims (channels-last pools)") {
   const LoweredGraph l = lower_text(R"(
 graph @g(%x: f32[16, 56, 56, 96], %y: f32[4, 300]) -> (f32[16, 96], f32[1, 300]) {

@@ -531,6 +531,23 @@ Status Lowerer::reduce(const Node& n) {
   if (op == "reduce_mean") fin = "acc / (" + acc + ")" + int_literal(len);
   const int out = activation_for(n.result());
   if (rows == 0) return ok_status();
+  // Blocks that each reduce a chunk of R write f32/f64/i64 partials [splits, rows]; a second
+  // kernel combines a row's partials and finishes (mean's division, the store's rounding).
+  auto launch_split = [&](const std::string& body, int64_t blocks, int64_t splits) {
+    const DType pt = acc == "double" ? DType::kF64 : acc == "float" ? DType::kF32 : DType::kI64;
+    const int partial = add_buffer("activation", pt, {splits, rows});
+    const std::string name = kernel_name(op);
+    add_kernel(name, "const " + st + "* __restrict__ x, " + acc + "* __restrict__ partial", body);
+    launch(name, blocks, {buf(x), partial});
+    launch_elementwise(kernel_name(op + "_splits"), "const " + acc + "* __restrict__ partial, " + st + "* __restrict__ y",
+                       rows,
+                       "    auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n"
+                       "    " + acc + " acc = partial[i];\n"
+                       "    for (int s = 1; s < " + std::to_string(splits) + "; ++s) acc = comb(acc, partial[s * " +
+                           int_literal(rows) + " + i]);\n"
+                       "    y[i] = " + store_expr(t, fin) + ";\n",
+                       {partial, out});
+  };
   std::string body = "  auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n";
   // Reduced dims in one run with kept dims after them, x viewed as [O, R, I] (a channels-last
   // global pool: [N, H*W, C]): a warp reads 32 neighbours along I for a row r, the block's 8
@@ -569,37 +586,42 @@ Status Lowerer::reduce(const Node& n) {
       body += "      partial[s * " + int_literal(rows) + " + o * " + I + " + i] = acc;\n    }\n";
     }
     body += "    __syncthreads();\n  }\n";
-    const std::string name = kernel_name(op);
     if (splits == 1) {
+      const std::string name = kernel_name(op);
       add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
       launch(name, outer * tiles, {buf(x), out});
       return ok_status();
     }
-    const DType pt = acc == "double" ? DType::kF64 : acc == "float" ? DType::kF32 : DType::kI64;
-    const int partial = add_buffer("activation", pt, {splits, rows});
-    add_kernel(name, "const " + st + "* __restrict__ x, " + acc + "* __restrict__ partial", body);
-    launch(name, outer * tiles * splits, {buf(x), partial});
-    const std::string fold = kernel_name(op + "_splits");
-    launch_elementwise(fold, "const " + acc + "* __restrict__ partial, " + st + "* __restrict__ y", rows,
-                       "    auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n"
-                       "    " + acc + " acc = partial[i];\n"
-                       "    for (int s = 1; s < " + std::to_string(splits) + "; ++s) acc = comb(acc, partial[s * " +
-                           int_literal(rows) + " + i]);\n"
-                       "    y[i] = " + store_expr(t, fin) + ";\n",
-                       {partial, out});
+    launch_split(body, outer * tiles * splits, splits);
     return ok_status();
   }
-  body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
+  // Reduced dims that end x are one contiguous run of `len` elements.
+  if (first < xs.size() && last + 1 == xs.size() &&
+      std::all_of(mask.begin() + static_cast<std::ptrdiff_t>(first), mask.end(), [](bool m) { return m; }))
+    rd = {len}, rs = {1};
+  // A block per row. Few long rows (a global norm's sum of squares over a whole weight is one
+  // row of millions) would leave the GPU idle behind one block each, so R is split into chunks
+  // of at least 4096 elements, a block each, whose partials a second kernel combines.
+  const int64_t splits = std::clamp<int64_t>(kReduceBlocks / rows, 1, std::max<int64_t>(1, len / 4096));
+  const int64_t chunk = (len + splits - 1) / splits;
+  body += "  for (long long blk = blockIdx.x; blk < " + int_literal(rows * splits) + "; blk += gridDim.x) {\n";
+  body += "    const long long row = blk % " + int_literal(rows) + ", s = blk / " + int_literal(rows) + ";\n";
   body += index_code("row", kd, {ks}, {"base"});
   body += "    " + acc + " acc = " + init + ";\n";
-  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) {\n";
+  body += "    const long long j1 = min((s + 1) * " + int_literal(chunk) + ", " + int_literal(len) + ");\n";
+  body += "    for (long long j = s * " + int_literal(chunk) + " + threadIdx.x; j < j1; j += blockDim.x) {\n";
   body += index_code("j", rd, {rs}, {"off"});
   body += "      acc = comb(acc, (" + acc + ")" + load_expr(t, "x[base + off]") + ");\n    }\n";
   body += "    acc = kiln_block_reduce(acc, (" + acc + ")" + init + ", comb);\n";
-  body += "    if (threadIdx.x == 0) y[row] = " + store_expr(t, fin) + ";\n  }\n";
-  const std::string name = kernel_name(op);
-  add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
-  launch(name, rows, {buf(x), out});
+  if (splits == 1) {
+    body += "    if (threadIdx.x == 0) y[row] = " + store_expr(t, fin) + ";\n  }\n";
+    const std::string name = kernel_name(op);
+    add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
+    launch(name, rows, {buf(x), out});
+    return ok_status();
+  }
+  body += "    if (threadIdx.x == 0) partial[s * " + int_literal(rows) + " + row] = acc;\n  }\n";
+  launch_split(body, rows * splits, splits);
   return ok_status();
 }
 
