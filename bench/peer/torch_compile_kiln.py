@@ -169,6 +169,8 @@ def run_model(name, a, torch, nn, kiln_options):
                 if mode == "kiln":  # what Kiln compiled: its parts and the pipeline of each
                     parts = kiln.torch.kiln_backend.last_parts
                     entry["kiln_parts"] = len(parts)
+                    # What PyTorch runs between the parts, and why Kiln did not take it.
+                    entry["left_in_pytorch"] = kiln.torch.kiln_backend.last_left_in_pytorch
                     entry["pipelines"] = sorted({p.pipeline.canonical if p.pipeline is not None else
                                                  f"passes={p.passes!r} backend={p.backend}" for p in parts})
             except Exception as e:  # one failing mode must not stop the others

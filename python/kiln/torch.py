@@ -503,6 +503,41 @@ _HANDLERS[aten.amax.default] = _reduce("reduce_max")
 _HANDLERS[aten.amin.default] = _reduce("reduce_min")
 
 
+def _flag_reduce(kiln_op: str) -> Callable:
+    """any (kiln_op reduce_max) and all (reduce_min): over the operand's truth values as bytes,
+    as Kiln's reductions take numbers. PyTorch's safe softmax (the math attention's, with a
+    mask) asks whether every score of a row is -inf this way."""
+    def handler(b, node, x, dims=None, keepdim=False):
+        xv = b.val(x)
+        flags = xv if xv.dtype == "bool" else b.op("not_equal", [xv, b.const(0, xv.dtype)])
+        rank = len(_meta(x).shape)
+        attrs = {"keepdims": int(bool(keepdim))}
+        if dims is not None and (not isinstance(dims, (list, tuple)) or len(dims)):
+            attrs["axes"] = [d % rank for d in ([dims] if isinstance(dims, int) else dims)] if rank else []
+        return b.cast(b.op(kiln_op, [b.cast(flags, "u8")], attrs), "bool")
+    return handler
+
+
+for _t in (aten.any.dim, aten.any.dims, aten.any.default):
+    _HANDLERS[_t] = _flag_reduce("reduce_max")
+for _t in (aten.all.dim, aten.all.dims, aten.all.default):
+    _HANDLERS[_t] = _flag_reduce("reduce_min")
+
+
+@_handles(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default)
+def _full_like(b, node, x, *args, **kw):
+    """A scalar constant broadcast to the result's (static) shape: no tensor-sized constant."""
+    m = _meta(node)
+    value = {aten.zeros_like.default: 0, aten.ones_like.default: 1}.get(node.target)
+    if value is None:
+        value = args[0] if args else kw["fill_value"]
+    shape = _shape(m)
+    if not all(isinstance(d, int) for d in shape):
+        raise Unsupported(f"{node.target} with a symbolic shape")
+    scalar = b.const(value, _DTYPES[m.dtype])
+    return b.op("expand", [scalar], {"shape": shape}) if shape else scalar
+
+
 @_handles(aten.mean.default, aten.sum.default)
 def _reduce_all(b, node, x, dtype=None):
     kiln_op = "reduce_mean" if node.target == aten.mean.default else "reduce_sum"
@@ -677,32 +712,38 @@ def supported_ops() -> list:
 
 # ---- whole graphs, partitions and the nn.Module replacement ---------------------------------
 
-def _node_supported(node: fx.Node) -> bool:
-    """Whether `node` converts alone: a handler exists and the builder accepts it on its own
-    operand types (checked by converting a one-node graph)."""
+def _unsupported_reason(node: fx.Node) -> "str | None":
+    """None when `node` converts alone (a handler exists and the builder accepts it on its own
+    operand types, checked by converting a one-node graph); otherwise why not."""
     if node.op != "call_function":
-        return False
+        return f"{node.op} node"
     if node.target is operator.getitem:
         src = node.args[0]
         if not isinstance(src, fx.Node) or src.target not in _HANDLERS:
-            return False
-        return node.args[1] == 0 or src.target not in _FIRST_RESULT_ONLY
+            return "getitem of a result Kiln does not compute"
+        if node.args[1] != 0 and src.target in _FIRST_RESULT_ONLY:
+            return f"result {node.args[1]} of {src.target}, which Kiln does not compute"
+        return None
     if node.target not in _HANDLERS:
-        return False
+        return "no Kiln lowering"
     # Ops whose other results (statistics, indices) Kiln does not compute: only when unused.
     if node.target in _FIRST_RESULT_ONLY and any(u.target is not operator.getitem or u.args[1] != 0
                                                  for u in node.users):
-        return False
+        return "its second or later results are used, which Kiln does not compute"
     m = _meta(node)
     if m is None:
-        return False
+        return "no type information (meta 'val')"
     if isinstance(m, torch.Tensor) and (m.dtype not in _DTYPES or m.device.type == "meta"):
-        return False
+        return f"result of dtype {m.dtype} on {m.device}"
     try:
         _probe(node)
-    except (Unsupported, KilnError, TypeError, ValueError, KeyError, IndexError):
-        return False
-    return True
+    except (Unsupported, KilnError, TypeError, ValueError, KeyError, IndexError) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+def _node_supported(node: fx.Node) -> bool:
+    return _unsupported_reason(node) is None
 
 
 def _probe(node: fx.Node) -> None:
@@ -971,15 +1012,20 @@ def _partition(gm: fx.GraphModule, backend: str, targets: Sequence[str], pipelin
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
 
+    reasons: dict = {}
+
     class Support(OperatorSupportBase):
         def is_node_supported(self, submodules, node):
-            return _node_supported(node)
+            if node.name not in reasons:  # by name: what stays keeps its name in the fused graph
+                reasons[node.name] = _unsupported_reason(node)
+            return reasons[node.name] is None
 
     partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     # A part with no computation (only getitem or views of inputs) is not worth a call.
     partitions = [p for p in partitions if any(n.target is not operator.getitem for n in p.nodes)]
     fused = partitioner.fuse_partitions(partitions)
+    refused: dict = {}
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not node.target.startswith("fused_"):
             continue
@@ -993,10 +1039,25 @@ def _partition(gm: fx.GraphModule, backend: str, targets: Sequence[str], pipelin
             part = KilnGraphModule(sub, node.target, backend, targets, pipeline, passes, constants)
         except Exception as e:  # whatever Kiln cannot take, PyTorch runs: never a failed model
             warnings.warn(f"kiln: part '{node.target}' stays in PyTorch: {type(e).__name__}: {e}")
+            refused[f"part {node.target}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"] = 1
             continue
         setattr(fused, node.target, part)
     fused.recompile()
+    fused.kiln_left_in_pytorch = _left_in_pytorch(fused, reasons, refused)
     return fused
+
+
+def _left_in_pytorch(fused: fx.GraphModule, reasons: dict, refused: dict) -> dict:
+    """"op: why" → count, for every op PyTorch computes between Kiln's parts (what splits a
+    graph into several parts), and each part Kiln refused."""
+    left = dict(refused)
+    for node in fused.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        why = reasons.get(node.name) or "supported, but left out of the parts"
+        key = f"{node.target}: {why}"
+        left[key] = left.get(key, 0) + 1
+    return left
 
 
 def _decompositions() -> dict:
@@ -1069,6 +1130,11 @@ class CompiledModule(torch.nn.Module):
     def kiln_parts(self) -> list:
         """The KilnGraphModule of each part Kiln runs."""
         return [m for m in self.graph_module.children() if isinstance(m, KilnGraphModule)]
+
+    def left_in_pytorch(self) -> dict:
+        """"op: why" → count for each op PyTorch runs between Kiln's parts, and each part Kiln
+        refused (torch.compile's backend: kiln_backend.last_left_in_pytorch)."""
+        return dict(self.graph_module.kiln_left_in_pytorch)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._positional or not all(isinstance(a, torch.Tensor) for a in args):
@@ -1171,6 +1237,7 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
         return gm.forward
 
     param_values = {i: example_inputs[i] for i in params}
+    _contiguous_attention_masks(gm)
 
     def forward_compiler(fw: fx.GraphModule, fw_inputs: list) -> Callable:
         import copy
@@ -1194,6 +1261,7 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
         fused = _partition(fw, backend, targets, pipeline, passes)
         # The parts of the latest graph compiled, for tests and for looking at what Kiln runs.
         kiln_backend.last_parts = [m for m in fused.children() if isinstance(m, KilnGraphModule)]
+        kiln_backend.last_left_in_pytorch = fused.kiln_left_in_pytorch
         keep = [i for i in range(len(fw_placeholders)) if i not in params]
 
         def run(args: list) -> Any:
@@ -1211,6 +1279,35 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
 
 
 kiln_backend.last_parts = []
+kiln_backend.last_left_in_pytorch = {}
+
+
+_SDPA_FUNCTIONS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+
+
+def _contiguous_attention_masks(gm: fx.GraphModule) -> int:
+    """Makes each attention mask whose last dim is strided (an expanded [B, 1, S, 1] mask, as
+    transformers' BERT builds it) contiguous before scaled_dot_product_attention sees it, and
+    returns how many. On CUDA, PyTorch's fused attention kernels need the mask's last stride to
+    be 1; otherwise SDPA falls back to its math form (matmul, safe softmax, matmul), which
+    AOTAutograd then records instead of the one attention op Kiln runs as fused attention. A
+    mask computed from constants still folds into a constant; the result is the same."""
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SDPA_FUNCTIONS:
+            continue
+        mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        val = mask.meta.get("example_value") if isinstance(mask, fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.dim() == 0 or val.stride(-1) == 1 or val.shape[-1] == 1:
+            continue
+        with gm.graph.inserting_before(node):
+            dense = gm.graph.call_method("contiguous", (mask,))
+        dense.meta = {k: v for k, v in mask.meta.items() if k != "example_value"}
+        node.replace_input_with(mask, dense)
+        changed += 1
+    if changed:
+        gm.recompile()
+    return changed
 
 
 def _register_dynamo_backend() -> None:

@@ -197,6 +197,36 @@ class BertStyle(nn.Module):
         return self.layer(x, torch.ones(b, s, dtype=torch.long, device=ids.device))
 
 
+class BertSdpaStyle(nn.Module):
+    """BERT's encoder as transformers writes it for SDPA: the mask of an unpadded batch built
+    from positions as [1, 1, S, 1] and expanded to [B, 1, S, S] (last stride 0), given to
+    F.scaled_dot_product_attention in every layer. On CUDA that stride sends SDPA to its math
+    form (PyTorch's fused kernels need the mask's last stride to be 1), whose safe softmax
+    (any, full_like) once left two ops per layer in PyTorch: BERT-base ran as 13 Kiln parts."""
+
+    def __init__(self, vocab=50, d=32, heads=4, layers=3):
+        super().__init__()
+        self.heads = heads
+        self.word = nn.Embedding(vocab, d)
+        self.norm = nn.LayerNorm(d, eps=1e-12)
+        self.layers = nn.ModuleList(nn.ModuleDict({
+            "qkv": nn.Linear(d, 3 * d), "o": nn.Linear(d, d), "fc": nn.Linear(d, 2 * d), "out": nn.Linear(2 * d, d),
+            "ln1": nn.LayerNorm(d, eps=1e-12), "ln2": nn.LayerNorm(d, eps=1e-12)}) for _ in range(layers))
+
+    def forward(self, ids):
+        b, s = ids.shape
+        keep = (torch.arange(s, device=ids.device) >= 0)[None, None, :, None].expand(b, 1, s, s)
+        x = self.norm(self.word(ids))
+        d = x.shape[-1]
+        for layer in self.layers:
+            q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+                       for t in layer["qkv"](x).split(d, dim=2))
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+            x = layer["ln1"](x + layer["o"](a.transpose(1, 2).reshape(b, s, d)))
+            x = layer["ln2"](x + layer["out"](F.gelu(layer["fc"](x))))
+        return x
+
+
 def small_resnet18():
     from export import SmallResNet18, randomize_batchnorm  # bench/models/export.py
 
@@ -300,7 +330,7 @@ class ConstantParts(unittest.TestCase):
         self.assertTrue(all(p.tensor_inputs for p in parts))
         torch._dynamo.reset()
         with torch.no_grad():
-            got = torch.compile(module, backend="kiln")(ids)
+            got = torch.compile(module, backend="kiln", options={"backend": BACKENDS[-1]})(ids)
             torch.testing.assert_close(got, module(ids), rtol=1e-4, atol=1e-4)
         self.assertEqual(len(kiln.torch.kiln_backend.last_parts), 1)
         self.assertTrue(all(p.tensor_inputs for p in kiln.torch.kiln_backend.last_parts))
@@ -343,14 +373,23 @@ class Transformers(unittest.TestCase):
     """transformers' own GPT-2 and BERT (tiny configurations) through torch.compile(backend="kiln")."""
 
     def run_model(self, model, ids):
+        """One Kiln part matching eager, with PyTorch's SDPA picking its kernel and forced to
+        the math form (what CUDA runs for some masks)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
         model = model.eval()
-        torch._dynamo.reset()
-        with torch.no_grad():
-            want = model(input_ids=ids, use_cache=False).last_hidden_state
-            got = torch.compile(model, backend="kiln")(input_ids=ids, use_cache=False).last_hidden_state
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        parts = kiln.torch.kiln_backend.last_parts
-        self.assertTrue(parts and all(p.tensor_inputs for p in parts))
+        for math in (False, True):
+            torch._dynamo.reset()
+            with self.subTest(math_attention=math), torch.no_grad(), \
+                    sdpa_kernel([SDPBackend.MATH] if math else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+                want = model(input_ids=ids, use_cache=False).last_hidden_state
+                compiled = torch.compile(model, backend="kiln", options={"backend": BACKENDS[-1]})
+                got = compiled(input_ids=ids, use_cache=False).last_hidden_state
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+                parts = kiln.torch.kiln_backend.last_parts
+                self.assertEqual(len(parts), 1, kiln.torch.kiln_backend.last_left_in_pytorch)
+                self.assertEqual(kiln.torch.kiln_backend.last_left_in_pytorch, {})
+                self.assertTrue(parts[0].tensor_inputs)
 
     def test_gpt2(self):
         import transformers as tf
@@ -367,6 +406,65 @@ class Transformers(unittest.TestCase):
                             vocab_size=100, max_position_embeddings=32)
         torch.manual_seed(0)
         self.run_model(tf.BertModel(cfg), torch.randint(0, 100, (2, 12)))
+
+
+class BertParts(unittest.TestCase):
+    """BERT-style encoders are one Kiln part, whichever attention PyTorch records."""
+
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def compile(self, module, ids, backends):
+        from torch.nn.attention import sdpa_kernel
+
+        with torch.no_grad(), sdpa_kernel(backends):
+            want = module(ids)
+            got = torch.compile(module, backend="kiln", options={"backend": BACKENDS[-1]})(ids)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        parts = kiln.torch.kiln_backend.last_parts
+        self.assertEqual(len(parts), 1, kiln.torch.kiln_backend.last_left_in_pytorch)
+        self.assertEqual(kiln.torch.kiln_backend.last_left_in_pytorch, {})
+        return parts[0].graph_.ops()
+
+    def test_math_attention_with_a_mask_is_one_part(self):
+        from torch.nn.attention import SDPBackend
+
+        ops = self.compile(BertSdpaStyle().eval(), torch.randint(0, 50, (2, 12)), [SDPBackend.MATH])
+        self.assertIn("softmax", ops)
+        self.assertIn("reduce_max", ops)  # the safe softmax's test for rows that see no key
+
+    def test_fused_attention_is_one_part_and_one_op(self):
+        from torch.nn.attention import SDPBackend
+
+        ops = self.compile(BertSdpaStyle().eval(), torch.randint(0, 50, (2, 12)), [SDPBackend.FLASH_ATTENTION])
+        self.assertEqual(ops.count("attention"), 3)
+
+    def test_strided_masks_are_made_contiguous_for_sdpa(self):
+        counts = []
+
+        def capture(gm, example_inputs):
+            counts.append(kiln.torch._contiguous_attention_masks(gm))
+            for node in gm.graph.nodes:
+                if node.op == "call_function" and node.target in kiln.torch._SDPA_FUNCTIONS:
+                    mask = node.kwargs["attn_mask"]
+                    self.assertEqual(mask.op, "call_method")
+                    self.assertEqual(mask.target, "contiguous")
+            return gm.forward
+
+        module = BertSdpaStyle().eval()
+        ids = torch.randint(0, 50, (2, 12))
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(module, backend=capture)(ids), module(ids))
+        self.assertEqual(counts, [3])
+
+    def test_compile_module(self):
+        compiled = check(self, BertSdpaStyle(), (torch.randint(0, 50, (2, 12)),))
+        self.assertEqual(len(compiled.kiln_parts()), 1)
+        self.assertEqual(compiled.left_in_pytorch(), {})
+
+    def test_what_stays_in_pytorch_is_reported(self):
+        compiled = check(self, WithTopK(), (torch.randn(3, 16),), backends=BACKENDS[-1:])
+        self.assertEqual(compiled.left_in_pytorch(), {"aten.topk.default: no Kiln lowering": 1})
 
 
 class DynamicDims(unittest.TestCase):
@@ -405,6 +503,10 @@ class Overloads(unittest.TestCase):
             (lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[0], (q, k, v),
              F.scaled_dot_product_attention(q, k, v, is_causal=True)),
             (lambda q, k, v, m: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=m, scale=0.3)[0],
+             (q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)),
+            # CUDA's, for a float mask: expanded to [B, H, Sq, Skv] first, as SDPA does.
+            (lambda q, k, v, m: aten._scaled_dot_product_efficient_attention(q, k, v, m.expand(2, 4, 8, 8), False,
+                                                                             scale=0.3)[0],
              (q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)),
         ]
         for fn, inputs, want in cases:
