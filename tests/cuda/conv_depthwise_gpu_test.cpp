@@ -2,7 +2,9 @@
 // store (conv_tail.cpp) against the reference interpreter: f32, f16 and bf16; 3x3 to 7x7 kernels,
 // strides 1 and 2, dilation, asymmetric pads, a channel multiplier, 1-D; row tiles, column tiles
 // and blocks of several whole planes with a partial last block; bias, batch norm, relu, swish +
-// residual and hardswish groups. Exits 77 without a GPU.
+// residual and hardswish groups; channels last, the pointwise node before the conv (silu, sigmoid)
+// applied to the staged inputs, with halos shared by row and column tiles, partial channel
+// blocks and partial row groups. Exits 77 without a GPU.
 #include <cstdio>
 #include <string>
 

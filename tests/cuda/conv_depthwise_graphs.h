@@ -122,6 +122,24 @@ inline const char* kDepthwiseNhwcCases[][2] = {
   %s = sigmoid(%x) : T[2, 16, 16, 8]
   %c = conv(%s, %w) {groups = 8, strides = [2, 2], pads = [2, 2, 2, 2], layout = "nhwc"} : T[2, 8, 8, 8]
   return %c })"},
+    {"nhwc prologue: sigmoid, 3x3 stride 2 on 57x57, 72 channels, relu after",
+     R"(graph @g(%x: T[2, 57, 57, 72], %w: T[72, 3, 3, 1]) -> (T[2, 29, 29, 72]) {
+  %s = sigmoid(%x) : T[2, 57, 57, 72]
+  %c = conv(%s, %w) {groups = 72, strides = [2, 2], pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 29, 29, 72]
+  %y = relu(%c) : T[2, 29, 29, 72]
+  return %y })"},
+    // Tiles across rows and columns: the halo between tiles is staged (and the prologue applied)
+    // by both; 240 channels are 7 blocks of 32 and a partial one; 4 rows per thread with a
+    // partial last row group.
+    {"nhwc prologue: EfficientNet's 5x5 on 28x28x240 after the expand GEMM's silu, batch 4",
+     R"(graph @g(%x: T[4, 28, 28, 240], %w: T[240, 5, 5, 1], %b: T[240]) -> (T[4, 28, 28, 240]) {
+  %s = silu(%x) : T[4, 28, 28, 240]
+  %c = conv(%s, %w, %b) {groups = 240, pads = [2, 2, 2, 2], layout = "nhwc"} : T[4, 28, 28, 240]
+  return %c })"},
+    {"nhwc 7x7 on 14x14 in row and column tiles, 200 channels",
+     R"(graph @g(%x: T[3, 14, 14, 200], %w: T[200, 7, 7, 1], %b: T[200]) -> (T[3, 14, 14, 200]) {
+  %c = conv(%x, %w, %b) {groups = 200, pads = [3, 3, 3, 3], layout = "nhwc"} : T[3, 14, 14, 200]
+  return %c })"},
 };
 
 /// `count` values in [-0.5, 0.5), multiples of 1/16 (exact in every float dtype), as a dense list.

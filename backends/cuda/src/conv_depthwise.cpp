@@ -8,15 +8,22 @@
 namespace kiln::cuda::detail {
 namespace {
 
-// One block: a tile of TP output rows x TQ output columns of CB consecutive channels of one image.
-// It stages the tile's input rows with their halo (zeros where the padding is, as f32) and the
-// CB filters in shared memory, coalesced along rows; then each thread computes V adjacent
-// outputs of a row at a time, holding one kernel row's inputs in registers so that each input
-// read from shared memory serves up to V * S multiply-adds.
+// One block: a tile of TP output rows x TQ output columns of CB consecutive channels of one image,
+// in either layout (NHWC). It stages the tile's input rows with their halo (zeros where the
+// padding is, as f32) and the CB filters in shared memory, consecutive threads along the stored
+// innermost dim so that the loads coalesce; PRO, the pointwise node before a channels-last conv,
+// runs there, once per staged input. Then each thread computes U x V outputs (U rows of V
+// adjacent columns) at a time from input rows it holds in registers: each input read from shared
+// memory serves up to U * V * S multiply-adds. Channels last, a warp's threads take consecutive
+// channels of one output group, so its shared-memory reads are conflict-free and its stores
+// coalesce.
 constexpr const char* kDepthwiseBody = R"(
-  constexpr int ITEMS = CB * TP * GQ, NIN = (V - 1) * SW + (S - 1) * DW + 1;
+  constexpr int NIN = (V - 1) * SW + (S - 1) * DW + 1, IR = (U - 1) * SH + (R - 1) * DH + 1;
+  constexpr int RG = TP / U, ITEMS = CB * RG * GQ, WSP = (R * S) | 1;
+  constexpr int XR = NHWC ? IWP * CB : IWP, XC = NHWC ? CB : 1;  // shared-memory strides of a row and a column
+  constexpr bool CACHE_W = R * S <= 64;
   __shared__ float xs[CB * IH * IWP];
-  __shared__ float ws[CB * R * S];
+  __shared__ float ws[CB * WSP];
   int blk = blockIdx.x;
   const int qt = blk % QT;
   blk /= QT;
@@ -24,58 +31,86 @@ constexpr const char* kDepthwiseBody = R"(
   blk /= PTILES;
   const int c0 = (blk % CT) * CB, n = blk / CT;
   const int p0 = pt * TP, q0 = qt * TQ, ih0 = p0 * SH - PT, iw0 = q0 * SW - PL;
+#pragma unroll 4
   for (int e = threadIdx.x; e < CB * IH * IW; e += NTHR) {
-    const int j = e % IW, i = (e / IW) % IH, cb = e / (IW * IH);
+    const int cb = NHWC ? e % CB : e / (IW * IH);
+    const int j = NHWC ? (e / CB) % IW : e % IW;
+    const int i = NHWC ? e / (CB * IW) : (e / IW) % IH;
     const int c = c0 + cb, ih = ih0 + i, iw = iw0 + j;
     float v = 0.f;
-    if (c < C && ih >= 0 && ih < H && iw >= 0 && iw < W) v = LOAD(x[((long long)n * CIN + c / MULT) * (H * W) + ih * W + iw]);
-    xs[(cb * IH + i) * IWP + j] = v;
+    if (c < C && ih >= 0 && ih < H && iw >= 0 && iw < W)
+      v = PRO(LOAD(x[NHWC ? (((long long)n * H + ih) * W + iw) * CIN + c / MULT
+                          : ((long long)n * CIN + c / MULT) * (H * W) + ih * W + iw]));
+    xs[NHWC ? (i * IWP + j) * CB + cb : (cb * IH + i) * IWP + j] = v;
   }
+  // Filters are [K, 1, R, S] or [K, R, S, 1]: the block's CB filters are contiguous either way.
   for (int e = threadIdx.x; e < CB * R * S; e += NTHR)
-    ws[e] = c0 + e / (R * S) < C ? LOAD(w[(long long)c0 * (R * S) + e]) : 0.f;
+    ws[e / (R * S) * WSP + e % (R * S)] = c0 + e / (R * S) < C ? LOAD(w[(long long)c0 * (R * S) + e]) : 0.f;
   __syncthreads();
+  // The filter in registers: channels last, a thread's channel is the same in all its items.
+  float wk[CACHE_W ? R * S : 1];
+  if constexpr (CACHE_W && NHWC) {
+#pragma unroll
+    for (int t = 0; t < R * S; ++t) wk[t] = ws[threadIdx.x % CB * WSP + t];
+  }
   for (int it = threadIdx.x; it < ITEMS; it += NTHR) {
-    const int g = it % GQ, pl = (it / GQ) % TP, cb = it / (GQ * TP);
-    const int c = c0 + cb, p = p0 + pl, qb = q0 + g * V;
-    if (c >= C || p >= P || qb >= Q) continue;
-    float acc[V];
+    const int cb = NHWC ? it % CB : it / (GQ * RG);
+    const int g = NHWC ? (it / CB) % GQ : it % GQ;
+    const int rg = NHWC ? it / (CB * GQ) : (it / GQ) % RG;
+    const int c = c0 + cb, pb = p0 + rg * U, qb = q0 + g * V;
+    if (c >= C || pb >= P || qb >= Q) continue;
+    const float* xr = xs + (NHWC ? cb : cb * IH * IWP) + rg * U * SH * XR + g * V * SW * XC;
+    const float* wr = ws + cb * WSP;
+    if constexpr (CACHE_W && !NHWC) {
 #pragma unroll
-    for (int u = 0; u < V; ++u) acc[u] = 0.f;
-    const float* xr = xs + (cb * IH + pl * SH) * IWP + g * V * SW;
-    const float* wr = ws + cb * (R * S);
+      for (int t = 0; t < R * S; ++t) wk[t] = wr[t];
+    }
+    float acc[U][V];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int o = 0; o < U; ++o)
+#pragma unroll
+      for (int u = 0; u < V; ++u) acc[o][u] = 0.f;
+    // Input row i of the item feeds output row o through kernel row r where i = o * SH + r * DH.
+#pragma unroll
+    for (int i = 0; i < IR; ++i) {
+      bool used = false;
+#pragma unroll
+      for (int r = 0; r < R; ++r) used |= i >= r * DH && (i - r * DH) % SH == 0 && (i - r * DH) / SH < U;
+      if (!used) continue;
       float in[NIN];
 #pragma unroll
-      for (int j = 0; j < NIN; ++j) in[j] = xr[r * DH * IWP + j];
+      for (int j = 0; j < NIN; ++j) in[j] = xr[i * XR + j * XC];
 #pragma unroll
-      for (int s = 0; s < S; ++s) {
-        const float wv = wr[r * S + s];
+      for (int r = 0; r < R; ++r) {
+        const int d = i - r * DH, o = d / SH;
+        if (d < 0 || d % SH != 0 || o >= U) continue;
 #pragma unroll
-        for (int u = 0; u < V; ++u) acc[u] = fmaf(in[u * SW + s * DW], wv, acc[u]);
+        for (int s = 0; s < S; ++s) {
+          const float wv = CACHE_W ? wk[CACHE_W ? r * S + s : 0] : wr[r * S + s];
+#pragma unroll
+          for (int u = 0; u < V; ++u) acc[o][u] = fmaf(in[u * SW + s * DW], wv, acc[o][u]);
+        }
       }
     }
     const float bias = HAS_BIAS ? LOAD(b[c]) : 0.f;
 #pragma unroll
-    for (int u = 0; u < V; ++u) {
-      const int q = qb + u;
-      if (q >= Q) break;
-      float v = ROUND(acc[u] + bias);
+    for (int o = 0; o < U; ++o) {
+      const int p = pb + o;
+      if (p >= P) break;
+#pragma unroll
+      for (int u = 0; u < V; ++u) {
+        const int q = qb + u;
+        if (q >= Q) break;
+        float v = ROUND(acc[o][u] + bias);
 TAIL
-      y[((long long)n * C + c) * (P * Q) + p * Q + q] = STORE(v);
+        y[NHWC ? (((long long)n * P + p) * Q + q) * C + c : ((long long)n * C + c) * (P * Q) + p * Q + q] = STORE(v);
+      }
     }
   }
 )";
 
-/// Output tiling of one depthwise conv: V outputs per thread along a row, GQ thread columns
-/// (TQ = GQ * V output columns), TP rows and CB channels per block.
-struct DepthwiseTiles {
-  int64_t v = 1, gq = 1, tq = 1, qt = 1, tp = 1, ptiles = 1, cb = 1, ih = 1, iw = 1, iwp = 1;
-  int64_t smem = 0;
-};
-
-DepthwiseTiles depthwise_tiles(int64_t c, int64_t p, int64_t q, int64_t r, int64_t s, int64_t sh, int64_t sw,
-                               int64_t dh, int64_t dw) {
+DepthwiseTiles depthwise_tiles(int64_t c, int64_t p, int64_t q, int64_t r, int64_t s, int64_t sh,
+                               int64_t sw, int64_t dh, int64_t dw) {
   // About two outputs groups per thread of a 256-thread block, and at most 40 KB of shared
   // memory, so that several blocks share an SM.
   constexpr int64_t kItems = 512, kSmem = 40 * 1024;
@@ -90,7 +125,7 @@ DepthwiseTiles depthwise_tiles(int64_t c, int64_t p, int64_t q, int64_t r, int64
     t.ih = (t.tp - 1) * sh + (r - 1) * dh + 1;
     t.iw = (t.tq - 1) * sw + (s - 1) * dw + 1;
     t.iwp = t.iw | 1;  // an odd pitch spreads a warp's rows over the banks
-    t.smem = 4 * t.cb * (t.ih * t.iwp + r * s);
+    t.smem = 4 * t.cb * (t.ih * t.iwp + ((r * s) | 1));
   };
   // Rows: as many as make kItems, split evenly over the plane's row tiles.
   t.tp = std::clamp<int64_t>((kItems + t.gq - 1) / t.gq, 1, p);
@@ -124,62 +159,82 @@ bool Lowerer::is_depthwise(const Node& n) {
 
 StatusOr<bool> Lowerer::conv_depthwise(const Node& n) {
   if (opts_.depthwise != "kernel" || !is_depthwise(n)) return false;
-  const Value* x = n.operand(0);
-  const DType t = x->dtype();
-  const Sizes xs = sizes_of(x), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
-  const bool two_d = xs.size() == 4;
-  const Window win = window_of(n, xs.size() - 2);
-  // A 1-D conv is a 2-D one of height 1.
-  const int64_t h = two_d ? xs[2] : 1, w = xs.back(), p = two_d ? ys[2] : 1, q = ys.back();
-  const int64_t r = two_d ? ws[2] : 1, s = ws.back();
-  const int64_t sh = two_d ? win.strides[0] : 1, sw = win.strides.back();
-  const int64_t dh = two_d ? win.dilations[0] : 1, dw = win.dilations.back();
-  const int64_t pt = two_d ? win.pads[0] : 0, pl = two_d ? win.pads[1] : win.pads[0];
-  const int64_t batch = xs[0], cin = xs[1], c = ys[1];
+  const Sizes xs = sizes_of(n.operand(0)), ws = sizes_of(n.operand(1)), ys = sizes_of(n.result());
   if (product(ys) == 0 || product(xs) == 0) return false;
+  DepthwiseGeometry g;
+  g.two_d = xs.size() == 4;
+  const Window win = window_of(n, xs.size() - 2);
+  g.batch = xs[0], g.cin = xs[1], g.c = ys[1];
+  g.h = g.two_d ? xs[2] : 1, g.w = xs.back(), g.p = g.two_d ? ys[2] : 1, g.q = ys.back();
+  g.r = g.two_d ? ws[2] : 1, g.s = ws.back();
+  g.sh = g.two_d ? win.strides[0] : 1, g.sw = win.strides.back();
+  g.dh = g.two_d ? win.dilations[0] : 1, g.dw = win.dilations.back();
+  g.pt = g.two_d ? win.pads[0] : 0, g.pl = g.two_d ? win.pads[1] : win.pads[0];
   // 32-bit indices within a plane, kernels the registers hold unrolled.
-  if (h * w >= (int64_t{1} << 31) || p * q >= (int64_t{1} << 31) || r * s > 1024) return false;
-  const DepthwiseTiles tl = depthwise_tiles(c, p, q, r, s, sh, sw, dh, dw);
-  if (tl.smem > 48 * 1024) return false;  // static shared memory: a kernel wider than the tiles allow
-  KILN_ASSIGN_OR_RETURN(const std::string st, storage(n, t));
-  const bool bias = n.num_operands() == 3;
-  const int out = activation_for(n.result());
-  KILN_ASSIGN_OR_RETURN(const ConvTail tail, conv_tail(n, out, two_d ? std::vector<std::string>{"n", "c", "p", "q"}
-                                                                     : std::vector<std::string>{"n", "c", "q"}));
-  const int64_t ct = (c + tl.cb - 1) / tl.cb, blocks = batch * ct * tl.ptiles * tl.qt;
-  auto I = [](int64_t v) { return std::to_string(v); };
-  const std::string name = kernel_name("conv_depthwise");
-  std::string text = "extern \"C\" __global__ void __launch_bounds__(" + I(kBlock) + ") " + name + "(const " + st +
-                     "* __restrict__ x, const " + st + "* __restrict__ w, const " + st + "* __restrict__ b" +
-                     tail.params + ", " + st + "* __restrict__ y) {\n";
-  text += "  constexpr int C = " + I(c) + ", CIN = " + I(cin) + ", MULT = " + I(c / cin) + ", H = " + I(h) + ", W = " +
-          I(w) + ", P = " + I(p) + ", Q = " + I(q) + ", R = " + I(r) + ", S = " + I(s) + ";\n";
-  text += "  constexpr int SH = " + I(sh) + ", SW = " + I(sw) + ", DH = " + I(dh) + ", DW = " + I(dw) + ", PT = " + I(pt) +
-          ", PL = " + I(pl) + ", NTHR = " + I(kBlock) + ";\n";
-  text += "  constexpr int V = " + I(tl.v) + ", GQ = " + I(tl.gq) + ", TQ = " + I(tl.tq) + ", QT = " + I(tl.qt) +
-          ", TP = " + I(tl.tp) + ", PTILES = " + I(tl.ptiles) + ", CB = " + I(tl.cb) + ", CT = " + I(ct) + ", IH = " +
-          I(tl.ih) + ", IW = " + I(tl.iw) + ", IWP = " + I(tl.iwp) + ";\n";
-  text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ";\n";
-  finish_depthwise(n, name, text, kDepthwiseBody, tail, out, blocks);
+  if (g.h * g.w >= (int64_t{1} << 31) || g.p * g.q >= (int64_t{1} << 31) || g.r * g.s > 1024)
+    return false;
+  const DepthwiseTiles tl = depthwise_tiles(g.c, g.p, g.q, g.r, g.s, g.sh, g.sw, g.dh, g.dw);
+  if (tl.smem > 48 * 1024)
+    return false;  // static shared memory: a kernel wider than the tiles allow
+  KILN_RETURN_IF_ERROR(emit_depthwise(n, g, tl, nullptr));
   return true;
 }
 
-void Lowerer::finish_depthwise(const Node& n, const std::string& name, std::string text, std::string body,
-                               const ConvTail& tail, int out, int64_t blocks, int w_buf, int x_buf) {
-  const DType t = n.operand(0)->dtype();
+Status Lowerer::emit_depthwise(const Node& n, const DepthwiseGeometry& g, const DepthwiseTiles& tl,
+                               const ConvPrologue* prologue) {
+  // With a prologue the kernel reads the pointwise node's input and applies it to each staged
+  // input (zero padding stays zero: it pads the node's output).
+  const Value* x = prologue != nullptr ? prologue->node->operand(0) : n.operand(0);
+  const DType t = x->dtype();
+  KILN_ASSIGN_OR_RETURN(const std::string st, storage(n, t));
+  const int out = activation_for(n.result());
+  const std::vector<std::string> coords =
+      g.nhwc ? (g.two_d ? std::vector<std::string>{"n", "p", "q", "c"}
+                        : std::vector<std::string>{"n", "q", "c"})
+             : (g.two_d ? std::vector<std::string>{"n", "c", "p", "q"}
+                        : std::vector<std::string>{"n", "c", "q"});
+  KILN_ASSIGN_OR_RETURN(const ConvTail tail, conv_tail(n, out, coords));
+  const bool bias = n.num_operands() == 3;
+  const int64_t ct = (g.c + tl.cb - 1) / tl.cb, blocks = g.batch * ct * tl.ptiles * tl.qt;
+  auto I = [](int64_t v) { return std::to_string(v); };
+  const std::string name = kernel_name(g.nhwc ? "conv_depthwise_nhwc" : "conv_depthwise");
+  std::string text = "extern \"C\" __global__ void __launch_bounds__(" + I(kBlock) + ") " + name +
+                     "(const " + st + "* __restrict__ x, const " + st + "* __restrict__ w, const " +
+                     st + "* __restrict__ b" + tail.params + ", " + st + "* __restrict__ y) {\n";
+  text += "  constexpr int C = " + I(g.c) + ", CIN = " + I(g.cin) + ", MULT = " + I(g.c / g.cin) +
+          ", H = " + I(g.h) + ", W = " + I(g.w) + ", P = " + I(g.p) + ", Q = " + I(g.q) +
+          ", R = " + I(g.r) + ", S = " + I(g.s) + ";\n";
+  text += "  constexpr int SH = " + I(g.sh) + ", SW = " + I(g.sw) + ", DH = " + I(g.dh) +
+          ", DW = " + I(g.dw) + ", PT = " + I(g.pt) + ", PL = " + I(g.pl) +
+          ", NTHR = " + I(kBlock) + ";\n";
+  text += "  constexpr int V = " + I(tl.v) + ", GQ = " + I(tl.gq) + ", TQ = " + I(tl.tq) +
+          ", QT = " + I(tl.qt) + ", TP = " + I(tl.tp) + ", PTILES = " + I(tl.ptiles) +
+          ", CB = " + I(tl.cb) + ", CT = " + I(ct) + ", IH = " + I(tl.ih) + ", IW = " + I(tl.iw) +
+          ", IWP = " + I(tl.iwp) + ";\n";
+  text += "  constexpr int U = " + I(tl.u) + ";\n";
+  text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") +
+          ", NHWC = " + (g.nhwc ? "true" : "false") + ";\n";
+  if (prologue != nullptr) {
+    text += prologue->code + "#undef PRO\n#define PRO(e) pro(e)\n";
+    absorbed_.insert(prologue->node);
+  } else {
+    text += "#undef PRO\n#define PRO(e) (e)\n";
+  }
+  std::string body = kDepthwiseBody;
   body.replace(body.find("TAIL\n"), 5, tail.code);
   text += body + "}\n";
   // LOAD/STORE/ROUND of the storage type, as macros the body spells once.
-  const std::string defs = "#define LOAD(e) " + load_expr(t, "(e)") + "\n#define STORE(e) " + store_expr(t, "(e)") +
-                           "\n#define ROUND(e) " + round_expr(t, "(e)") + "\n";
-  add_kernel_text(name, defs + text + "#undef LOAD\n#undef STORE\n#undef ROUND\n");
+  const std::string defs = "#define LOAD(e) " + load_expr(t, "(e)") + "\n#define STORE(e) " +
+                           store_expr(t, "(e)") + "\n#define ROUND(e) " + round_expr(t, "(e)") +
+                           "\n";
+  add_kernel_text(name, defs + text + "#undef LOAD\n#undef STORE\n#undef ROUND\n#undef PRO\n");
   note_dtype(t);
-  if (w_buf < 0) w_buf = buf(n.operand(1));
-  if (x_buf < 0) x_buf = buf(n.operand(0));
-  std::vector<int> args = {x_buf, w_buf, n.num_operands() == 3 ? buf(n.operand(2)) : w_buf};
+  const int w_buf = buf(n.operand(1));
+  std::vector<int> args = {buf(x), w_buf, bias ? buf(n.operand(2)) : w_buf};
   args.insert(args.end(), tail.args.begin(), tail.args.end());
   args.push_back(out);
   launch_grid(name, {blocks}, kBlock, 0, args);
+  return ok_status();
 }
 
 }  // namespace kiln::cuda::detail

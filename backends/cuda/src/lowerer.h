@@ -100,6 +100,20 @@ inline AxisRows rows_around_axis(const Sizes& xs, int64_t axis_attr) {
 /// zeroing flag); A from registers with B MN-major (accumulates always).
 enum class WgmmaForm { kSharedShared, kRegsMnMajorB };
 
+/// A depthwise conv's sizes, whatever its layout: a 1-D conv is a 2-D one of height 1.
+struct DepthwiseGeometry {
+  int64_t batch = 1, c = 1, cin = 1, h = 1, w = 1, p = 1, q = 1, r = 1, s = 1;
+  int64_t sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pl = 0;
+  bool two_d = true, nhwc = false;
+};
+/// How a depthwise kernel's blocks tile its output: CB channels x TP rows x TQ columns of one
+/// image per block, staged in shared memory with their halo (IH x IW inputs, row pitch IWP);
+/// each thread computes U rows x V columns of outputs at a time.
+struct DepthwiseTiles {
+  int64_t v = 1, u = 1, gq = 1, tq = 1, qt = 1, tp = 1, ptiles = 1, cb = 1, ih = 1, iw = 1, iwp = 1;
+  int64_t smem = 0;
+};
+
 class Lowerer {
  public:
   explicit Lowerer(const LoweringOptions& o) : opts_(o) {}
@@ -346,13 +360,14 @@ class Lowerer {
   /// A depthwise conv as one generated kernel (conv_depthwise.cpp) with its bias and the pointwise
   /// ops after it (conv_tail); false when not eligible or option depthwise=cudnn.
   StatusOr<bool> conv_depthwise(const Node& n);
-  /// The same for a channels-last depthwise conv (layout = "nhwc"; conv_depthwise_nhwc.cpp).
   /// A pointwise node a channels-last depthwise conv applies to its input loads, and the
   /// device lambda `pro(float) -> float` that computes it.
   struct ConvPrologue {
     const Node* node = nullptr;
     std::string code;
   };
+  /// The same for a channels-last depthwise conv (layout = "nhwc"; conv_depthwise_nhwc.cpp),
+  /// applying `prologue` (when given) to each input it stages.
   StatusOr<bool> conv_depthwise_nhwc(const Node& n, const ConvPrologue* prologue = nullptr);
   /// What a conv kernel applies to each output `v` (f32 registers) before storing it: `code`
   /// (statements that may read the kernel's coordinates `coords`, one per result dim), the
@@ -377,12 +392,11 @@ class Lowerer {
   /// The device lambda `pro(float) -> float` computing `nodes` (those of pointwise node `pro`)
   /// on a loaded input; nullopt when one has no register form.
   std::optional<std::string> conv_prologue(const Node& pro, const std::vector<const Node*>& nodes);
-  /// Completes a depthwise kernel: `text` (its signature and constants) + `body` with the tail's
-  /// code at TAIL, the dtype's LOAD/STORE/ROUND macros, and its launch over `blocks` blocks
-  /// reading x, w (buffer `w_buf` in its place when given), the bias (or w again), the tail's
-  /// operands and writing `out`.
-  void finish_depthwise(const Node& n, const std::string& name, std::string text, std::string body,
-                        const ConvTail& tail, int out, int64_t blocks, int w_buf = -1, int x_buf = -1);
+  /// The depthwise kernel of either layout (conv_depthwise.cpp): its text with the tail's code
+  /// and `prologue` applied to each staged input, and its launch reading x (the prologue node's
+  /// input when given), w, the bias (or w again), the tail's operands and writing the result.
+  Status emit_depthwise(const Node& n, const DepthwiseGeometry& g, const DepthwiseTiles& tl,
+                        const ConvPrologue* prologue);
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);
