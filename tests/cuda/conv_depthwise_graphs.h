@@ -136,6 +136,19 @@ inline const char* kDepthwiseNhwcCases[][2] = {
   %s = silu(%x) : T[4, 28, 28, 240]
   %c = conv(%s, %w, %b) {groups = 240, pads = [2, 2, 2, 2], layout = "nhwc"} : T[4, 28, 28, 240]
   return %c })"},
+    // A squeeze-excite block: the depthwise kernel also sums its outputs per channel and tile
+    // for the global pool, which adds the tiles' sums; the excite reads the stored outputs.
+    {"nhwc squeeze-excite: silu prologue and tail, global mean pool of the tiles' sums, excite; a sum pool",
+     R"(graph @g(%x: T[2, 28, 28, 40], %w: T[40, 3, 3, 1], %b: T[40], %v: T[40, 3, 3, 1]) -> (T[2, 28, 28, 40], T[2, 40], T[2, 14, 14, 40]) {
+  %s = silu(%x) : T[2, 28, 28, 40]
+  %c = conv(%s, %w, %b) {groups = 40, pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 28, 28, 40]
+  %a = silu(%c) : T[2, 28, 28, 40]
+  %m = reduce_mean(%a) {axes = [1, 2], keepdims = 1} : T[2, 1, 1, 40]
+  %g = sigmoid(%m) : T[2, 1, 1, 40]
+  %y = mul(%a, %g) : T[2, 28, 28, 40]
+  %d = conv(%x, %v) {groups = 40, strides = [2, 2], pads = [1, 1, 1, 1], layout = "nhwc"} : T[2, 14, 14, 40]
+  %t = reduce_sum(%d) {axes = [2, 1], keepdims = 0} : T[2, 40]
+  return %y, %t, %d })"},
     {"nhwc 7x7 on 14x14 in row and column tiles, 200 channels",
      R"(graph @g(%x: T[3, 14, 14, 200], %w: T[200, 7, 7, 1], %b: T[200]) -> (T[3, 14, 14, 200]) {
   %c = conv(%x, %w, %b) {groups = 200, pads = [3, 3, 3, 3], layout = "nhwc"} : T[3, 14, 14, 200]

@@ -152,7 +152,9 @@ TEST_CASE(
       const LoweredGraph l = lower_text(test::replace_all(c[1], "T[", std::string(t) + "["));
       CHECK(plan_lines(l.plan, "step conv").empty());
       CHECK_FALSE(l.kernels.empty());
-      for (const std::string& k : l.kernels) CHECK(has(k, "_conv_depthwise_nhwc"));
+      // Besides the conv kernels: a pool's sum of the tiles and the excite of a squeeze-excite block.
+      for (const std::string& k : l.kernels)
+        CHECK((has(k, "_conv_depthwise_nhwc") || has(k, "_tiles") || has(k, "_sigmoid") || has(k, "_mul")));
       compiles_everywhere(l);
     }
   // With depthwise = cudnn they are cuDNN conv steps (channels last).
@@ -208,6 +210,32 @@ TEST_CASE("constant channels-last filters are read as stored: a block's filters 
   CHECK(has(l.source,
             "tail0[(long long)n * 1176LL + (long long)p * 168LL + (long long)q * 24LL + (long "
             "long)c * 1LL]"));
+}
+
+TEST_CASE("a global pool of a channels-last depthwise conv's output is summed by the conv kernel") {
+  const char* const* se = nullptr;
+  for (const auto& c : test::kDepthwiseNhwcCases)
+    if (std::string(c[0]).rfind("nhwc squeeze-excite", 0) == 0) se = c;
+  REQUIRE(se != nullptr);
+  const LoweredGraph l = lower_text(test::replace_all(se[1], "T[", "f32["));
+  // Each conv writes its output and per-tile channel sums; a small kernel adds the tiles' sums.
+  // No reduction reads the conv outputs again.
+  CHECK(l.kernels == std::vector<std::string>{"k0_conv_depthwise_nhwc", "k1_reduce_mean_tiles", "k2_sigmoid", "k3_mul",
+                                              "k4_conv_depthwise_nhwc", "k5_reduce_sum_tiles"});
+  CHECK(has(l.source, "POOL = true;"));
+  CHECK(has(l.source, "float* __restrict__ y, float* __restrict__ partial)"));
+  // The mean divides by the 28 * 28 outputs of a plane.
+  CHECK(has(l.source, "sum / (784.0f)"));
+  compiles_everywhere(l);
+  // Not over the spatial dims (here the channels too): a reduction kernel of its own.
+  const LoweredGraph other = lower_text(R"(
+graph @g(%x: f32[2, 8, 8, 16], %w: f32[16, 3, 3, 1]) -> (f32[2, 1, 1, 1], f32[2, 8, 8, 16]) {
+  %c = conv(%x, %w) {groups = 16, pads = [1, 1, 1, 1], layout = "nhwc"} : f32[2, 8, 8, 16]
+  %m = reduce_mean(%c) {axes = [1, 2, 3], keepdims = 1} : f32[2, 1, 1, 1]
+  return %m, %c
+})");
+  CHECK(other.kernels == std::vector<std::string>{"k0_conv_depthwise_nhwc", "k1_reduce_mean"});
+  CHECK(has(other.source, "POOL = false;"));
 }
 
 /// The value of `constexpr int ... NAME = value` in a kernel's source (the first kernel that has

@@ -24,6 +24,7 @@ constexpr const char* kDepthwiseBody = R"(
   constexpr bool CACHE_W = R * S <= 64;
   __shared__ float xs[CB * IH * IWP];
   __shared__ float ws[CB * WSP];
+  __shared__ float pooled[POOL ? NTHR : 1];
   int blk = blockIdx.x;
   const int qt = blk % QT;
   blk /= QT;
@@ -53,6 +54,7 @@ constexpr const char* kDepthwiseBody = R"(
 #pragma unroll
     for (int t = 0; t < R * S; ++t) wk[t] = ws[threadIdx.x % CB * WSP + t];
   }
+  float pool_sum = 0.f;  // POOL: the sum of the thread's stored outputs (all of one channel)
   for (int it = threadIdx.x; it < ITEMS; it += NTHR) {
     const int cb = NHWC ? it % CB : it / (GQ * RG);
     const int g = NHWC ? (it / CB) % GQ : it % GQ;
@@ -104,7 +106,18 @@ constexpr const char* kDepthwiseBody = R"(
         float v = ROUND(acc[o][u] + bias);
 TAIL
         y[NHWC ? (((long long)n * P + p) * Q + q) * C + c : ((long long)n * C + c) * (P * Q) + p * Q + q] = STORE(v);
+        if constexpr (POOL) pool_sum += v;
       }
+    }
+  }
+  // The block's sum of each channel over its tile, in a fixed order: partial[tile][n][c].
+  if constexpr (POOL) {
+    pooled[threadIdx.x] = pool_sum;
+    __syncthreads();
+    if (threadIdx.x < CB && c0 + (int)threadIdx.x < C) {
+      float sum = 0.f;
+      for (int k = threadIdx.x; k < NTHR; k += CB) sum += pooled[k];
+      partial[((long long)(pt * QT + qt) * BATCH + n) * C + c0 + threadIdx.x] = sum;
     }
   }
 )";
@@ -194,13 +207,15 @@ Status Lowerer::emit_depthwise(const Node& n, const DepthwiseGeometry& g, const 
              : (g.two_d ? std::vector<std::string>{"n", "c", "p", "q"}
                         : std::vector<std::string>{"n", "c", "q"});
   KILN_ASSIGN_OR_RETURN(const ConvTail tail, conv_tail(n, out, coords));
+  const Node* pool = g.nhwc ? spatial_pool_of(tail.value) : nullptr;
   const bool bias = n.num_operands() == 3;
   const int64_t ct = (g.c + tl.cb - 1) / tl.cb, blocks = g.batch * ct * tl.ptiles * tl.qt;
   auto I = [](int64_t v) { return std::to_string(v); };
   const std::string name = kernel_name(g.nhwc ? "conv_depthwise_nhwc" : "conv_depthwise");
   std::string text = "extern \"C\" __global__ void __launch_bounds__(" + I(kBlock) + ") " + name +
                      "(const " + st + "* __restrict__ x, const " + st + "* __restrict__ w, const " +
-                     st + "* __restrict__ b" + tail.params + ", " + st + "* __restrict__ y) {\n";
+                     st + "* __restrict__ b" + tail.params + ", " + st + "* __restrict__ y" +
+                     (pool ? ", float* __restrict__ partial" : "") + ") {\n";
   text += "  constexpr int C = " + I(g.c) + ", CIN = " + I(g.cin) + ", MULT = " + I(g.c / g.cin) +
           ", H = " + I(g.h) + ", W = " + I(g.w) + ", P = " + I(g.p) + ", Q = " + I(g.q) +
           ", R = " + I(g.r) + ", S = " + I(g.s) + ";\n";
@@ -211,9 +226,10 @@ Status Lowerer::emit_depthwise(const Node& n, const DepthwiseGeometry& g, const 
           ", QT = " + I(tl.qt) + ", TP = " + I(tl.tp) + ", PTILES = " + I(tl.ptiles) +
           ", CB = " + I(tl.cb) + ", CT = " + I(ct) + ", IH = " + I(tl.ih) + ", IW = " + I(tl.iw) +
           ", IWP = " + I(tl.iwp) + ";\n";
-  text += "  constexpr int U = " + I(tl.u) + ";\n";
-  text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") +
-          ", NHWC = " + (g.nhwc ? "true" : "false") + ";\n";
+  text += "  constexpr int U = " + I(tl.u) + ", BATCH = " + I(g.batch) + ";\n";
+  text += std::string("  constexpr bool HAS_BIAS = ") + (bias ? "true" : "false") + ", NHWC = " +
+          (g.nhwc ? "true" : "false") + ", POOL = " + (pool ? "true" : "false") + ";\n";
+  if (pool == nullptr) text += "  float* const partial = nullptr;  // read only by the pool's code, which is off\n";
   if (prologue != nullptr) {
     text += prologue->code + "#undef PRO\n#define PRO(e) pro(e)\n";
     absorbed_.insert(prologue->node);
@@ -233,8 +249,40 @@ Status Lowerer::emit_depthwise(const Node& n, const DepthwiseGeometry& g, const 
   std::vector<int> args = {buf(x), w_buf, bias ? buf(n.operand(2)) : w_buf};
   args.insert(args.end(), tail.args.begin(), tail.args.end());
   args.push_back(out);
+  if (pool == nullptr) {
+    launch_grid(name, {blocks}, kBlock, 0, args);
+    return ok_status();
+  }
+  // The pool: each block's per-channel sums, then one thread per (image, channel) adds its tiles'.
+  const int64_t tiles = tl.ptiles * tl.qt, rows = g.batch * g.c;
+  const int partial = add_buffer("activation", DType::kF32, {tiles, rows});
+  args.push_back(partial);
   launch_grid(name, {blocks}, kBlock, 0, args);
+  absorbed_.insert(pool);
+  const int pooled = activation_for(pool->result());
+  const std::string scale =
+      pool->op_name() == "reduce_mean" ? " / " + literal(DType::kF32, static_cast<double>(g.p * g.q)) : "";
+  launch_elementwise(kernel_name(pool->op_name() + "_tiles"),
+                     "const float* __restrict__ partial, " + st + "* __restrict__ y", rows,
+                     "    float sum = 0.f;\n    for (int t = 0; t < " + I(tiles) + "; ++t) sum += partial[t * " +
+                         int_literal(rows) + " + i];\n    y[i] = " + store_expr(t, "sum" + scale) + ";\n",
+                     {partial, pooled});
   return ok_status();
+}
+
+const Node* Lowerer::spatial_pool_of(const Value* v) const {
+  const Sizes vs = sizes_of(v);
+  std::set<int64_t> spatial;
+  for (size_t d = 1; d + 1 < vs.size(); ++d) spatial.insert(static_cast<int64_t>(d));
+  for (const Use& u : v->uses()) {
+    const Node* r = u.user;
+    if (r == nullptr || absorbed_.count(r) || (r->op_name() != "reduce_mean" && r->op_name() != "reduce_sum")) continue;
+    if (r->num_operands() != 1 || r->num_results() != 1 || r->result()->dtype() != v->dtype()) continue;
+    std::set<int64_t> axes;
+    for (int64_t a : r->get_ints("axes")) axes.insert(norm_axis(a, static_cast<int64_t>(vs.size())));
+    if (axes == spatial) return r;
+  }
+  return nullptr;
 }
 
 }  // namespace kiln::cuda::detail

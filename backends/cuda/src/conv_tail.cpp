@@ -22,6 +22,7 @@ const Node* only_user(const Value* v) {
 StatusOr<Lowerer::ConvTail> Lowerer::conv_tail(const Node& conv, int out, const std::vector<std::string>& coords) {
   ConvTail tail;
   const Value* v = conv.result();
+  tail.value = v;
   const DType t = v->dtype();
   const Sizes ys = sizes_of(v);
   int next = 0;
@@ -105,7 +106,7 @@ StatusOr<Lowerer::ConvTail> Lowerer::conv_tail(const Node& conv, int out, const 
     val_[u->result()] = out;
     if (!u->result()->name().empty()) bufs_[out].name = u->result()->name();
     tail.ops.push_back(u->op_name());
-    v = u->result();
+    v = tail.value = u->result();
   }
   return tail;
 }

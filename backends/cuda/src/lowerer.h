@@ -376,6 +376,7 @@ class Lowerer {
     std::string code, params;
     std::vector<int> args;
     std::vector<std::string> ops;
+    const Value* value = nullptr;  // what the kernel stores: the last absorbed op's result
   };
   /// Absorbs, one after another, each sole user of the conv's result that a kernel can apply per
   /// element: an inference batch_norm, an elementwise op, or a fuse-pointwise group, whose other
@@ -397,6 +398,10 @@ class Lowerer {
   /// input when given), w, the bias (or w again), the tail's operands and writing the result.
   Status emit_depthwise(const Node& n, const DepthwiseGeometry& g, const DepthwiseTiles& tl,
                         const ConvPrologue* prologue);
+  /// A reduce_mean or reduce_sum over exactly the spatial dims of channels-last `v` (a
+  /// squeeze-excite block's global pool) that the depthwise kernel storing `v` can compute from
+  /// its registers; nullptr when none.
+  const Node* spatial_pool_of(const Value* v) const;
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
   Status dequantize(const Node& n);
