@@ -19,6 +19,9 @@ least 1.3x faster, its curve within 2% of bf16's over 200 steps.
   python3 bench/training/fp8_llama.py --kiln KILN --backend cuda-sm90 --steps 200
   # anywhere, a tiny configuration on the reference backend (checks the script and the passes)
   python3 bench/training/fp8_llama.py --kiln build/bin/kiln --backend reference --size tiny --steps 30
+  # on a CPU, the full size's first steps (~10 min on 2 cores); --initial-scale one shows the
+  # FP8 curve falling behind when the first step quantizes with scale 1 (its gradients flush)
+  python3 bench/training/fp8_llama.py --kiln build/bin/kiln --backend cpu --size mid --steps 8 --warmup 2
 
 Exit status 1 when a run fails, or (with --check) when a goal is missed.
 """
@@ -36,9 +39,13 @@ SIZES = {
     # B, T, D, heads, kv heads, FFN, vocabulary (small: the block's GEMMs dominate, not the head)
     "full": dict(B=8, T=512, D=4096, H=32, KVH=8, FFN=14336, V=2048),
     "small": dict(B=4, T=256, D=1024, H=8, KVH=4, FFN=2816, V=1024),
+    # The full size's first steps on a CPU: 2048 tokens a step keep the first gradients as small
+    # (1e-5 .. 1e-7, below E5M2's subnormals) and lr 4e-3 (lr * sqrt(D) as at full size) makes
+    # Adam's first, sign-like step move the pre-activations as far relative to their spread.
+    "mid": dict(B=16, T=128, D=256, H=4, KVH=2, FFN=704, V=512, lr=4e-3),
     "tiny": dict(B=2, T=16, D=64, H=4, KVH=2, FFN=128, V=64),
 }
-LR, WD, CLIP = 1e-3, 0.1, 1.0
+LR, WD, CLIP = 1e-3, 0.1, 1.0  # the learning rate unless a size names its own
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "training"))
 from train_curve import training_pipeline  # noqa: E402
@@ -158,9 +165,9 @@ def write_data(workdir, s, steps, seed=1):
     return data
 
 
-def write_pipeline(workdir, name, backend, fp8_options):
+def write_pipeline(workdir, name, backend, fp8_options, lr=LR):
     path = os.path.join(workdir, f"{name}.toml")
-    optimizer = f'{{ algorithm = "adamw", lr = {LR}, weight-decay = {WD}, max-grad-norm = {CLIP} }}'
+    optimizer = f'{{ algorithm = "adamw", lr = {lr}, weight-decay = {WD}, max-grad-norm = {CLIP} }}'
     with open(path, "w") as f:
         f.write(training_pipeline(optimizer, fp8=fp8_options, autocast="bf16", decompose_losses=backend.startswith("cuda"),
                                   backend=backend))
@@ -194,6 +201,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of the median step time")
     ap.add_argument("--history", type=int, default=16)
     ap.add_argument("--algorithm", default="max")
+    ap.add_argument("--initial-scale", default="current", choices=["current", "one"],
+                    help="fp8-training's scale for a tensor without amax history yet (the first step)")
     ap.add_argument("--workdir")
     ap.add_argument("--json", help="write the numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
@@ -205,10 +214,11 @@ def main():
     os.makedirs(workdir, exist_ok=True)
     model = write_model(workdir, s)
     data = write_data(workdir, s, args.steps)
-    fp8_opts = f'{{ history = {args.history}, algorithm = "{args.algorithm}", exclude = ["logits"] }}'
+    fp8_opts = (f'{{ history = {args.history}, algorithm = "{args.algorithm}", initial-scale = "{args.initial_scale}", '
+                f'exclude = ["logits"] }}')
     if args.compile_only:
         for name, opts in (("bf16", None), ("fp8", fp8_opts)):
-            pipeline = write_pipeline(workdir, name, args.backend, opts)
+            pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR))
             out = os.path.join(workdir, f"{name}.kiln")
             cmd = [args.kiln, "compile", model, "--pipeline", pipeline, "--backend", args.backend, "--target",
                    args.compile_only, "-o", out]
@@ -223,7 +233,7 @@ def main():
         return
     runs = {}
     for name, opts in (("bf16", None), ("fp8", fp8_opts)):
-        pipeline = write_pipeline(workdir, name, args.backend, opts)
+        pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR))
         runs[name] = train(args.kiln, model, pipeline, data, args.backend, args.steps, workdir, name)
     (lb, tb), (lf, tf) = runs["bf16"], runs["fp8"]
     w = min(args.warmup, max(0, args.steps - 1))

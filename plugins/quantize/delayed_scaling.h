@@ -6,6 +6,10 @@
 //   amax    = max(history) (algorithm max) or amax(x) (most_recent)
 //   scale   = amax * 2^margin / max_finite(format) for the next run, when amax is finite and
 //             positive (and `due` holds, if given); otherwise the scale stays.
+// With `current_until_history`, a run whose history holds no positive amax yet (the first) quantizes
+// with the scale its own amax gives (just in time) instead of the initial scale 1: torchao's
+// initialization of delayed scaling. Without it an E5M2 gradient of 1e-6 (below its smallest
+// subnormal, 2^-16) flushes to zero on the first step.
 // Only core ops (amax, reshape, slice, concat, reduce_max, mul, compare, and, where), so every
 // backend that runs those and variable/assign runs delayed scaling.
 #pragma once
@@ -27,6 +31,8 @@ struct DelayedScaling {
   int64_t history = 16;
   std::string algorithm = "max";  ///< max or most_recent
   int64_t margin = 0;
+  /// Until the history holds a positive amax, quantize with the current amax's scale (see above).
+  bool current_until_history = false;
 };
 
 /// The largest finite value of an f8 format: 448 (e4m3fn), 57344 (e5m2).
@@ -39,7 +45,9 @@ using MakeNode = std::function<StatusOr<Value*>(const std::string& op, std::vect
 
 /// Adds the update of x's delayed scale: creates variable `history_name`, rolls amax(x) into it
 /// and assigns the next scale to the variable `scale` reads (`scale_name`). `due` (a bool
-/// scalar, may be null) limits the scale's update to some runs. Returns the next scale.
+/// scalar, may be null) limits the scale's update to some runs. Returns the scale this run
+/// quantizes with: `scale`, or with recipe.current_until_history the current amax's scale while
+/// the history is empty.
 inline StatusOr<Value*> build_delayed_scaling(const MakeNode& make, Value* x, Value* scale,
                                               const std::string& history_name, const std::string& scale_name,
                                               const DelayedScaling& recipe, DType format, Value* due = nullptr) {
@@ -75,9 +83,22 @@ inline StatusOr<Value*> build_delayed_scaling(const MakeNode& make, Value* x, Va
     KILN_ASSIGN_OR_RETURN(update, make("and", {update, due}, {}, ""));
   }
   KILN_ASSIGN_OR_RETURN(Value * next, make("where", {update, candidate, scale}, {}, ""));
+  Value* now = scale;
+  if (recipe.current_until_history) {
+    // Built from amax(x) alone, not from `next`: a scale that read the history variable through
+    // float ops would make autodiff take the history for a trainable weight.
+    KILN_ASSIGN_OR_RETURN(Value * seen, make("reduce_max", {hist}, {{"keepdims", Attribute(int64_t{0})}}, ""));
+    KILN_ASSIGN_OR_RETURN(Value * warm, make("greater", {seen, zero}, {}, ""));
+    KILN_ASSIGN_OR_RETURN(Value * own, make("mul", {amax, factor}, {}, ""));
+    KILN_ASSIGN_OR_RETURN(Value * own_positive, make("greater", {amax, zero}, {}, ""));
+    KILN_ASSIGN_OR_RETURN(Value * own_finite, make("less_equal", {amax, big}, {}, ""));
+    KILN_ASSIGN_OR_RETURN(Value * own_ok, make("and", {own_positive, own_finite}, {}, ""));
+    KILN_ASSIGN_OR_RETURN(Value * first, make("where", {own_ok, own, scale}, {}, ""));
+    KILN_ASSIGN_OR_RETURN(now, make("where", {warm, scale, first}, {}, ""));
+  }
   KILN_RETURN_IF_ERROR(make("assign", {rolled}, {{"name", Attribute(history_name)}}, "").status());
   KILN_RETURN_IF_ERROR(make("assign", {next}, {{"name", Attribute(scale_name)}}, "").status());
-  return next;
+  return now;
 }
 
 }  // namespace kiln

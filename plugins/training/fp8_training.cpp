@@ -14,7 +14,10 @@
 // Every quantized tensor t has two variables: t.fp8_scale (the scale this step divides by) and
 // t.amax_history (newest first), updated every step by quantize-fp8's delayed scaling
 // (../quantize/delayed_scaling.h). Kiln's scale divides (q = x / scale), the reciprocal of
-// Transformer Engine's scale.
+// Transformer Engine's scale. While a tensor's history is still empty (the first step) it is
+// quantized with its own amax's scale (initial-scale=current), not with 1: at a realistic size
+// the first step's gradients (1e-5 .. 1e-8) lie below E5M2's smallest subnormal (2^-16), and a
+// flushed first gradient leaves Adam's first update of those weights at zero, a step behind.
 //
 // An f8 value's gradient is the gradient of the real number it stands for (q * its scale),
 // carried in f32: quantize and dequantize pass gradients straight through.
@@ -75,7 +78,9 @@ Status register_fp8_training_ops() {
                          "the gradient's state name: variables <state>.amax_history (and the scale operand)"},
                 AttrSpec{"history", AttrKind::kInt, false, Attribute(int64_t{16}), "amax history length"},
                 AttrSpec{"algorithm", AttrKind::kString, false, Attribute("max"), "max or most_recent"},
-                AttrSpec{"margin", AttrKind::kInt, false, Attribute(int64_t{0}), "scales leave 2^margin headroom"}},
+                AttrSpec{"margin", AttrKind::kInt, false, Attribute(int64_t{0}), "scales leave 2^margin headroom"},
+                AttrSpec{"current_until_history", AttrKind::kInt, false, Attribute(int64_t{0}),
+                         "1: while the history is empty, quantize with the current amax's scale"}},
       .num_regions = 0,
       .infer = [](InferContext& c) -> Status {
         const TensorType& s = c.operand(1);
@@ -106,11 +111,11 @@ std::vector<Value*> quantize_grad_rule(GradContext& c) {
   recipe.margin = n.get_int("margin", 0);
   const DType fmt = format_of(n);
   Value* g = c.g();
-  Value* scale = c.x(1);
+  recipe.current_until_history = n.get_int("current_until_history", 0) != 0;
   // This step's gradient is quantized with the scale from earlier steps' amaxes (delayed).
+  Value* scale = delayed_scale_update(b, g, c.x(1), n.get_string("state") + ".amax_history", recipe, fmt);
   Value* q = b.op("quantize", {g, scale}, {{"dtype", Attribute(fmt)}}, n.get_string("state") + ".fp8");
   Value* dq = b.op("dequantize", {q, scale}, {{"dtype", Attribute(g->dtype())}});
-  delayed_scale_update(b, g, scale, n.get_string("state") + ".amax_history", recipe, fmt);
   return {dq, nullptr};
 }
 
@@ -223,8 +228,7 @@ class Fp8Training final : public Pass {
     auto it = quantized_.find(key);
     if (it != quantized_.end()) return it->second;
     const std::string state = fresh(x->name().empty() ? fallback_name : x->name());
-    Value* scale = scale_variable(b, state);
-    delayed_scale_update(b, x, scale, state + ".amax_history", c_.recipe, c_.forward);
+    Value* scale = delayed_scale_update(b, x, scale_variable(b, state), state + ".amax_history", c_.recipe, c_.forward);
     Value* src = transposed ? b.transpose(x, {1, 0}) : x;
     Value* q = b.op("quantize", {src, scale}, {{"dtype", Attribute(c_.forward)}}, state + ".fp8");
     return quantized_[key] = {q, scale};
@@ -254,7 +258,8 @@ class Fp8Training final : public Pass {
                           {"state", Attribute(gstate)},
                           {"history", Attribute(c_.recipe.history)},
                           {"algorithm", Attribute(c_.recipe.algorithm)},
-                          {"margin", Attribute(c_.recipe.margin)}});
+                          {"margin", Attribute(c_.recipe.margin)},
+                          {"current_until_history", Attribute(static_cast<int64_t>(c_.recipe.current_until_history))}});
     y->replace_all_uses_with(marked);
     marked->set_name(y->name());
     y->set_name("");
@@ -285,6 +290,9 @@ PassInfo fp8_training_pass_info() {
       {"algorithm", OptionType::kString, std::string("max"),
        "max: the scale follows the largest amax in the history; most_recent: the last step's amax"},
       {"margin", OptionType::kInt, int64_t{0}, "scales leave 2^margin headroom: scale = amax * 2^margin / max_finite"},
+      {"initial-scale", OptionType::kString, std::string("current"),
+       "the scale of a tensor whose amax history is still empty (the first step): current: its own amax's (just in "
+       "time, as torchao initializes); one: 1 (Transformer Engine's), which flushes gradients below 2^-16 to zero"},
       {"exclude", OptionType::kStringList, std::vector<std::string>{},
        "skip contractions whose weight or result name contains one of these (e.g. an lm_head)"},
   };
@@ -306,6 +314,10 @@ PassInfo fp8_training_pass_info() {
     if (c.recipe.margin < -64 || c.recipe.margin > 64)
       return invalid_argument("fp8-training: option 'margin' must be within [-64, 64], got " +
                               std::to_string(c.recipe.margin));
+    const std::string initial = o.get_string("initial-scale");
+    if (initial != "current" && initial != "one")
+      return invalid_argument("fp8-training: option 'initial-scale' must be current or one, got '" + initial + "'");
+    c.recipe.current_until_history = initial == "current";
     c.exclude = o.get_strings("exclude");
     KILN_RETURN_IF_ERROR(register_fp8_training_ops());
     return std::unique_ptr<Pass>(std::make_unique<Fp8Training>(std::move(c)));

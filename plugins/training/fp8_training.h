@@ -20,7 +20,7 @@ Status register_fp8_training_ops();
 
 /// Adds the delayed-scaling update of `x`'s state (build_delayed_scaling with a Builder): rolls
 /// amax(x) into variable `history_name` (made here) and assigns the next scale to the variable
-/// `scale` reads. Returns the next scale; throws BuildError.
+/// `scale` reads. Returns the scale x is quantized with this step; throws BuildError.
 Value* delayed_scale_update(Builder& b, Value* x, Value* scale, const std::string& history_name,
                             const DelayedScaling& recipe, DType format);
 

@@ -7,8 +7,9 @@ rounding of x, y1, w1 and w2 with the scales of earlier steps, the E5M2 rounding
 dy1 (itself an FP8 GEMM of the rounded dy and w2), the SGD updates, the amax histories and the
 next scales. The test compares every step's loss and, from a checkpoint, each history, scale
 and weight. Several recipes: algorithm max and most_recent, history lengths, a margin, the
-e4m3-only format, a step whose input is all zero (the scales must stay) and tiny gradients that
-only a scale keeps from flushing to zero.
+e4m3-only format, a step whose input is all zero (the scales must stay), tiny gradients that
+only a scale keeps from flushing to zero, and both initial scales: the first step's own amaxes
+(initial-scale=current, the default) or 1 (initial-scale=one).
 
   fp8_state.py KILN WORKDIR
 """
@@ -44,8 +45,8 @@ def quantize(x, scale, fmt):
 
 
 class Recipe:
-    def __init__(self, history, algorithm, margin, fmt):
-        self.history, self.algorithm, self.margin, self.fmt = history, algorithm, margin, fmt
+    def __init__(self, history, algorithm, margin, fmt, initial="current"):
+        self.history, self.algorithm, self.margin, self.fmt, self.initial = history, algorithm, margin, fmt, initial
 
     def update(self, state, amax):
         hist, scale = state
@@ -54,6 +55,13 @@ class Recipe:
         if 0 < m <= np.finfo(np.float32).max:
             scale = np.float32(np.float32(m) * np.float32(2.0 ** self.margin / FORMATS[self.fmt][2]))
         return hist, scale
+
+    def scale_now(self, state, amax):
+        """The scale this step quantizes with: the delayed one, or while the history holds no positive
+        amax (initial-scale=current) the one this step's amax gives."""
+        if self.initial == "current" and not state[0].max() > 0:
+            return self.update(state, amax)[1]
+        return state[1]
 
 
 def data(seed):
@@ -69,20 +77,24 @@ def data(seed):
 
 def numpy_run(recipe, x, r, w1, w2):
     grad_fmt = "e4m3" if recipe.fmt == "e4m3" else "e5m2"
-    fwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, "e4m3")
-    bwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, grad_fmt)
+    fwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, "e4m3", recipe.initial)
+    bwd = Recipe(recipe.history, recipe.algorithm, recipe.margin, grad_fmt, recipe.initial)
     st = {k: (np.zeros(recipe.history, np.float32), np.float32(1)) for k in ("x", "w1", "y1", "w2", "y1.grad", "y.grad")}
     losses = []
+
+    def q(v, k, rec, fmt):
+        return quantize(v, rec.scale_now(st[k], np.abs(v).max()), fmt)
+
     for t in range(STEPS):
-        xd, w1d, w2d = (quantize(v, st[k][1], "e4m3") for v, k in ((x[t], "x"), (w1, "w1"), (w2, "w2")))
+        xd, w1d, w2d = (q(v, k, fwd, "e4m3") for v, k in ((x[t], "x"), (w1, "w1"), (w2, "w2")))
         y1 = (xd @ w1d.T).astype(np.float32)
-        y1d = quantize(y1, st["y1"][1], "e4m3")
+        y1d = q(y1, "y1", fwd, "e4m3")
         y = (y1d @ w2d.T).astype(np.float32)
         losses.append(float(np.sum(y.astype(np.float64) * r[t])))
-        gd = quantize(r[t], st["y.grad"][1], grad_fmt)
+        gd = q(r[t], "y.grad", bwd, grad_fmt)
         dw2 = (gd.T @ y1d).astype(np.float32)
         dy1 = (gd @ w2d).astype(np.float32)  # an FP8 GEMM too: the rounded dy and w2
-        g1d = quantize(dy1, st["y1.grad"][1], grad_fmt)
+        g1d = q(dy1, "y1.grad", bwd, grad_fmt)
         dw1 = (g1d.T @ xd).astype(np.float32)
         for k, v, rec in (("x", x[t], fwd), ("w1", w1, fwd), ("y1", y1, fwd), ("w2", w2, fwd),
                           ("y.grad", r[t], bwd), ("y1.grad", dy1, bwd)):
@@ -118,7 +130,7 @@ def check(kiln, workdir, recipe):
 
 [[passes]]
 name = "fp8-training"
-options = {{ history = {recipe.history}, algorithm = "{recipe.algorithm}", margin = {recipe.margin}, format = "{"e4m3" if recipe.fmt == "e4m3" else "hybrid"}" }}
+options = {{ history = {recipe.history}, algorithm = "{recipe.algorithm}", margin = {recipe.margin}, format = "{"e4m3" if recipe.fmt == "e4m3" else "hybrid"}", initial-scale = "{recipe.initial}" }}
 
 [[passes]]
 name = "autodiff"
@@ -138,7 +150,8 @@ name = "reference"
         sys.exit(f"FAIL: {' '.join(cmd)}\n{p.stdout}\n{p.stderr}")
     want_losses, want, want_w = numpy_run(recipe, x, r, w1, w2)
     got = read_checkpoint(ckpt)
-    label = f"history={recipe.history} algorithm={recipe.algorithm} margin={recipe.margin} format={recipe.fmt}"
+    label = (f"history={recipe.history} algorithm={recipe.algorithm} margin={recipe.margin} format={recipe.fmt} "
+             f"initial-scale={recipe.initial}")
     np.testing.assert_allclose(np.load(losses), want_losses, rtol=1e-5, atol=1e-12, err_msg=label + ": losses")
     for name, (hist, scale) in want.items():
         np.testing.assert_allclose(got[name + ".amax_history"], hist, rtol=1e-6, err_msg=f"{label}: {name}.amax_history")
@@ -154,7 +167,7 @@ name = "reference"
 def main():
     kiln, workdir = sys.argv[1], sys.argv[2]
     recipes = [Recipe(4, "max", 0, "hybrid"), Recipe(3, "most_recent", 0, "hybrid"), Recipe(1, "max", 2, "hybrid"),
-               Recipe(16, "max", -1, "e4m3")]
+               Recipe(16, "max", -1, "e4m3"), Recipe(4, "max", 0, "hybrid", "one")]
     for i, recipe in enumerate(recipes):
         check(kiln, os.path.join(workdir, str(i)), recipe)
     print("PASS")

@@ -1,6 +1,6 @@
 // fp8-training: the joint graph it leads to (FP8 GEMMs forward and backward, no quantize_grad
-// left), the straight-through gradient rules of the FP8 ops, the quantization error of a warm
-// step against f64 (SQNR floors), and the pass's errors.
+// left), the straight-through gradient rules of the FP8 ops, the quantization error of the first
+// and a warm step against f64 (SQNR floors), and the pass's errors.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -120,7 +120,7 @@ TEST_CASE("fp8-training: forward and both backward GEMMs are FP8 GEMMs, gradient
   }
 }
 
-TEST_CASE("fp8-training: a warm step's output and gradients against f64 (SQNR floors)") {
+TEST_CASE("fp8-training: the first and a warm step's output and gradients against f64 (SQNR floors)") {
   std::mt19937 rng(2);
   const Tensor w = random({kN, kK}, 0.05, rng), b = random({kN}, 0.1, rng);
   // dy ~ 1e-6 lies below e5m2's smallest subnormal (2^-16): only a scale makes it representable.
@@ -128,28 +128,33 @@ TEST_CASE("fp8-training: a warm step's output and gradients against f64 (SQNR fl
   std::vector<Tensor> in = {x, r};
   auto exact = joint(w, b, false);
   auto got = joint(w, b, true);
-  Interpreter ref, fp8;
+  auto unit = joint(w, b, true, {{"initial-scale", std::string("one")}});
+  Interpreter ref, fp8, fp8_unit;
   auto want = ref.run(*exact, in);
   REQUIRE(want.ok());
-  // The first step quantizes with scale 1 (no history yet); the second with the delayed scales.
+  // The first step has no amax history: it quantizes with its own amaxes' scales (just in time);
+  // the second with the delayed scales; with initial-scale=one the first uses 1.
   auto cold = fp8.run(*got, in);
   REQUIRE_MESSAGE(cold.ok(), cold.status().message());
   auto warm = fp8.run(*got, in);
   REQUIRE(warm.ok());
+  auto cold_unit = fp8_unit.run(*unit, in);
+  REQUIRE(cold_unit.ok());
   const std::string names[] = {"loss", "x.grad", "w.grad"};
   // e4m3 keeps 3 mantissa bits (~31 dB for one operand), e5m2 2 bits (~25 dB).
   const double floors[] = {30, 20, 20};
   for (size_t i = 0; i < 3; ++i) {
     CAPTURE(names[i]);
-    const double s = sqnr((*want)[i], (*warm)[i]), s1 = sqnr((*want)[i], (*cold)[i]);
-    MESSAGE(names[i] << " SQNR " << s << " dB (first step, scales 1: " << s1 << " dB)");
+    const double s = sqnr((*want)[i], (*warm)[i]), s1 = sqnr((*want)[i], (*cold)[i]),
+                 s1_unit = sqnr((*want)[i], (*cold_unit)[i]);
+    MESSAGE(names[i] << " SQNR " << s << " dB (first step " << s1 << " dB, with scales 1: " << s1_unit << " dB)");
     CHECK(s >= floors[i]);
+    CHECK(s1 >= floors[i]);
     CHECK(s < 100);  // quantized: not the f32 computation
-    if (i > 0) CHECK(s1 < 3);  // the unscaled gradient flushed to zero
+    if (i > 0) CHECK(s1_unit < 3);  // the unscaled gradient flushed to zero
   }
   // The bias gradient comes from dy before quantization (as Transformer Engine's): f32's own.
   CHECK((*warm)[3].to_f64() == (*want)[3].to_f64());
-  // The bias gradient comes from dy before quantization: equal to f32's up to rounding.
   // Scales after two steps: amax / max_finite.
   CHECK(fp8.variable_value("w.fp8_scale")->get_f64(0) ==
         doctest::Approx(fp8.variable_value("w.amax_history")->get_f64(0) / 448).epsilon(1e-6));
@@ -227,6 +232,8 @@ TEST_CASE("fp8-training errors name what is wrong") {
         "fp8-training: option 'history' must be within [1, 65536], got 0");
   CHECK(make_fp8({{"margin", int64_t{99}}}).status().message() ==
         "fp8-training: option 'margin' must be within [-64, 64], got 99");
+  CHECK(make_fp8({{"initial-scale", std::string("zero")}}).status().message() ==
+        "fp8-training: option 'initial-scale' must be current or one, got 'zero'");
   CHECK(make_fp8({{"histroy", int64_t{4}}}).status().message().find("unknown option 'histroy'") != std::string::npos);
   // After autodiff the backward GEMMs would stay high precision: refused.
   auto g = parse(kLinear);
