@@ -197,7 +197,8 @@ class Model(_Runnable):
 
     def _cuda_interface(self) -> tuple:
         """(inputs as (dtype, shape), outputs as (dtype, shape), a device's current raw stream,
-        torch.empty) in torch's terms, made once: the CUDA path below runs per call."""
+        torch.empty, the runtime's torch.device) in torch's terms, made once: the CUDA path
+        below runs per call."""
         import torch
 
         def spec(info):
@@ -209,13 +210,13 @@ class Model(_Runnable):
             def raw_stream(index):
                 return torch.cuda.current_stream(index).cuda_stream
         self._cuda = ([spec(i) for i in self._impl.inputs], [spec(o) for o in self._impl.outputs], raw_stream,
-                      torch.empty)
+                      torch.empty, torch.device("cuda", self._runtime.device))
         return self._cuda
 
     def _run_cuda(self, xs: list) -> list:
         """Inputs: CUDA tensors of the model's dtypes and shapes. Their pointers and new outputs'
         go to kiln_model_run_device on PyTorch's current stream of the runtime's device."""
-        in_specs, out_specs, raw_stream, empty = self._cuda or self._cuda_interface()
+        in_specs, out_specs, raw_stream, empty, device = self._cuda or self._cuda_interface()
         index = self._runtime.device
         if len(xs) != len(in_specs):
             raise KilnError(f"the model takes {len(in_specs)} inputs, got {len(xs)}")
@@ -229,7 +230,6 @@ class Model(_Runnable):
                 x = x.contiguous()
                 keep = (keep or []) + [x]  # alive until the run is queued (then the stream orders its reuse)
             pointers.append(x.data_ptr())
-        device = xs[0].device
         outs = [empty(shape, dtype=dtype, device=device) for dtype, shape in out_specs]
         self._impl._run_device_pointers(pointers, [o.data_ptr() for o in outs], raw_stream(index))
         del keep

@@ -837,13 +837,21 @@ class KilnGraphModule(torch.nn.Module):
                             passes=self.passes)
 
     def forward(self, *args: Any) -> Any:
-        tensors = [args[i] for i in self.tensor_inputs]
-        if not self.targets:  # the in-process model on host tensors, without the package's checks
-            outs = self._models[None]._impl._run([_host_array(t) for t in tensors], True)
-        else:
-            model = self._model(tensors)
-            outs = model._run_cuda(tensors) if all(t.is_cuda for t in tensors) else model.run(tensors)
+        outs = self.run_tensors([args[i] for i in self.tensor_inputs])
         return outs[0] if self.single else tuple(outs)
+
+    def run_tensors(self, tensors: list) -> list:
+        """The part's outputs, a list, for its tensor inputs in order (what forward takes less
+        the weights it ignores)."""
+        if not self.targets:  # the in-process model on host tensors, without the package's checks
+            return self._models[None]._impl._run([_host_array(t) for t in tensors], True)
+        model = self._models.get(()) if not self._symbolic else None
+        if model is None:
+            model = self._model(tensors)
+        for t in tensors:
+            if not t.is_cuda:
+                return model.run(tensors)
+        return model._run_cuda(tensors)
 
 
 # NumPy views of host tensors of these dtypes reach Kiln through the buffer protocol, which costs
@@ -1126,6 +1134,9 @@ class CompiledModule(torch.nn.Module):
         # The common case, tensors in and a tensor or a tuple of them out, skips pytree per call.
         self._positional = _positional_count(self._in_spec)
         self._out_kind = _output_kind(self._out_spec)
+        # Kiln took the whole graph: its part is called directly (Kiln's outputs never need
+        # gradients, so neither does switching them off).
+        self._direct = _direct_forward(gm)
 
     def kiln_parts(self) -> list:
         """The KilnGraphModule of each part Kiln runs."""
@@ -1137,9 +1148,14 @@ class CompiledModule(torch.nn.Module):
         return dict(self.graph_module.kiln_left_in_pytorch)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != self._positional or not all(isinstance(a, torch.Tensor) for a in args):
+        if kwargs or len(args) != self._positional:
             return self._forward_tree(args, kwargs)
-        if torch.is_grad_enabled():
+        for a in args:  # a loop: all() over a generator costs more per call
+            if not isinstance(a, torch.Tensor):
+                return self._forward_tree(args, kwargs)
+        if self._direct is not None:
+            outs = self._direct(*args)
+        elif torch.is_grad_enabled():
             with torch.no_grad():
                 outs = self.graph_module.forward(*args)
         else:
@@ -1162,6 +1178,43 @@ class CompiledModule(torch.nn.Module):
         import torch.utils._pytree as pytree
 
         return pytree.tree_unflatten(list(outs), self._out_spec) if self._out_spec is not None else outs
+
+
+def _direct_forward(fused: fx.GraphModule) -> "Callable | None":
+    """What fused.forward computes, without FX's generated code and the part's nn.Module call,
+    when the graph is its inputs into one Kiln part whose results are the outputs (Kiln took
+    the whole model; weights the part ignores may be passed to it). None otherwise."""
+    part_node, placeholders, output = None, [], None
+    for node in fused.graph.nodes:
+        if node.op == "placeholder":
+            placeholders.append(node)
+        elif node.op == "output":
+            output = node
+        elif node.op == "call_module" and part_node is None and \
+                isinstance(getattr(fused, node.target, None), KilnGraphModule):
+            part_node = node
+        elif node.op != "get_attr" and not (node.target is operator.getitem and node.args[0] is part_node):
+            return None
+    if part_node is None or output is None or not isinstance(output.args[0], (tuple, list)):
+        return None
+    part = getattr(fused, part_node.target)
+    if any(not isinstance(part_node.args[i], fx.Node) or part_node.args[i].op != "placeholder"
+           for i in part.tensor_inputs):
+        return None
+    inputs = [placeholders.index(part_node.args[i]) for i in part.tensor_inputs]
+    order = []
+    for out in output.args[0]:
+        if out is part_node and part.single:
+            order.append(0)
+        elif isinstance(out, fx.Node) and out.target is operator.getitem and out.args[0] is part_node:
+            order.append(out.args[1])
+        else:
+            return None
+    run = part.run_tensors
+    if order == [0] and len(inputs) == 1:  # one tensor in, one out: the common case
+        (first,) = inputs
+        return lambda *args: (run([args[first]])[0],)
+    return lambda *args: tuple(map(run([args[i] for i in inputs]).__getitem__, order))
 
 
 def _leaf_marks(spec: Any) -> tuple:
@@ -1264,8 +1317,10 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
         kiln_backend.last_left_in_pytorch = fused.kiln_left_in_pytorch
         keep = [i for i in range(len(fw_placeholders)) if i not in params]
 
+        forward = _direct_forward(fused) or fused.forward  # fx's __call__ wrapper costs ~4 us a call
+
         def run(args: list) -> Any:
-            outs = fused.forward(*[args[i] for i in keep])  # fx's __call__ wrapper costs ~4 us a call
+            outs = forward(*[args[i] for i in keep])
             args.clear()
             return outs
 

@@ -634,6 +634,25 @@ class CallPaths(unittest.TestCase):
         torch.testing.assert_close(single(x), Single()(x))
         self.assertIsInstance(single(x), torch.Tensor)
 
+    def test_a_whole_model_part_is_called_directly(self):
+        # Kiln took the whole graph: its part is called without FX's code (a faster call), with
+        # the graph's inputs and outputs in their order.
+        class Three(nn.Module):
+            def forward(self, x, y):
+                return y - x, torch.relu(y) * x, x + 1
+
+        x, y = torch.randn(3, 4), torch.randn(3, 4)
+        fast = kiln.torch.compile_module(Three(), (x, y), backend=BACKENDS[-1])
+        self.assertIsNotNone(fast._direct)
+        for got, want in zip(fast(x, y), Three()(x, y)):
+            torch.testing.assert_close(got, want)
+        self.assertIsNone(kiln.torch.compile_module(WithTopK(), (torch.randn(3, 16),), backend=BACKENDS[-1])._direct)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            for got, want in zip(torch.compile(Three(), backend="kiln", options={"backend": BACKENDS[-1]})(x, y),
+                                 Three()(x, y)):
+                torch.testing.assert_close(got, want)
+
     def test_host_tensors_of_every_dtype_and_layout(self):
         class Mix(nn.Module):
             def forward(self, a, b, i, m):
