@@ -761,6 +761,19 @@ class Gpu(unittest.TestCase):
         with self.assertRaisesRegex(kiln.KilnError, "input 'x'"):
             model.run(torch.randn(4, 9, device="cuda"))
 
+    def test_bert_is_one_part_with_fused_attention(self):
+        # The expanded mask's last stride is 0: made contiguous, SDPA records its fused overload
+        # on CUDA (not the math form), which Kiln runs as its attention op.
+        module = BertSdpaStyle().cuda().eval()
+        ids = torch.randint(0, 50, (2, 12), device="cuda")
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(module, backend="kiln", options={"targets": [gpu_target()]})(ids)
+            torch.testing.assert_close(got, module(ids), rtol=1e-3, atol=1e-3)
+        parts = kiln.torch.kiln_backend.last_parts
+        self.assertEqual(len(parts), 1, kiln.torch.kiln_backend.last_left_in_pytorch)
+        self.assertEqual(parts[0].graph_.ops().count("attention"), 3)
+
     def test_torch_compile_with_gpu_targets(self):
         block = GPT2Block().cuda().eval()
         x = torch.randn(1, 8, 32, device="cuda")
