@@ -461,6 +461,19 @@ def _cat(b, node, xs, dim=0):
     return b.op("concat", vals, {"axis": dim % rank})
 
 
+@_handles(aten.constant_pad_nd.default)
+def _constant_pad(b, node, x, pad, value=0):
+    """PyTorch's pads run from the last dim back, (begin, end) each; Kiln's are all begins, then
+    all ends. SDPA pads an attention mask on CUDA this way when its last dim is unaligned."""
+    rank = len(_meta(x).shape)
+    if not all(isinstance(p, int) for p in pad) or len(pad) > 2 * rank:
+        raise Unsupported(f"padding {list(pad)}")
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):
+        begins[rank - 1 - i], ends[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    return b.op("pad", [b.val(x)], {"pads": begins + ends, "mode": "constant", "value": float(value)})
+
+
 @_handles(aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default)
 def _split(b, node, x, sizes, dim=0):
     rank = len(_meta(x).shape)

@@ -508,6 +508,10 @@ class Overloads(unittest.TestCase):
             (lambda q, k, v, m: aten._scaled_dot_product_efficient_attention(q, k, v, m.expand(2, 4, 8, 8), False,
                                                                              scale=0.3)[0],
              (q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)),
+            # ... padded to a multiple of 16 and sliced back when its last dim is not one.
+            (lambda q, k, v, m: aten._scaled_dot_product_efficient_attention(
+                q, k, v, F.pad(m.expand(2, 4, 8, 8), (0, 8), value=-1.0)[..., :8], False, scale=0.3)[0],
+             (q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3)),
         ]
         for fn, inputs, want in cases:
             gm = make_fx(fn, tracing_mode="fake")(*inputs)
