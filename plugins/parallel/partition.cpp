@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "kiln/ir/op.h"
+#include "kiln/ir/zeros.h"
 
 namespace kiln::parallel {
 namespace {
@@ -553,6 +554,23 @@ class Partitioner {
     return d;
   }
 
+  /// scatter_add(zeros, ids, updates), an embedding's gradient: ids (and the updates' matching
+  /// dims) split over an axis make each rank's sum over its own ids, so the result is a partial
+  /// sum there. Data other than zeros would be counted once per rank: everything else falls back.
+  Decision scatter_add(const Node& n) const {
+    const int64_t axis = n.get_int("axis") < 0 ? n.get_int("axis") + rank_of(n.operand(0)) : n.get_int("axis");
+    Sharding si = without_partials(layout(n, 1)), su = replicated(), t = replicated();
+    bool split = false;
+    for (size_t a = 0; a < si.size(); ++a)
+      if (si[a].is_shard()) su[a] = P::shard(axis + si[a].dim), t[a] = P::partial(), split = true;
+    if (split && !is_all_zeros(n.operand(0))) return fallback(n);
+    Decision d;
+    d.operands = {replicated(), si, su};
+    d.results = {t};
+    d.attrs = n.attrs();
+    return d;
+  }
+
   /// Ops that keep every dim but `axis` (or the spatial dims) as they are: shards elsewhere
   /// stay, the named dims must be whole.
   Decision keep_dims_except(const Node& n, const std::set<int64_t>& whole, int extra_replicated_operands) const {
@@ -636,6 +654,7 @@ class Partitioner {
     }
     if (op == "attention") return attention(n);
     if (op == "gather") return gather(n);
+    if (op == "scatter_add") return scatter_add(n);
     if (op == "split" || op == "concat") {
       for (int i = 1; i < n.num_operands(); ++i)
         if (layout(n, i) != layout(n, 0)) return fallback(n);

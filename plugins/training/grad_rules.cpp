@@ -190,23 +190,20 @@ Grads reduce_rule(GradContext& c) {
 
 Grads gather_rule(GradContext& c) {
   Builder& b = c.b;
-  Value *data = c.x(0), *idx = c.x(1), *g = c.g();
-  const int64_t rank = data->type().rank(), axis = axis_attr(c.node, "axis", rank, 0);
-  const std::vector<int64_t> ds = require_static(data->shape(), "gather's data");
-  const std::vector<int64_t> is = require_static(idx->shape(), "gather's indices");
-  int64_t p = 1, q = 1, ni = 1;
-  for (int64_t d = 0; d < axis; ++d) p *= ds[static_cast<size_t>(d)];
-  for (int64_t d = axis + 1; d < rank; ++d) q *= ds[static_cast<size_t>(d)];
-  for (int64_t s : is) ni *= s;
-  const int64_t n = ds[static_cast<size_t>(axis)];
-  // Scatter-add as a one-hot product: onehot[i, k] = (index i == k), grad = onehotᵀ · g.
-  Value* flat = b.reshape(idx, {Dim(ni), Dim(1)});
-  Value* wrapped = b.where(b.op("less", {flat, b.scalar(0, idx->dtype())}), b.add(flat, b.scalar(static_cast<double>(n), idx->dtype())), flat);
-  Value* iota = b.op("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(n))},
-                                   {"delta", Attribute(1.0)}, {"dtype", Attribute(idx->dtype())}});
-  Value* onehot = b.cast(b.op("equal", {wrapped, iota}), data->dtype());
-  Value* gy = b.reshape(g, {Dim(p), Dim(ni), Dim(q)});
-  return {b.reshape(b.matmul(b.transpose_last2(onehot), gy), data->shape()), nullptr};
+  Value *data = c.x(0), *idx = c.x(1);
+  const int64_t axis = axis_attr(c.node, "axis", data->type().rank(), 0);
+  // Each index's slice of g goes back to its row, repeated indices accumulating: a scatter-add
+  // into zeros (an embedding's gradient), not a one-hot [indices, rows] product, which for a
+  // 50257-token vocabulary and 4096 tokens is a 0.8 GB operand and a 4096-deep GEMM.
+  return {b.op("scatter_add", {b.zeros(data->type()), idx, b.cast(c.g(), data->dtype())}, {{"axis", Attribute(axis)}}),
+          nullptr};
+}
+
+Grads scatter_add_rule(GradContext& c) {
+  Builder& b = c.b;
+  const Value* data = c.x(0);
+  const int64_t axis = axis_attr(c.node, "axis", data->type().rank(), 0);
+  return {c.g(), nullptr, b.op("gather", {c.g(), c.x(1)}, {{"axis", Attribute(axis)}})};
 }
 
 Grads slice_rule(GradContext& c) {
@@ -596,6 +593,7 @@ std::map<std::string, RuleEntry> build_table() {
   rule("concat", concat_rule);
   rule("split", split_rule);
   rule("gather", gather_rule);
+  rule("scatter_add", scatter_add_rule);
   rule("pad", [](GradContext& c) -> Grads {
     if (c.node.get_string("mode") != "constant")
       throw BuildError{unimplemented("pad in mode '" + c.node.get_string("mode") + "' has no gradient rule (only constant)")};

@@ -83,6 +83,17 @@ const Case kCases[] = {
   %xn = reduce_min(%x) {keepdims = 0} : f32[]
   %xs = reduce_sum(%ax) {keepdims = 0} : f32[]
   return %s, %hs, %zm, %zx, %xn, %xs })"},
+    // Gather's transpose (an embedding's gradient): repeated and negative indices accumulate
+    // through atomics; into zeros the output is cleared by a memset, not copied from a buffer.
+    {"scatter-add", R"(graph @g(%gy: f32[4, 3, 8], %d: f32[6, 8], %h: bf16[2, 3, 5], %hd: bf16[2, 4, 5]) -> (f32[6, 8], f32[6, 8], bf16[2, 4, 5]) {
+  %i = constant() {value = dense<i64[4, 3]>[0, 5, -1, 2, 2, 2, 0, 1, 3, 5, 5, 0]} : i64[4, 3]
+  %c = constant() {value = dense<f32[]>[0.0]} : f32[]
+  %z = expand(%c) {shape = [6, 8]} : f32[6, 8]
+  %s = scatter_add(%z, %i, %gy) : f32[6, 8]
+  %t = scatter_add(%d, %i, %gy) : f32[6, 8]
+  %j = constant() {value = dense<i32[3]>[3, 1, 3]} : i32[3]
+  %u = scatter_add(%hd, %j, %h) {axis = 1} : bf16[2, 4, 5]
+  return %s, %t, %u })"},
     {"gemm", R"(graph @g(%a: f32[2, 3, 8], %b: f32[8, 5], %w: f32[6, 8], %bias: f32[6]) -> (f32[2, 3, 5], f32[2, 3, 6]) {
   %m = matmul(%a, %b) : f32[2, 3, 5]
   %l = linear(%a, %w, %bias) : f32[2, 3, 6]

@@ -343,6 +343,23 @@ graph @g(%x: f32[B, 4]) -> (f32[B, 4]) {
 }  // namespace kiln::cuda
 
 namespace kiln::cuda {
+TEST_CASE("scatter_add into zeros clears its output with a memset; the zeros get no buffer") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%i: i64[4096], %gy: f32[4096, 768], %d: f32[50257, 768]) -> (f32[50257, 768], f32[50257, 768]) {
+  %c = constant() {value = dense<f32[]>[0.0]} : f32[]
+  %z = expand(%c) {shape = [50257, 768]} : f32[50257, 768]
+  %s = scatter_add(%z, %i, %gy) : f32[50257, 768]
+  %t = scatter_add(%d, %i, %gy) : f32[50257, 768]
+  return %s, %t
+})");
+  // %s: a memset and the atomic kernel; %t: a copy of %d, then the atomic kernel. No expand.
+  REQUIRE(l.kernels.size() == 3);
+  CHECK(l.plan.find("step memset") != std::string::npos);
+  CHECK(l.source.find("atomicAdd(&y[dst], u[i])") != std::string::npos);
+  CHECK(l.source.find("expand") == std::string::npos);
+  compiles_everywhere(l);
+}
+
 TEST_CASE("few long reductions split across blocks (a global norm's sum of squares)") {
   const LoweredGraph l = lower_text(R"(
 graph @g(%w: f32[50257, 768], %x: f32[3, 70000], %y: f32[300, 500]) -> (f32[], f32[3], f32[300]) {

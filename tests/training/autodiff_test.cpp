@@ -102,6 +102,8 @@ std::vector<Case> cases() {
       {"split", {in({5, 2})}, {{"axis", Attribute(0)}, {"sizes", Attribute(std::vector<int64_t>{2, 3})}}, 2},
       {"gather", {in({5, 3}), ints(DType::kI64, {2, 2}, {0, 4, -1, 0})}},
       {"gather:axis1", {in({2, 4, 3}), ints(DType::kI32, {3}, {3, 1, 3})}, {{"axis", Attribute(1)}}},
+      {"scatter_add", {in({5, 3}), ints(DType::kI64, {2, 2}, {0, 4, -1, 0}), in({2, 2, 3})}},
+      {"scatter_add:axis1", {in({2, 4, 3}), ints(DType::kI32, {3}, {3, 1, 3}), in({2, 3, 3})}, {{"axis", Attribute(1)}}},
       {"pad", {a23}, {{"pads", Attribute(std::vector<int64_t>{1, 0, 0, 2})}}},
       {"pad:crop", {in({3, 4})}, {{"pads", Attribute(std::vector<int64_t>{-1, 1, 0, -2})}}},
       {"cross_entropy", {in({4, 5}), ints(DType::kI64, {4}, {1, 4, -100, 0})}},

@@ -453,6 +453,9 @@ class Lowerer {
   Status conv_gemm(const Node& n);
   Status pool(const Node& n);
   Status gather(const Node& n);
+  Status scatter_add(const Node& n);
+  /// `v` is a broadcast zero that only scatter_adds read as their data: it needs no buffer.
+  bool zeros_for_scatter(const Value* v) const;
   Status pad(const Node& n);
   Status gemm_operand(const Node& n, const Value* v, const Sizes& batch_dims, int64_t rows,
                       int64_t cols, int& id, int64_t& stride);

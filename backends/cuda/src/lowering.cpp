@@ -16,6 +16,7 @@
 
 #include "kiln/ir/interpreter.h"
 #include "kiln/ir/op.h"
+#include "kiln/ir/zeros.h"
 #include "lowerer.h"
 
 namespace kiln::cuda {
@@ -110,6 +111,8 @@ Status Lowerer::lower_graph_nodes(const Graph& g) {
 
 Status Lowerer::lower_node(const Node& n) {
   const std::string& op = n.op_name();
+  // Zeros only scatter_adds start from: each clears its own output instead.
+  if ((op == "constant" || op == "expand") && zeros_for_scatter(n.result())) return ok_status();
   if (op == "constant") return weight(n.result(), n.attr("value")->as_tensor());
   if (op == "variable" || op == "assign" || op == "amax") return state_op(n);  // state.cpp
   if (op == "fused") {
@@ -136,6 +139,8 @@ Status Lowerer::lower_node(const Node& n) {
   }
   if (n.num_regions() > 0) return unsupported(n, "ops with regions other than fused are not supported");
   if (is_collective(op)) return collective(n);  // collective.cpp: never folded, even on weights
+  // Never folded: its zero data may have no buffer (zeros_for_scatter).
+  if (op == "scatter_add") return scatter_add(n);
   // A conv with a deferred prologue reads an activation, and its input has no buffer yet.
   bool all_weights = !prologue_.count(&n);
   int64_t out_bytes = 0;
@@ -1154,6 +1159,51 @@ Status Lowerer::gather(const Node& n) {
                            " + ix) * " + int_literal(inner) + " + k];\n";
   launch_elementwise(kernel_name("gather"), "const " + st + "* __restrict__ x, const " + it + "* __restrict__ ind, " + st +
                      "* __restrict__ y", total, body, {buf(data), buf(idx), out});
+  return ok_status();
+}
+
+bool Lowerer::zeros_for_scatter(const Value* v) const {
+  if (!is_all_zeros(v) || !v->has_uses()) return false;
+  const std::vector<Value*>& outs = v->graph()->outputs();
+  if (std::find(outs.begin(), outs.end(), v) != outs.end()) return false;
+  for (const Use& u : v->uses())
+    if (!u.user || u.user->op_name() != "scatter_add" || u.index != 0) return false;
+  return true;
+}
+
+Status Lowerer::scatter_add(const Node& n) {
+  const Value *data = n.operand(0), *idx = n.operand(1), *upd = n.operand(2);
+  const DType t = data->dtype();
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
+  KILN_ASSIGN_OR_RETURN(std::string it, storage(n, idx->dtype()));
+  if (!is_float(t) && t != DType::kI32 && t != DType::kI64)
+    return unsupported(n, "scatter_add of " + std::string(dtype_name(t)) + " (float, i32 or i64 only)");
+  const Sizes ds = sizes_of(data);
+  const size_t axis = static_cast<size_t>(norm_axis(n.get_int("axis", 0), static_cast<int64_t>(ds.size())));
+  const int64_t dim = ds[axis], inner = product(Sizes(ds.begin() + static_cast<std::ptrdiff_t>(axis) + 1, ds.end()));
+  const int64_t cnt = product(sizes_of(idx)), total = product(sizes_of(upd));
+  const int out = activation_for(n.result());
+  const int64_t bytes = dtype_storage_bytes(t, product(ds));
+  if (bytes == 0) return ok_status();
+  if (is_all_zeros(data)) {
+    steps_.push_back({"step memset dst=b" + std::to_string(out) + " bytes=" + std::to_string(bytes), {out}});
+  } else {
+    launch_elementwise(kernel_name("scatter_add_copy"), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y",
+                       product(ds), "    y[i] = x[i];\n", {buf(data), out});
+  }
+  if (total == 0) return ok_status();
+  // Repeated indices accumulate through atomics (so the sum's order, and its last bits in
+  // floating point, may differ between runs). Out-of-range indices, which cannot raise an error
+  // on the device, add nothing.
+  const std::string target = t == DType::kI64 ? "(unsigned long long*)&y[dst], (unsigned long long)u[i]" : "&y[dst], u[i]";
+  const std::string body = "    const long long o = i / " + int_literal(cnt * inner) + ", j = (i / " + int_literal(inner) +
+                           ") % " + int_literal(cnt) + ", k = i % " + int_literal(inner) + ";\n"
+                           "    long long ix = (long long)ind[j];\n    if (ix < 0) ix += " + int_literal(dim) + ";\n"
+                           "    if (ix >= 0 && ix < " + int_literal(dim) + ") {\n"
+                           "      const long long dst = (o * " + int_literal(dim) + " + ix) * " + int_literal(inner) + " + k;\n"
+                           "      atomicAdd(" + target + ");\n    }\n";
+  launch_elementwise(kernel_name("scatter_add"), "const " + it + "* __restrict__ ind, const " + st + "* __restrict__ u, " + st +
+                     "* __restrict__ y", total, body, {buf(idx), buf(upd), out});
   return ok_status();
 }
 

@@ -405,17 +405,20 @@ Status split_kernel(KernelContext& ctx) {
 }
 
 // ---------------------------------------------------------------------------------------
-// gather, expand
+// gather, scatter_add, expand
+
+/// The normalised axis of a gather or scatter_add node, or why its data and indices do not fit.
+StatusOr<int64_t> gather_axis(InferContext& ctx, const TensorType& data, const TensorType& idx) {
+  if (idx.dtype != DType::kI32 && idx.dtype != DType::kI64)
+    return ctx.error("operand 'indices' must be i32 or i64, got " + std::string(dtype_name(idx.dtype)));
+  if (data.rank() == 0) return ctx.error("operand 'data' must have rank >= 1, got " + data.str());
+  return normalize_axis(ctx, ctx.node.get_int("axis", 0), data.rank());
+}
 
 Status infer_gather(InferContext& ctx) {
   const TensorType& data = ctx.operand(0);
   const TensorType& idx = ctx.operand(1);
-  if (idx.dtype != DType::kI32 && idx.dtype != DType::kI64)
-    return ctx.error("operand 'indices' must be i32 or i64, got " +
-                     std::string(dtype_name(idx.dtype)));
-  if (data.rank() == 0) return ctx.error("operand 'data' must have rank >= 1, got " + data.str());
-  KILN_ASSIGN_OR_RETURN(int64_t axis,
-                        normalize_axis(ctx, ctx.node.get_int("axis", 0), data.rank()));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, gather_axis(ctx, data, idx));
   Shape out(data.shape.begin(), data.shape.begin() + axis);
   out.insert(out.end(), idx.shape.begin(), idx.shape.end());
   out.insert(out.end(), data.shape.begin() + axis + 1, data.shape.end());
@@ -441,6 +444,51 @@ Status gather_kernel(KernelContext& ctx) {
     const int64_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
     return (o * dim + idx[static_cast<size_t>(j)]) * inner + k;
   });
+  return ok_status();
+}
+
+Status infer_scatter_add(InferContext& ctx) {
+  const TensorType& data = ctx.operand(0);
+  const TensorType& idx = ctx.operand(1);
+  const TensorType& upd = ctx.operand(2);
+  KILN_ASSIGN_OR_RETURN(int64_t axis, gather_axis(ctx, data, idx));
+  Shape want(data.shape.begin(), data.shape.begin() + axis);
+  want.insert(want.end(), idx.shape.begin(), idx.shape.end());
+  want.insert(want.end(), data.shape.begin() + axis + 1, data.shape.end());
+  const TensorType expected{data.dtype, want};
+  if (upd.dtype != data.dtype || upd.shape != want)
+    return ctx.error("operand 'updates' must be " + expected.str() + " (gather's result for these data and indices), got " +
+                     upd.str());
+  ctx.results = {data};
+  return ok_status();
+}
+
+Status scatter_add_kernel(KernelContext& ctx) {
+  const Tensor& data = ctx.input(0);
+  const Tensor& upd = ctx.input(2);
+  Tensor& y = ctx.output();
+  const int64_t axis = normalize_axis(ctx.node.get_int("axis", 0), data.rank()).value();
+  const int64_t dim = data.shape()[static_cast<size_t>(axis)];
+  std::vector<int64_t> idx = ctx.input(1).to_i64();
+  for (int64_t& i : idx) {
+    if (i < -dim || i >= dim)
+      return ctx.error("index " + std::to_string(i) + " is out of range for axis " + std::to_string(axis) +
+                       " of size " + std::to_string(dim));
+    if (i < 0) i += dim;
+  }
+  gather_elements(data, y, [](int64_t i) { return i; });
+  int64_t outer, inner;
+  outer_inner(data.shape(), axis, outer, inner);
+  const int64_t n = static_cast<int64_t>(idx.size());
+  const bool flt = is_float(y.dtype());
+  for (int64_t i = 0; i < upd.numel(); ++i) {
+    const int64_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
+    const int64_t dst = (o * dim + idx[static_cast<size_t>(j)]) * inner + k;
+    if (flt)
+      y.set_f64(dst, y.get_f64(dst) + upd.get_f64(i));
+    else
+      y.set_i64(dst, y.get_i64(dst) + upd.get_i64(i));
+  }
   return ok_status();
 }
 
@@ -674,6 +722,18 @@ void register_shape_ops(OpRegistry& r) {
               {"data", "indices"}, {"y"},
               "data[:axis] + indices' shape + data[axis + 1:], dtype of data",
               {attr_default("axis", int64_t{0}, "indexed axis")}, infer_gather, gather_kernel));
+  // Not a view (it adds), so not through `view`.
+  add_op_or_die(r, OpDef{.name = "scatter_add",
+                         .summary = "data with each updates slice added at its index along an axis (gather's transpose; "
+                                    "repeated indices accumulate)",
+                         .traits = kTraitNone,
+                         .inputs = {"data", "indices", "updates"},
+                         .outputs = {"y"},
+                         .result_rule = "same as data; updates is gather's result for data and indices",
+                         .attrs = {attr_default("axis", int64_t{0}, "indexed axis")},
+                         .num_regions = 0,
+                         .infer = infer_scatter_add,
+                         .reference = scatter_add_kernel});
   add_op_or_die(r, view("expand", "broadcasts x numpy-style against a shape", {"x"}, {"y"},
                         "dtype of x, broadcast of x's shape and `shape`",
                         {attr_required("shape", AK::kInts, "shape to broadcast against")},
