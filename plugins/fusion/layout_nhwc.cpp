@@ -3,7 +3,8 @@
 // inputs and outputs keep their NCHW shapes.
 //
 // Each eligible conv gets a transpose to channels-last before it and one back after it (a 1x1
-// conv becomes a linear layer over [N, H, W, C], one GEMM with epilogues). Walking
+// conv becomes a linear layer over [N, H, W, C], one GEMM with epilogues; a conv whose kernel
+// equals its stride becomes one over its patches). Walking
 // in graph order, the transpose back then sinks through elementwise ops (add, relu, mul by a
 // per-channel scale, ...) and spatial reductions, and meets the next conv's transpose to
 // channels-last, where the pair cancels: a ResNet or ConvNeXt body is left with one transpose at
@@ -72,8 +73,11 @@ std::optional<Tensor> permute_tensor(const Tensor& t, const Perm& p) {
 
 class LayoutNhwc final : public Pass {
  public:
-  LayoutNhwc(int64_t min_channels, bool depthwise, bool pointwise_as_linear)
-      : min_channels_(min_channels), depthwise_(depthwise), pointwise_as_linear_(pointwise_as_linear) {}
+  LayoutNhwc(int64_t min_channels, bool depthwise, bool pointwise_as_linear, bool patches_as_linear)
+      : min_channels_(min_channels),
+        depthwise_(depthwise),
+        pointwise_as_linear_(pointwise_as_linear),
+        patches_as_linear_(patches_as_linear) {}
 
   StatusOr<bool> run(Graph& g) override {
     bool changed = false;
@@ -181,8 +185,30 @@ class LayoutNhwc final : public Pass {
       // A 1x1 conv channels last is a linear layer over [N, H, W, C]: one GEMM of N*H*W rows,
       // with its bias, activation and residual as GEMM epilogues.
       // [K, C, 1..] holds the same bytes as [K, 1.., C]: no permutation needed.
-      KILN_ASSIGN_OR_RETURN(Value * w2, flattened_weight(g, n->operand(1), n));
+      const Shape& ws = n->operand(1)->shape();
+      KILN_ASSIGN_OR_RETURN(Value * w2, reshaped(g, n->operand(1), {ws[0].value(), ws[1].value()}, n, ".kc"));
       std::vector<Value*> operands = {xt, w2};
+      if (n->num_operands() == 3) operands.push_back(n->operand(2));
+      KILN_ASSIGN_OR_RETURN(c, g.create_node("linear", operands, {out}, {}, n));
+    } else if (patches_as_linear_ && is_patchify(*n)) {
+      // Kernel k = stride, no padding (ConvNeXt's 2x2 stride-2 downsampling, a ViT's patch
+      // embedding): each output pixel is a dot product over one k x k x C patch. Channels last,
+      // [N, H, W, C] is [N, P, kh, Q, kw, C]; one transpose gathers the patches as
+      // [N, P, Q, kh * kw * C] rows and the conv is a linear layer over them, one GEMM with its
+      // epilogues, where cuDNN's strided conv kernels were several times slower.
+      const Shape& ws = n->operand(1)->shape();
+      const int64_t batch = xs[0].value(), c_in = xs[1].value(), kh = ws[2].value(), kw = ws[3].value();
+      const int64_t p = xs[2].value() / kh, q = xs[3].value() / kw;
+      KILN_ASSIGN_OR_RETURN(Value * split, reshaped(g, xt, {batch, p, kh, q, kw, c_in}, n));
+      const Perm gather = {0, 1, 3, 2, 4, 5};
+      KILN_ASSIGN_OR_RETURN(Node * t, g.create_node("transpose", {split}, {permuted_type(split->type(), gather)},
+                                                    {{"perm", gather}}, n));
+      t->set_loc(n->loc());
+      KILN_ASSIGN_OR_RETURN(Value * patches, reshaped(g, t->result(), {batch, p, q, kh * kw * c_in}, n));
+      // [K, C, kh, kw] channels last is [K, kh, kw, C]: rows of the patches' order.
+      KILN_ASSIGN_OR_RETURN(Value * wt, transposed(g, n->operand(1), last, n));
+      KILN_ASSIGN_OR_RETURN(Value * w2, reshaped(g, wt, {ws[0].value(), kh * kw * c_in}, n));
+      std::vector<Value*> operands = {patches, w2};
       if (n->num_operands() == 3) operands.push_back(n->operand(2));
       KILN_ASSIGN_OR_RETURN(c, g.create_node("linear", operands, {out}, {}, n));
     } else {
@@ -212,17 +238,39 @@ class LayoutNhwc final : public Pass {
     return true;
   }
 
-  /// A 1x1 conv's weight [K, C, 1..] as linear's [K, C]: a constant is reshaped in place.
-  StatusOr<Value*> flattened_weight(Graph& g, Value* w, Node* before) {
-    const Shape& s = w->shape();
-    std::vector<int64_t> kc = {s[0].value(), s[1].value()};
-    const TensorType t{w->dtype(), {s[0], s[1]}};
-    if (const Tensor* c = constant_tensor(w)) {
-      KILN_ASSIGN_OR_RETURN(Node * k, g.create_node("constant", {}, {t}, {{"value", c->reshaped(kc)}}, before,
-                                                    {w->name().empty() ? "" : w->name() + ".kc"}));
+  /// A 2-D conv with one group whose kernel equals its strides, no padding or dilation, over
+  /// static sizes that the kernel divides: its patches tile the input.
+  static bool is_patchify(const Node& n) {
+    const Shape& x = n.operand(0)->shape();
+    const Shape& w = n.operand(1)->shape();
+    if (n.get_int("groups", 1) != 1 || x.size() != 4 || w.size() != 4) return false;
+    for (const Shape* s : {&x, &w})
+      for (const Dim& d : *s)
+        if (!d.is_static()) return false;
+    const std::vector<int64_t> strides = n.get_ints("strides");
+    if (strides.size() != 2 || strides[0] != w[2].value() || strides[1] != w[3].value()) return false;
+    if (w[2].value() * w[3].value() == 1) return false;  // a 1x1 conv: is_pointwise's
+    for (int64_t v : n.get_ints("dilations"))
+      if (v != 1) return false;
+    for (int64_t v : n.get_ints("pads"))
+      if (v != 0) return false;
+    return x[2].value() % w[2].value() == 0 && x[3].value() % w[3].value() == 0;
+  }
+
+  /// `v` viewed with `dims` (same elements in the same order): a constant is reshaped in place,
+  /// named after `v` with `suffix`.
+  StatusOr<Value*> reshaped(Graph& g, Value* v, const std::vector<int64_t>& dims, Node* before,
+                            const std::string& suffix = ".rows") {
+    Shape shape;
+    for (int64_t d : dims) shape.push_back(Dim(d));
+    const TensorType t{v->dtype(), shape};
+    if (const Tensor* c = constant_tensor(v)) {
+      KILN_ASSIGN_OR_RETURN(Node * k, g.create_node("constant", {}, {t}, {{"value", c->reshaped(dims)}}, before,
+                                                    {v->name().empty() ? "" : v->name() + suffix}));
       return k->result();
     }
-    KILN_ASSIGN_OR_RETURN(Node * r, g.create_node("reshape", {w}, {t}, {{"shape", kc}}, before));
+    KILN_ASSIGN_OR_RETURN(Node * r, g.create_node("reshape", {v}, {t}, {{"shape", dims}}, before));
+    if (v->producer()) r->set_loc(v->producer()->loc());
     return r->result();
   }
 
@@ -343,6 +391,7 @@ class LayoutNhwc final : public Pass {
   int64_t min_channels_;
   bool depthwise_;
   bool pointwise_as_linear_;
+  bool patches_as_linear_;
 };
 
 }  // namespace
@@ -360,13 +409,17 @@ PassInfo layout_nhwc_pass_info() {
        "channels-last depthwise kernel; off: they stay NCHW, with transposes around them"},
       {"pointwise-as-linear", OptionType::kBool, true,
        "1x1 convs (stride 1, no padding, one group) become linear layers over [N, H, W, C]"},
+      {"patches-as-linear", OptionType::kBool, true,
+       "2-D convs whose kernel equals their strides (no padding, one group: patch embeddings, "
+       "ConvNeXt's downsampling) become a transpose gathering the patches and a linear layer"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     const int64_t min_channels = o.get_int("min-channels");
     if (min_channels < 1)
       return invalid_argument("layout-nhwc: min-channels must be at least 1, got " + std::to_string(min_channels));
     return std::unique_ptr<Pass>(
-        std::make_unique<LayoutNhwc>(min_channels, o.get_bool("depthwise"), o.get_bool("pointwise-as-linear")));
+        std::make_unique<LayoutNhwc>(min_channels, o.get_bool("depthwise"), o.get_bool("pointwise-as-linear"),
+                                     o.get_bool("patches-as-linear")));
   };
   return info;
 }

@@ -108,6 +108,40 @@ TEST_SUITE("layout-nhwc") {
     same_values(reg, *g, *after, 6);
   }
 
+  TEST_CASE("a conv whose kernel equals its stride becomes a transpose gathering its patches and a linear layer") {
+    Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so",
+                                   "kiln-plugin-backend-reference.so"});
+    // ConvNeXt's downsampling (2x2 stride 2 with a bias, input from a graph input and a constant
+    // weight) and a 3x2 patch embedding with a non-square stride; a padded one stays a conv.
+    std::string wc = "dense<f32[16, 8, 2, 2]>[";
+    for (int i = 0; i < 512; ++i) wc += (i ? ", " : "") + std::to_string((i * 37 % 17 - 8) / 16.0);
+    wc += "]";
+    const std::string text = R"(graph @g(%x: f32[2, 8, 6, 8], %b: f32[16], %w: f32[12, 16, 3, 2], %v: f32[4, 16, 2, 2]) -> (f32[2, 12, 1, 2], f32[2, 4, 2, 2]) {
+  %wc = constant() {value = )" + wc + R"(} : f32[16, 8, 2, 2]
+  %d = conv(%x, %wc, %b) {strides = [2, 2]} : f32[2, 16, 3, 4]
+  %e = conv(%d, %w) {strides = [3, 2]} : f32[2, 12, 1, 2]
+  %f = conv(%d, %v) {strides = [2, 2], pads = [1, 1, 0, 0]} : f32[2, 4, 2, 2]
+  return %e, %f
+})";
+    auto g = parse_graph(text);
+    REQUIRE_MESSAGE(g.ok(), g.status().message());
+    auto after = (*g)->clone();
+    auto stages = parse_pass_list("layout-nhwc,fold-layout", reg);
+    REQUIRE(stages.ok());
+    PassManager pm(reg, PassManagerOptions{});
+    REQUIRE(pm.run(*after, *stages, "layout-nhwc").ok());
+    CHECK(count(*after, "linear") == 2);
+    CHECK(count(*after, "conv") == 1);  // the padded one, channels last
+    same_values(reg, **g, *after, 7);
+    // Off: both stay convs (channels last).
+    auto kept = (*g)->clone();
+    auto off = parse_pass_list("layout-nhwc{patches-as-linear=false}", reg);
+    REQUIRE(off.ok());
+    REQUIRE(pm.run(*kept, *off, "layout-nhwc").ok());
+    CHECK(count(*kept, "linear") == 0);
+    CHECK(count(*kept, "conv") == 3);
+  }
+
   TEST_CASE("image stems and depthwise convs can stay NCHW") {
     Registry& reg = registry_with({"kiln-plugin-fusion.so", "kiln-plugin-frontend-kir.so"});
     auto g = parse_graph(R"(graph @g(%x: f32[1, 3, 8, 8], %w: f32[8, 3, 3, 3], %wd: f32[8, 1, 3, 3]) -> (f32[1, 8, 6, 6]) {
