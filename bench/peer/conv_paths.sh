@@ -6,10 +6,11 @@
 # without layout-nhwc: depthwise convs as the generated kernel, `conv_depthwise` steps, 1x1 convs
 # as strided-batched cuBLASLt GEMMs, `gemm` steps, the rest cuDNN) and, on request, cudnn (nchw
 # with `depthwise = "cudnn", conv1x1 = "cudnn"`: every conv a cuDNN NCHW step) and gemm (nchw with
-# `conv = "gemm"`: im2col GEMMs). Run from the repo root on the GPU host with the carried build in
+# `conv = "gemm"`: im2col GEMMs) and cudnnpatch (the shipped pipeline with kernel-sized strided
+# convs left cuDNN convs: layout-nhwc{patches-as-linear=false}). Run from the repo root on the GPU host with the carried build in
 # build-gpu/ (scripts/carry-build.sh build build-gpu).
 #
-#   [PATHS=nhwc,dwnchw,nchw,cudnn,gemm] bench/peer/conv_paths.sh OUT WORKLOAD[,WORKLOAD...]
+#   [PATHS=nhwc,dwnchw,nchw,cudnn,gemm,cudnnpatch] bench/peer/conv_paths.sh OUT WORKLOAD[,WORKLOAD...]
 set -u
 PATHS=${PATHS:-nhwc,dwnchw,nchw}
 out=${1:?usage: conv_paths.sh OUT WORKLOADS}; only=${2:?usage: conv_paths.sh OUT WORKLOADS}
@@ -24,12 +25,13 @@ python3 bench/peer/run.py --kiln "$b/bin/kiln" --only "$only" --out "$out" --kil
 base=examples/pipelines/cuda-sm90-tf32.toml
 sed 's/"layout-nhwc", //' $base >/tmp/conv-nchw.toml
 sed 's/"layout-nhwc", /"layout-nhwc{depthwise=false}", /' $base >/tmp/conv-dwnchw.toml
+sed 's/"layout-nhwc", /"layout-nhwc{patches-as-linear=false}", /' $base >/tmp/conv-cudnnpatch.toml
 sed 's/allow-tf32 = true }/allow-tf32 = true, conv = "gemm" }/' /tmp/conv-nchw.toml >/tmp/conv-gemm.toml
 sed 's/allow-tf32 = true }/allow-tf32 = true, depthwise = "cudnn", conv1x1 = "cudnn" }/' /tmp/conv-nchw.toml \
   >/tmp/conv-cudnn.toml
 if grep -q layout-nhwc /tmp/conv-nchw.toml || ! grep -q 'conv = "gemm"' /tmp/conv-gemm.toml ||
-  ! grep -q 'conv1x1 = "cudnn"' /tmp/conv-cudnn.toml; then
-  echo "conv_paths.sh: could not derive the nchw, cudnn and gemm pipelines from $base" >&2; exit 1
+  ! grep -q 'conv1x1 = "cudnn"' /tmp/conv-cudnn.toml || ! grep -q 'patches-as-linear=false' /tmp/conv-cudnnpatch.toml; then
+  echo "conv_paths.sh: could not derive the nchw, cudnn, gemm and cudnnpatch pipelines from $base" >&2; exit 1
 fi
 for w in ${only//,/ }; do
   m=/tmp/kiln-peer/$w/model.onnx
@@ -37,6 +39,7 @@ for w in ${only//,/ }; do
   for path in ${PATHS//,/ }; do
     p=$base; [ $path = nchw ] && p=/tmp/conv-nchw.toml; [ $path = gemm ] && p=/tmp/conv-gemm.toml
     [ $path = dwnchw ] && p=/tmp/conv-dwnchw.toml; [ $path = cudnn ] && p=/tmp/conv-cudnn.toml
+    [ $path = cudnnpatch ] && p=/tmp/conv-cudnnpatch.toml
     echo "== $w conv=$path" >>"$out/conv-paths.txt"
     "$b/bin/kiln" bench "$m" --pipeline "$p" --target sm_90a -o "/tmp/$w-$path.kiln" --iterations 50 --profile 12 \
       >>"$out/conv-paths.txt" 2>&1 || { echo "rc=$?" >>"$out/conv-paths.txt"; rc=1; }

@@ -236,6 +236,18 @@ graph @g(%x: f32[2, 8, 8, 16], %w: f32[16, 3, 3, 1]) -> (f32[2, 1, 1, 1], f32[2,
 })");
   CHECK(other.kernels == std::vector<std::string>{"k0_conv_depthwise_nhwc", "k1_reduce_mean"});
   CHECK(has(other.source, "POOL = false;"));
+  // EfficientNet-B0's largest squeeze-excite conv: the tile, the filters and the pool's sums fit
+  // the static shared memory on every target.
+  const LoweredGraph big = lower_text(R"(
+graph @g(%x: f32[16, 56, 56, 144], %w: f32[144, 3, 3, 1], %b: f32[144]) -> (f32[16, 56, 56, 144], f32[16, 1, 1, 144]) {
+  %s = silu(%x) : f32[16, 56, 56, 144]
+  %c = conv(%s, %w, %b) {groups = 144, pads = [1, 1, 1, 1], layout = "nhwc"} : f32[16, 56, 56, 144]
+  %a = silu(%c) : f32[16, 56, 56, 144]
+  %m = reduce_mean(%a) {axes = [1, 2], keepdims = 1} : f32[16, 1, 1, 144]
+  return %a, %m
+})");
+  CHECK(big.kernels == std::vector<std::string>{"k0_conv_depthwise_nhwc", "k1_reduce_mean_tiles"});
+  compiles_everywhere(big);
 }
 
 /// The value of `constexpr int ... NAME = value` in a kernel's source (the first kernel that has

@@ -187,8 +187,9 @@ StatusOr<bool> Lowerer::conv_depthwise(const Node& n) {
   if (g.h * g.w >= (int64_t{1} << 31) || g.p * g.q >= (int64_t{1} << 31) || g.r * g.s > 1024)
     return false;
   const DepthwiseTiles tl = depthwise_tiles(g.c, g.p, g.q, g.r, g.s, g.sh, g.sw, g.dh, g.dw);
-  if (tl.smem > 48 * 1024)
-    return false;  // static shared memory: a kernel wider than the tiles allow
+  // Static shared memory (and the 4 bytes of the pool sums, unused here): a kernel wider than
+  // the tiles allow.
+  if (tl.smem + 4 > 48 * 1024) return false;
   KILN_RETURN_IF_ERROR(emit_depthwise(n, g, tl, nullptr));
   return true;
 }

@@ -13,7 +13,8 @@ namespace {
 /// staged inputs, halos included; shared-memory traffic of staging and of the multiply-adds;
 /// a fixed cost per block; fewer blocks than about two per SM leave SMs idle.
 DepthwiseTiles depthwise_nhwc_tiles(const DepthwiseGeometry& g, bool prologue) {
-  constexpr int64_t kSmem = 48 * 1024, kMinBlocks = 264;
+  // Static shared memory, less the block's pool sums (emit_depthwise's POOL).
+  constexpr int64_t kSmem = 48 * 1024 - 4 * kBlock, kMinBlocks = 264;
   // Costs relative to one input element loaded from memory: a prologue (an expf and a division)
   // costs about as much again; a shared-memory access about a tenth (a warp's 32 words a cycle
   // against ~3 elements of DRAM bandwidth per SM and cycle).
