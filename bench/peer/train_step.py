@@ -63,7 +63,7 @@ def write_task(task, workdir, steps):
     return kir, data, batches
 
 
-def write_pipeline(workdir, task, remat, dtype, backend, target):
+def write_pipeline(workdir, task, remat, dtype, backend, target, args):
     """The step's pipeline; `remat` names the file and, before any '-', is the policy."""
     path = os.path.join(workdir, f"train-{remat}.toml")
     policy = remat.split("-")[0]
@@ -71,7 +71,8 @@ def write_pipeline(workdir, task, remat, dtype, backend, target):
         f.write(training_pipeline(task.PIPELINE_OPTIMIZER, autocast=None if dtype == "f32" else dtype,
                                   remat=None if policy == "none" else policy,
                                   decompose_losses=backend.startswith("cuda"), backend=backend,
-                                  targets=[target] if target else ()))
+                                  targets=[target] if target else (), loss_chunks=args.loss_chunks,
+                                  schedule_lookahead=args.schedule_lookahead))
     return path
 
 
@@ -160,6 +161,10 @@ def main():
     ap.add_argument("--memory-backend", default="cuda-sm90", help="the backend whose plan gives the memory")
     ap.add_argument("--target", default="sm_90a")
     ap.add_argument("--run", action="store_true", help="train and time (needs the backend's device and PyTorch)")
+    ap.add_argument("--loss-chunks", type=int, default=8,
+                    help="chunk-cross-entropy: the head and its loss in this many row chunks (1: off)")
+    ap.add_argument("--schedule-lookahead", type=int, default=16,
+                    help="schedule-memory's lookahead: enough to finish one head chunk before the next")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")
@@ -188,11 +193,11 @@ def main():
 
     for pol in policies:
         # The memory is the plan of --target's CUDA backend, whichever backend runs the steps.
-        toml = write_pipeline(workdir, task, pol, a.dtype, a.memory_backend, a.target)
+        toml = write_pipeline(workdir, task, pol, a.dtype, a.memory_backend, a.target, a)
         r = kiln_memory(a.kiln, kir, toml, a.memory_backend, a.target, workdir, pol)
         if a.run:
             if a.backend != a.memory_backend:
-                toml = write_pipeline(workdir, task, pol + "-" + a.backend, a.dtype, a.backend, None)
+                toml = write_pipeline(workdir, task, pol + "-" + a.backend, a.dtype, a.backend, None, a)
             r.update(kiln_steps(a.kiln, kir, toml, data, a.backend, a.steps, a.warmup))
         res["kiln"][pol] = r
         print(f"kiln remat={pol}: plan arena {r['plan_arena_mib']} MiB" +

@@ -83,6 +83,7 @@ PassInfo autodiff_pass_info();
 PassInfo optimizer_pass_info();
 PassInfo remat_pass_info();
 PassInfo decompose_losses_pass_info();
+PassInfo chunk_cross_entropy_pass_info();
 PassInfo fp8_training_pass_info();
 
 }  // namespace kiln::training

@@ -580,3 +580,94 @@ TEST_CASE("dynamic loss scaling: unscaled updates, inf skips the step and backs 
 
 }  // namespace
 }  // namespace kiln::training
+
+namespace kiln::training {
+namespace {
+
+std::unique_ptr<Pass> chunk_pass(int64_t chunks) {
+  const PassInfo info = chunk_cross_entropy_pass_info();
+  auto o = resolve_options(info.options, {{"chunks", chunks}}, "pass 'chunk-cross-entropy'");
+  REQUIRE(o.ok());
+  auto pass = info.create(*o);
+  REQUIRE(pass.ok());
+  return std::move(*pass);
+}
+
+TEST_CASE("chunk-cross-entropy: the head in row chunks gives the loss and gradients of the whole one") {
+  // Rows 2 x 3 = 6 in 4 chunks (2, 2, 1, 1); target 4 is ignored.
+  const std::string head = R"(graph @g(%h: f64[2, 3, 4], %t: i64[2, 3], %w: f64[5, 4], %b: f64[5]) -> (%loss: f64[]) {
+  %logits = linear(%h, %w, %b) : f64[2, 3, 5]
+  %loss = cross_entropy(%logits, %t) {ignore_index = 4, reduction = "REDUCTION"} : f64[]
+  return %loss
+})";
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> real(-2, 2);
+  for (const char* reduction : {"mean", "sum"}) {
+    CAPTURE(reduction);
+    std::string text = head;
+    text.replace(text.find("REDUCTION"), 9, reduction);
+    auto plain = parse(text);
+    std::vector<Tensor> inputs;
+    for (int i = 0; i < plain->num_inputs(); ++i) {
+      Tensor t(plain->input(i)->dtype(), static_sizes(plain->input(i)->shape()));
+      for (int64_t k = 0; k < t.numel(); ++k) {
+        if (is_float(t.dtype())) t.set_f64(k, real(rng));
+        else t.set_i64(k, (k * 3) % 5);
+      }
+      inputs.push_back(t);
+    }
+    auto chunked = plain->clone();
+    auto changed = chunk_pass(4)->run(*chunked);
+    REQUIRE_MESSAGE(changed.ok(), changed.status().message());
+    CHECK(*changed);
+    REQUIRE_MESSAGE(verify(*chunked).ok(), verify(*chunked).message());
+    int linears = 0, losses = 0;
+    for (const auto& n : chunked->nodes()) {
+      linears += n->op_name() == "linear";
+      losses += n->op_name() == "cross_entropy";
+      if (n->op_name() == "linear") CHECK(n->result()->name().starts_with("logits.chunk"));
+    }
+    CHECK(linears == 4);
+    CHECK(losses == 4);
+    CHECK(chunked->output_name(0) == "loss");
+    for (Graph* g : {plain.get(), chunked.get()}) REQUIRE(differentiate(*g, cfg("", {"h", "w", "b"})).ok());
+    auto want = Interpreter().run(*plain, inputs);
+    auto got = Interpreter().run(*chunked, inputs);
+    REQUIRE(want.ok());
+    REQUIRE(got.ok());
+    REQUIRE(got->size() == want->size());
+    for (size_t i = 0; i < got->size(); ++i) {
+      CAPTURE(i);
+      const std::vector<double> a = (*want)[i].to_f64(), c = (*got)[i].to_f64();
+      REQUIRE(a.size() == c.size());
+      for (size_t k = 0; k < a.size(); ++k) CHECK(c[k] == doctest::Approx(a[k]).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("chunk-cross-entropy leaves heads it cannot chunk, and checks its option") {
+  // The logits are also an output: they must exist whole.
+  auto g = parse(R"(graph @g(%h: f32[4, 3], %t: i64[4], %w: f32[5, 3]) -> (%loss: f32[], %logits: f32[4, 5]) {
+  %logits = linear(%h, %w) : f32[4, 5]
+  %loss = cross_entropy(%logits, %t) : f32[]
+  return %loss, %logits
+})");
+  auto changed = chunk_pass(2)->run(*g);
+  REQUIRE(changed.ok());
+  CHECK_FALSE(*changed);
+  auto one = parse(R"(graph @g(%h: f32[4, 3], %t: i64[4], %w: f32[5, 3]) -> (%loss: f32[]) {
+  %logits = linear(%h, %w) : f32[4, 5]
+  %loss = cross_entropy(%logits, %t) : f32[]
+  return %loss
+})");
+  changed = chunk_pass(1)->run(*one);
+  REQUIRE(changed.ok());
+  CHECK_FALSE(*changed);
+  const PassInfo info = chunk_cross_entropy_pass_info();
+  auto bad = resolve_options(info.options, {{"chunks", int64_t{0}}}, "pass 'chunk-cross-entropy'");
+  REQUIRE(bad.ok());
+  CHECK(info.create(*bad).status().message() == "chunk-cross-entropy: option 'chunks' must be in [1, 4096], got 0");
+}
+
+}  // namespace
+}  // namespace kiln::training

@@ -24,12 +24,16 @@ PASSES_AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-ho
 
 
 def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat=None, decompose_losses=False,
-                      parallel=None, backend="reference", targets=()):
-    """A training pipeline's TOML: [fp8-training `fp8` (its options),] [autocast,] autodiff
+                      parallel=None, backend="reference", targets=(), loss_chunks=None, schedule_lookahead=None):
+    """A training pipeline's TOML: [chunk-cross-entropy in `loss_chunks` row chunks,] [fp8-training
+    `fp8` (its options),] [autocast,] autodiff
     [with dynamic loss scaling from `loss_scale`,] [remat `remat`,] the optimizer (`optimizer`,
-    its options), [decompose-losses, which the CUDA backends need,] Kiln's standard passes,
-    then `parallel` (the lines of a [parallel] section) and the backend."""
+    its options), [decompose-losses, which the CUDA backends need,] Kiln's standard passes
+    (schedule-memory looking `schedule_lookahead` nodes ahead when given), then `parallel` (the
+    lines of a [parallel] section) and the backend."""
     t = 'frontend = "kir"\n'
+    if loss_chunks:
+        t += f'\n[[passes]]\nname = "chunk-cross-entropy"\noptions = {{ chunks = {loss_chunks} }}\n'
     if fp8:
         t += f'\n[[passes]]\nname = "fp8-training"\noptions = {fp8}\n'
     if autocast:
@@ -43,6 +47,8 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
     if decompose_losses:
         t += '\n[[passes]]\nname = "decompose-losses"\n'
     t += "".join(f'\n[[passes]]\nname = "{p}"\n' for p in PASSES_AFTER)
+    if schedule_lookahead:
+        t += f'options = {{ lookahead = {schedule_lookahead} }}\n'  # schedule-memory's, the last pass
     if parallel:
         t += "\n[parallel]\n" + parallel
     t += f'\n[backend]\nname = "{backend}"\n'
@@ -52,11 +58,12 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
 
 
 def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False, loss_scale=None, fp8=None,
-               fp8_exclude=()):
+               fp8_exclude=(), loss_chunks=None):
     """The model .kir, its training pipeline and the data folder; returns their paths. With
     `autocast` (bf16 or f16) the pipeline starts with the autocast pass; with `remat` (a policy)
     the remat pass follows autodiff; `decompose_losses` adds that pass (for the CUDA backends,
-    which lower no loss op); `loss_scale` (an initial scale) turns on dynamic loss scaling."""
+    which lower no loss op); `loss_scale` (an initial scale) turns on dynamic loss scaling;
+    `loss_chunks` puts chunk-cross-entropy first."""
     model = task()
     kir = os.path.join(workdir, "model.kir")
     with open(kir, "w") as f:
@@ -68,7 +75,7 @@ def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses
         fp8_options = f'{{ format = "{fp8}", exclude = [{exclude}] }}'
     with open(toml, "w") as f:
         f.write(training_pipeline(task.PIPELINE_OPTIMIZER, fp8=fp8_options, autocast=autocast, loss_scale=loss_scale,
-                                  remat=remat, decompose_losses=decompose_losses))
+                                  remat=remat, decompose_losses=decompose_losses, loss_chunks=loss_chunks))
     data = os.path.join(workdir, "data")
     os.makedirs(data, exist_ok=True)
     batches = task.batches(steps)
@@ -106,6 +113,7 @@ def main():
     ap.add_argument("--autocast", choices=["bf16", "f16"], help="contractions in low precision (vs the f64 reference)")
     ap.add_argument("--fp8", choices=["hybrid", "e4m3"], help="FP8 training (fp8-training pass) in this format")
     ap.add_argument("--fp8-exclude", action="append", default=[], help="contractions fp8-training leaves alone")
+    ap.add_argument("--loss-chunks", type=int, help="chunk-cross-entropy: the head's loss in this many row chunks")
     ap.add_argument("--loss-scale", type=float, help="dynamic loss scaling from this initial scale (fp16)")
     ap.add_argument("--compile-only", metavar="TARGET", help="only build the training step for a CUDA target (no GPU needed)")
     ap.add_argument("--skip-without-gpu", action="store_true", help="exit 77 (ctest's skip) when there is no CUDA device")
@@ -117,7 +125,7 @@ def main():
     task = models.TASKS[args.task]
     if args.compile_only:
         _, kir, toml, _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True, fp8=args.fp8,
-                                        fp8_exclude=args.fp8_exclude)
+                                        fp8_exclude=args.fp8_exclude, loss_chunks=args.loss_chunks)
         out = os.path.join(workdir, "step.kiln")
         cmd = [args.kiln, "compile", kir, "--pipeline", toml, "--backend", args.backend, "--target", args.compile_only, "-o", out]
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -136,7 +144,7 @@ def main():
         return
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
                                                  args.backend.startswith("cuda"), args.loss_scale, args.fp8,
-                                                 args.fp8_exclude)
+                                                 args.fp8_exclude, args.loss_chunks)
 
     t0 = time.time()
     ref = model.reference_losses(batches, args.steps)
