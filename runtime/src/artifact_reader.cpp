@@ -88,15 +88,15 @@ class PlanParser {
 
   /// Lines must come in the documented order; each kind has its rank.
   bool parse_line(const std::vector<std::string_view>& toks) {
-    static const std::vector<std::string_view> order = {"kiln-plan", "arena",  "workspace", "mesh", "buffer",
-                                                        "input",     "output", "kernel",    "step"};
+    static const std::vector<std::string_view> order = {"kiln-plan", "arena",  "workspace", "mesh",  "buffer",
+                                                        "input",     "output", "variable",  "kernel", "step"};
     const auto it = std::find(order.begin(), order.end(), toks[0]);
     if (it == order.end()) return fail("unknown line '" + std::string(toks[0]) + "'");
     const int rank = static_cast<int>(it - order.begin());
     if (stage_ < 0 && rank != 0) return fail("expected 'kiln-plan 1' first");
     if (rank < stage_ || (rank == stage_ && rank <= 3))
       return fail("'" + std::string(toks[0]) + "' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, "
-                  "input, output, kernel, step)");
+                  "input, output, [variable], kernel, step)");
     if (rank > 1 && stage_ < 1) return fail("missing 'arena' line");
     if (rank > 2 && stage_ < 2) return fail("missing 'workspace' line");
     stage_ = rank;
@@ -115,7 +115,8 @@ class PlanParser {
       case 4: return buffer(toks);
       case 5:
       case 6: return io(toks, rank == 5);
-      case 7:
+      case 7: return variable(toks);
+      case 8:
         if (toks.size() != 2) return fail("expected 'kernel NAME'");
         if (std::find(p_.kernels.begin(), p_.kernels.end(), toks[1]) != p_.kernels.end())
           return fail("kernel '" + std::string(toks[1]) + "' declared twice");
@@ -316,6 +317,23 @@ class PlanParser {
       return false;
     list.emplace_back(std::string(toks[1]), id);
     (input ? p_.input_placements : p_.output_placements).push_back(std::move(pl));
+    return true;
+  }
+
+  /// `variable NAME buffer=ID`: a weight buffer the plan's copy steps write (training state),
+  /// which the C API reads and writes by name.
+  bool variable(const std::vector<std::string_view>& toks) {
+    if (toks.size() != 3) return fail("expected 'variable NAME buffer=ID'");
+    Attrs a;
+    if (!attrs(toks, 2, &a, {"buffer"}, {})) return false;
+    int id = -1;
+    if (!parse_num(a["buffer"], &id) || id < 0 || static_cast<size_t>(id) >= p_.buffers.size())
+      return fail("variable '" + std::string(toks[1]) + "': buffer '" + a["buffer"] + "' is not declared");
+    if (p_.buffers[static_cast<size_t>(id)].kind != PlanBuffer::Kind::kWeight)
+      return fail("variable '" + std::string(toks[1]) + "': buffer " + a["buffer"] + " is not of kind weight");
+    for (const auto& [name, b] : p_.variables)
+      if (name == toks[1]) return fail("variable '" + name + "' declared twice");
+    p_.variables.emplace_back(std::string(toks[1]), id);
     return true;
   }
 

@@ -338,6 +338,29 @@ kiln_status* kiln_model_device_time(const kiln_model* model, double* out_ms) {
 
 size_t kiln_model_num_steps(const kiln_model* model) { return model ? model->steps.size() : 0; }
 
+size_t kiln_model_num_variables(const kiln_model* model) { return model ? model->variables.size() : 0; }
+
+kiln_status* kiln_model_variable_info(const kiln_model* model, size_t index, kiln_tensor_info* out_info) {
+  if (!model) return null_argument("kiln_model_variable_info", "model");
+  return tensor_info(model->variables, index, "kiln_model_variable_info", out_info);
+}
+
+kiln_status* kiln_model_read_variable(kiln_model* model, size_t index, void* data, uint64_t bytes) {
+  return guarded("kiln_model_read_variable", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_read_variable", "model");
+    if (!data && bytes) return null_argument("kiln_model_read_variable", "data");
+    return kiln::rt::copy_variable(model, index, data, nullptr, bytes, "kiln_model_read_variable");
+  });
+}
+
+kiln_status* kiln_model_write_variable(kiln_model* model, size_t index, const void* data, uint64_t bytes) {
+  return guarded("kiln_model_write_variable", [&]() -> kiln_status* {
+    if (!model) return null_argument("kiln_model_write_variable", "model");
+    if (!data && bytes) return null_argument("kiln_model_write_variable", "data");
+    return kiln::rt::copy_variable(model, index, nullptr, data, bytes, "kiln_model_write_variable");
+  });
+}
+
 kiln_status* kiln_model_profile_steps(kiln_model* model, int32_t iterations, double* out_step_ms, size_t capacity) {
   return guarded("kiln_model_profile_steps", [&]() -> kiln_status* {
     if (!model) return null_argument("kiln_model_profile_steps", "model");
@@ -438,6 +461,10 @@ const kiln_api* kiln_get_api(uint32_t version) {
       kiln_model_output_placement,
       kiln_model_all_gather_host,
       kiln_model_run_device,
+      kiln_model_num_variables,
+      kiln_model_variable_info,
+      kiln_model_read_variable,
+      kiln_model_write_variable,
   };
   // One table serves every version: older hosts read only the prefix they know.
   return version >= 1 && version <= KILN_RUNTIME_API_VERSION ? &api : nullptr;

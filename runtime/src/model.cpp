@@ -127,7 +127,7 @@ kiln_status* upload_weights(kiln_model* m) {
 }
 
 kiln_status* make_bindings(kiln_model* m, const std::vector<std::pair<std::string, int>>& list,
-                           std::vector<kiln_model::Binding>* out) {
+                           std::vector<kiln_model::Binding>* out, bool staged = true) {
   for (const auto& [name, id] : list) {
     const PlanBuffer& b = m->artifact->plan.buffers.at(static_cast<size_t>(id));
     kiln_model::Binding bind;
@@ -142,8 +142,10 @@ kiln_status* make_bindings(kiln_model* m, const std::vector<std::pair<std::strin
     for (size_t i = 0; i < b.shape.size(); ++i) bind.info.dims[i] = b.shape[i];
     bind.info.bytes = b.bytes;
     bind.device = m->buffers[static_cast<size_t>(id)].ptr;
-    bind.staging_offset = m->staging_bytes;
-    m->staging_bytes += (b.bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+    if (staged) {
+      bind.staging_offset = m->staging_bytes;
+      m->staging_bytes += (b.bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+    }
     out->push_back(bind);
   }
   return nullptr;
@@ -459,6 +461,7 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   KILN_RT_TRY(resolve_buffers(m.get()));
   KILN_RT_TRY(make_bindings(m.get(), plan.inputs, &m->inputs));
   KILN_RT_TRY(make_bindings(m.get(), plan.outputs, &m->outputs));
+  KILN_RT_TRY(make_bindings(m.get(), plan.variables, &m->variables, false));
   if (m->staging_bytes) {
     void* p = nullptr;
     KILN_RT_TRY(context(cuda_status(cudaHostAlloc(&p, m->staging_bytes, cudaHostAllocDefault), "cudaHostAlloc"),
@@ -613,6 +616,26 @@ kiln_status* synchronize_model(kiln_model* m, const char* function) {
   m->pending_outputs.clear();
   m->timed = m->steps_begin != nullptr;
   return nullptr;
+}
+
+kiln_status* copy_variable(kiln_model* m, size_t index, void* read_to, const void* write_from, uint64_t bytes,
+                           const char* function) {
+  const std::string fn = function;
+  if (index >= m->variables.size())
+    return invalid(fn + ": index " + std::to_string(index) + " out of range: the model has " +
+                   std::to_string(m->variables.size()) + " variables");
+  const kiln_model::Binding& v = m->variables[index];
+  if (bytes != v.info.bytes)
+    return invalid(fn + ": variable '" + v.info.name + "' holds " + std::to_string(v.info.bytes) + " bytes, " +
+                   std::to_string(bytes) + " given");
+  KILN_RT_TRY(synchronize_model(m, function));
+  KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
+  // On the model's stream, after anything kiln_model_run_device left there.
+  if (bytes) {
+    if (read_to) KILN_CUDA_TRY(cudaMemcpyAsync(read_to, v.device, bytes, cudaMemcpyDeviceToHost, m->stream));
+    else KILN_CUDA_TRY(cudaMemcpyAsync(v.device, write_from, bytes, cudaMemcpyHostToDevice, m->stream));
+  }
+  return context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), fn);
 }
 
 kiln_status* model_device_time(const kiln_model* m, double* out_ms) {

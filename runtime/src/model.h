@@ -74,6 +74,7 @@ struct kiln_model {
   uint64_t workspace_bytes = 0;
   std::vector<kiln::rt::DeviceBuffer> buffers;  ///< by plan buffer id
   std::vector<Binding> inputs, outputs;
+  std::vector<Binding> variables;  ///< the plan's variables: weight buffers its copy steps write
   unsigned char* staging = nullptr;  ///< pinned host memory for every input and output
   uint64_t staging_bytes = 0;
   cudaStream_t stream = nullptr;
@@ -167,6 +168,10 @@ kiln_status* enqueue_model(kiln_model* model, const kiln_host_tensor* inputs, si
 /// Runs on device buffers in the order of `caller` (see kiln_model_run_device).
 kiln_status* run_device(kiln_model* model, const kiln_device_tensor* inputs, size_t num_inputs,
                         const kiln_device_tensor* outputs, size_t num_outputs, cudaStream_t caller);
+/// Copies variable `index` to or from host memory after the pending run (see
+/// kiln_model_read_variable, kiln_model_write_variable).
+kiln_status* copy_variable(kiln_model* model, size_t index, void* read_to, const void* write_from, uint64_t bytes,
+                           const char* function);
 /// Completes the pending run, if any (see kiln_model_synchronize).
 kiln_status* synchronize_model(kiln_model* model, const char* function);
 /// The device time of the last timed run (see kiln_model_device_time).

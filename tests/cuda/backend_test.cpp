@@ -8,8 +8,8 @@
 namespace kiln::cuda {
 namespace {
 
-TEST_CASE("an executable runs after its backend is released (a clear error here when there is no GPU)") {
-  Registry r;
+/// A backend "cuda-test" for sm_90a with default options.
+std::unique_ptr<Backend> sm90_backend(Registry& r) {
   Capabilities caps;
   caps.plugin = "cuda-test";
   caps.targets = {"sm_90a"};
@@ -19,13 +19,18 @@ TEST_CASE("an executable runs after its backend is released (a clear error here 
   REQUIRE(info.ok());
   auto opts = resolve_options((*info)->options, {}, "cuda-test");
   REQUIRE(opts.ok());
+  auto backend = (*info)->create(*opts);
+  REQUIRE(backend.ok());
+  return std::move(*backend);
+}
+
+TEST_CASE("an executable runs after its backend is released (a clear error here when there is no GPU)") {
+  Registry r;
   auto g = parse_graph("graph @g(%x: f32[4]) -> (f32[4]) {\n  %y = relu(%x) : f32[4]\n  return %y\n}\n");
   REQUIRE(g.ok());
   std::unique_ptr<Executable> exe;
   {
-    auto backend = (*info)->create(*opts);
-    REQUIRE(backend.ok());
-    auto compiled = (*backend)->compile(**g);
+    auto compiled = sm90_backend(r)->compile(**g);
     REQUIRE(compiled.ok());
     exe = std::move(*compiled);
   }  // the backend is gone; the executable builds its artifact on first run from its own copy
@@ -66,6 +71,53 @@ TEST_CASE("option images picks the kernel images an executable builds; a target 
   auto y = (*exe)->run({&x, 1});
   if (y.ok()) CHECK((*y)[0].get_f64(1) == 2);  // the GPU ran the PTX image
   else CHECK(y.status().message().find("cuda-test: no CUDA device") == 0);
+}
+
+TEST_CASE("variable state: inits before any run, written values checked and kept, the device's after runs") {
+  Registry r;
+  // Each run returns the counter plus x and adds x to it.
+  auto g = parse_graph(R"(graph @g(%x: f32[2]) -> (f32[2]) {
+  %c = variable() {init = dense<f32[2]>[1.0, 2.0], name = "counter"} : f32[2]
+  %y = add(%c, %x) : f32[2]
+  assign(%y) {name = "counter"}
+  return %y
+}
+)");
+  REQUIRE(g.ok());
+  auto exe = sm90_backend(r)->compile(**g);
+  REQUIRE(exe.ok());
+  auto before = (*exe)->read_state();
+  REQUIRE_MESSAGE(before.ok(), before.status().message());
+  REQUIRE(before->size() == 1);
+  CHECK(before->at("counter").get_f64(1) == 2);
+
+  CHECK((*exe)->write_state({{"count", Tensor::from_f64(DType::kF32, {2}, std::vector<double>{0, 0})}}).message() ==
+        "cuda-test: the graph has no variable 'count'");
+  CHECK((*exe)->write_state({{"counter", Tensor::from_f64(DType::kF32, {3}, std::vector<double>{0, 0, 0})}}).message() ==
+        "cuda-test: variable 'counter' is f32[2], the value given is f32[3]");
+  REQUIRE((*exe)->write_state({{"counter", Tensor::from_f64(DType::kF32, {2}, std::vector<double>{10, 20})}}).ok());
+  auto written = (*exe)->read_state();
+  REQUIRE(written.ok());
+  CHECK(written->at("counter").get_f64(0) == 10);  // kept for the model the first run builds
+
+  const Tensor x = Tensor::from_f64(DType::kF32, {2}, std::vector<double>{1, 1});
+  auto y = (*exe)->run({&x, 1});
+  if (!y.ok()) {
+    CHECK(y.status().message().find("cuda-test: no CUDA device") == 0);
+    return;
+  }
+  CHECK((*y)[0].get_f64(0) == 11);  // the first run started from the written state
+  REQUIRE((*exe)->run({&x, 1}).ok());
+  auto after = (*exe)->read_state();
+  REQUIRE_MESSAGE(after.ok(), after.status().message());
+  CHECK(after->at("counter").get_f64(0) == 12);  // read from the device
+  CHECK(after->at("counter").get_f64(1) == 22);
+  // A write after runs lands in the loaded model's device memory.
+  REQUIRE((*exe)->write_state({{"counter", Tensor::from_f64(DType::kF32, {2}, std::vector<double>{-5, 5})}}).ok());
+  auto z = (*exe)->run({&x, 1});
+  REQUIRE(z.ok());
+  CHECK((*z)[0].get_f64(0) == -4);
+  CHECK((*z)[0].get_f64(1) == 6);
 }
 
 }  // namespace

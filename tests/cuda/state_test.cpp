@@ -118,6 +118,9 @@ TEST_CASE("state: assigns between variables read the values from before the run"
   CHECK(has(steps[n - 2], " dst=" + a + " "));
   CHECK(has(steps[n - 1], " dst=" + b + " "));
   CHECK_FALSE(has(steps[n - 2], "src=" + b + " "));
+  // Each variable's buffer is named on a variable line, for the runtime's state API.
+  CHECK(plan_lines(l.plan, "variable ") == std::vector<std::string>{"variable a buffer=" + a.substr(1),
+                                                                     "variable b buffer=" + b.substr(1)});
 }
 
 TEST_CASE("state: amax of an f32 tensor is one kernel; an assign without its variable is refused") {

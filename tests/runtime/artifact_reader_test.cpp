@@ -161,6 +161,22 @@ TEST_CASE("parse_plan reads every line kind") {
   CHECK(p.steps[3].line == 18);
 }
 
+TEST_CASE("parse_plan reads variable lines: weight buffers the plan's copies write, by name") {
+  const std::string w = "buffer 1 kind=weight dtype=f32 shape=3 bytes=12 offset=0 name=w\n";
+  Plan p;
+  std::string error;
+  REQUIRE_MESSAGE(parse_plan(kHead + kX + w + "input x buffer=0\nvariable w.exp_avg buffer=1\nkernel k\n", &p, &error), error);
+  REQUIRE(p.variables.size() == 1);
+  CHECK(p.variables[0] == std::pair<std::string, int>{"w.exp_avg", 1});
+  CHECK(plan_error(kHead + kX + w + "variable v buffer=0\n") == "plan:6: variable 'v': buffer 0 is not of kind weight");
+  CHECK(plan_error(kHead + kX + w + "variable v buffer=2\n") == "plan:6: variable 'v': buffer '2' is not declared");
+  CHECK(plan_error(kHead + kX + w + "variable v buffer=1\nvariable v buffer=1\n") == "plan:7: variable 'v' declared twice");
+  CHECK(plan_error(kHead + kX + w + "variable v\n") == "plan:6: expected 'variable NAME buffer=ID'");
+  CHECK(plan_error(kHead + kX + w + "kernel k\nvariable v buffer=1\n") ==
+        "plan:7: 'variable' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, input, output, "
+        "[variable], kernel, step)");
+}
+
 TEST_CASE("parse_plan: a launch without smem or args, and CRLF line ends") {
   Plan p;
   std::string error;
@@ -189,8 +205,8 @@ TEST_CASE("parse_plan refuses malformed plans, naming the line") {
       {"kiln-plan 1\narena\n", "plan:2: 'arena' needs bytes="},
       {kHead + "frob x=1\n", "plan:4: unknown line 'frob'"},
       {kHead + "arena bytes=1\n",
-       "plan:4: 'arena' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, input, output, kernel, step)"},
-      {kHead + kX + "input x buffer=0\n" + kX, "plan:6: 'buffer' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, input, output, kernel, step)"},
+       "plan:4: 'arena' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, input, output, [variable], kernel, step)"},
+      {kHead + kX + "input x buffer=0\n" + kX, "plan:6: 'buffer' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, input, output, [variable], kernel, step)"},
       {kHead + "buffer 1 kind=input dtype=f32 shape=2x3 bytes=24 offset=0\n",
        "plan:4: buffer 1: expected id 0 (ids are 0..count-1 in order)"},
       {kHead + "buffer x\n", "plan:4: expected 'buffer ID ...'"},

@@ -93,7 +93,7 @@ TEST_CASE("parse_plan refuses malformed per-rank lines and collective steps, nam
        "plan:4: mesh: expected AXIS=SIZE with an identifier and a size >= 1, got '2tp=2'"},
       {kHead + kBufs.substr(0, kBufs.find('\n') + 1) + kMesh,
        "plan:5: 'mesh' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, input, "
-       "output, kernel, step)"},
+       "output, [variable], kernel, step)"},
       {kHead + kBufs.substr(0, kBufs.find('\n') + 1) + step,
        "plan:5: collective all_reduce: a collective step needs a 'mesh' line"},
       {head + "step collective op=all_sum axis=tp x=b0 y=b1 count=32 dtype=f32\n",

@@ -165,19 +165,20 @@ def main():
     if args.fp8 and rel[worst] < 1e-4:
         sys.exit("FAIL: the FP8 run tracks the reference as closely as f32 does: nothing was quantized")
 
-    if args.backend.startswith("cuda"):
-        print("  (no resume check: the CUDA executables keep their variables on the device)")
-        print("PASS")
-        return
-    # Resuming: half the steps with a checkpoint, then the rest from it, repeat the losses exactly.
+    # Resuming: half the steps with a checkpoint, then the rest from it, repeat the losses exactly
+    # (on a CUDA backend the checkpoint is read from and written to the device's variables).
     half = max(1, min(args.steps // 2, 20))
     ckpt = os.path.join(workdir, "half.ckpt")
     first, _ = train(args.kiln, kir, toml, data, args.backend, half, workdir, ["--checkpoint", ckpt])
     rest, _ = train(args.kiln, kir, toml, data, args.backend, 2 * half, workdir, ["--resume", ckpt])
     resumed = np.concatenate([first, rest])
-    if not np.array_equal(resumed, got[: 2 * half]):
+    if np.array_equal(resumed, got[: 2 * half]):
+        print(f"  resumed at step {half}: the {2 * half} losses equal the uninterrupted run's")
+    elif args.backend.startswith("cuda") and np.allclose(resumed, got[: 2 * half], rtol=1e-6, atol=0):
+        # A device library may pick another algorithm in another process (same math, other order).
+        print(f"  resumed at step {half}: the {2 * half} losses match the uninterrupted run's within 1e-6")
+    else:
         sys.exit(f"FAIL: the resumed run's losses differ:\n{resumed}\n{got[:2 * half]}")
-    print(f"  resumed at step {half}: the {2 * half} losses equal the uninterrupted run's")
     print("PASS")
 
 

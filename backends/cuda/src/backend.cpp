@@ -115,12 +115,16 @@ class CudaExecutable final : public Executable {
     kiln_runtime_release(runtime_);
   }
   StatusOr<std::vector<Tensor>> run(std::span<const Tensor> inputs) override;
+  StatusOr<std::map<std::string, Tensor>> read_state() override;
+  Status write_state(const std::map<std::string, Tensor>& values) override;
 
  private:
   std::unique_ptr<CudaBackend> backend_;
   std::unique_ptr<Graph> graph_;
   kiln_runtime* runtime_ = nullptr;
   std::map<std::string, kiln_model*> models_;
+  /// The model of the latest run: its device memory holds the variables' current values.
+  kiln_model* latest_ = nullptr;
   std::map<std::string, std::unique_ptr<Graph>> bound_;
 };
 
@@ -252,7 +256,61 @@ StatusOr<std::vector<Tensor>> CudaExecutable::run(std::span<const Tensor> inputs
   for (const Value* v : g.outputs()) results.emplace_back(v->dtype(), static_sizes(v->shape()));
   for (Tensor& t : results) out.push_back({t.mutable_data(), t.nbytes()});
   KILN_RETURN_IF_ERROR(from_runtime(kiln_model_run(it->second, in.data(), in.size(), out.data(), out.size()), who));
+  latest_ = it->second;
   return results;
+}
+
+/// The graph's `variable` nodes by name.
+std::map<std::string, Node*> variables_of(const Graph& g) {
+  std::map<std::string, Node*> vars;
+  for (const auto& n : g.nodes())
+    if (n->op_name() == "variable") vars[n->get_string("name")] = n.get();
+  return vars;
+}
+
+StatusOr<std::map<std::string, Tensor>> CudaExecutable::read_state() {
+  const std::string& who = backend_->caps().plugin;
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, n] : variables_of(*graph_)) state.emplace(name, n->attr("init")->as_tensor());
+  if (latest_ == nullptr) return state;  // nothing ran yet: every variable holds its init
+  for (size_t i = 0; i < kiln_model_num_variables(latest_); ++i) {
+    kiln_tensor_info info{};
+    KILN_RETURN_IF_ERROR(from_runtime(kiln_model_variable_info(latest_, i, &info), who));
+    auto it = state.find(info.name);
+    if (it == state.end()) return internal_error(who + ": the plan's variable '" + std::string(info.name) + "' is not in the graph");
+    Tensor& t = it->second;
+    if (static_cast<uint64_t>(t.nbytes()) != info.bytes)
+      return internal_error(who + ": variable '" + it->first + "' has " + std::to_string(info.bytes) +
+                            " bytes on the device, " + std::to_string(t.nbytes()) + " in the graph");
+    KILN_RETURN_IF_ERROR(from_runtime(kiln_model_read_variable(latest_, i, t.mutable_data(), info.bytes), who));
+  }
+  return state;
+}
+
+Status CudaExecutable::write_state(const std::map<std::string, Tensor>& values) {
+  const std::string& who = backend_->caps().plugin;
+  const std::map<std::string, Node*> vars = variables_of(*graph_);
+  // Everything is checked before anything changes, so a bad value leaves the state as it was.
+  for (const auto& [name, t] : values) {
+    auto it = vars.find(name);
+    if (it == vars.end()) return not_found(who + ": the graph has no variable '" + name + "'");
+    const TensorType want = it->second->result()->type();
+    if (t.dtype() != want.dtype || t.shape() != static_sizes(want.shape))
+      return invalid_argument(who + ": variable '" + name + "' is " + want.str() + ", the value given is " + t.type().str());
+  }
+  // The graph's inits, for models built from now on (other input shapes), and the device
+  // memory of every model loaded already.
+  for (const auto& [name, t] : values) vars.at(name)->set_attr("init", Attribute(t));
+  for (auto& [key, model] : models_) {
+    for (size_t i = 0; i < kiln_model_num_variables(model); ++i) {
+      kiln_tensor_info info{};
+      KILN_RETURN_IF_ERROR(from_runtime(kiln_model_variable_info(model, i, &info), who));
+      auto it = values.find(info.name);
+      if (it == values.end()) continue;
+      KILN_RETURN_IF_ERROR(from_runtime(kiln_model_write_variable(model, i, it->second.data(), it->second.nbytes()), who));
+    }
+  }
+  return ok_status();
 }
 
 }  // namespace

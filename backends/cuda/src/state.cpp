@@ -15,6 +15,9 @@ Status Lowerer::state_op(const Node& n) {
     assigns_.push_back({name, buf(n.operand(0)), &n});
     return ok_status();
   }
+  // The plan names it on a `variable` line, for the runtime's kiln_model_read_variable.
+  if (name.empty() || name.find_first_of(" \t\r\n=#") != std::string::npos)
+    return unsupported(n, "variable name '" + name + "' cannot be written in a plan (empty, or a space, '=' or '#' in it)");
   // A weight buffer holding init, marked "state" until finish_state so that nothing folds it
   // or reads it at compile time (fold, weight_tensor); the plan calls it a weight.
   KILN_RETURN_IF_ERROR(weight(n.result(), n.attr("init")->as_tensor()));

@@ -83,6 +83,8 @@ struct Plan {
   std::vector<PlanBuffer> buffers;
   std::vector<std::pair<std::string, int>> inputs;   ///< name, buffer id
   std::vector<std::pair<std::string, int>> outputs;
+  /// Persistent state (training weights, optimizer state): name, weight buffer id.
+  std::vector<std::pair<std::string, int>> variables;
   /// Per-rank plans: the device mesh (empty for a single-device plan) and each input's and
   /// output's placement, parallel to `inputs` and `outputs` (one entry per mesh axis; empty
   /// when the line gives none, which means replicated).

@@ -30,7 +30,7 @@ extern "C" {
 #define KILN_RUNTIME_EXPORT
 #endif
 
-#define KILN_RUNTIME_API_VERSION 6
+#define KILN_RUNTIME_API_VERSION 7
 
 /* ---- status ------------------------------------------------------------------------------ */
 
@@ -322,6 +322,19 @@ KILN_RUNTIME_EXPORT kiln_status* kiln_model_run_device(kiln_model* model, const 
                                                        size_t num_inputs, const kiln_device_tensor* outputs,
                                                        size_t num_outputs, void* stream);
 
+/* Persistent state: the graph's variables (a training step's weights and optimizer state), which
+ * live in device memory for as long as the model and which each run updates. Indexed in the
+ * plan's order; kiln_model_variable_info names each (the string is owned by the model). A read
+ * waits for the pending run, then copies the value to `data` (exactly its `bytes`); a write
+ * waits for it too and the next run sees the new value (checkpoint save and resume). Like runs,
+ * not to be called concurrently on one model. */
+KILN_RUNTIME_EXPORT size_t kiln_model_num_variables(const kiln_model* model);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_variable_info(const kiln_model* model, size_t index,
+                                                          kiln_tensor_info* out_info);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_read_variable(kiln_model* model, size_t index, void* data, uint64_t bytes);
+KILN_RUNTIME_EXPORT kiln_status* kiln_model_write_variable(kiln_model* model, size_t index, const void* data,
+                                                           uint64_t bytes);
+
 /* ---- versioned function table -------------------------------------------------------------- */
 
 typedef struct kiln_api {
@@ -365,6 +378,11 @@ typedef struct kiln_api {
   /* version 6 */
   kiln_status* (*model_run_device)(kiln_model*, const kiln_device_tensor*, size_t, const kiln_device_tensor*, size_t,
                                    void*);
+  /* version 7 */
+  size_t (*model_num_variables)(const kiln_model*);
+  kiln_status* (*model_variable_info)(const kiln_model*, size_t, kiln_tensor_info*);
+  kiln_status* (*model_read_variable)(kiln_model*, size_t, void*, uint64_t);
+  kiln_status* (*model_write_variable)(kiln_model*, size_t, const void*, uint64_t);
   /* New entries go here, at the end, with a bump of KILN_RUNTIME_API_VERSION. */
 } kiln_api;
 
