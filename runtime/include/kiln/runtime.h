@@ -322,6 +322,8 @@ KILN_RUNTIME_EXPORT kiln_status* kiln_model_run_device(kiln_model* model, const 
                                                        size_t num_inputs, const kiln_device_tensor* outputs,
                                                        size_t num_outputs, void* stream);
 
+/* ---- variables (since API version 7) ------------------------------------------------------- */
+
 /* Persistent state: the graph's variables (a training step's weights and optimizer state), which
  * live in device memory for as long as the model and which each run updates. Indexed in the
  * plan's order; kiln_model_variable_info names each (the string is owned by the model). A read
