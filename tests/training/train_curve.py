@@ -174,9 +174,9 @@ def main():
     resumed = np.concatenate([first, rest])
     if np.array_equal(resumed, got[: 2 * half]):
         print(f"  resumed at step {half}: the {2 * half} losses equal the uninterrupted run's")
-    elif args.backend.startswith("cuda") and np.allclose(resumed, got[: 2 * half], rtol=1e-6, atol=0):
-        # A device library may pick another algorithm in another process (same math, other order).
-        print(f"  resumed at step {half}: the {2 * half} losses match the uninterrupted run's within 1e-6")
+    elif args.backend.startswith("cuda") and np.allclose(resumed, got[: 2 * half], rtol=1e-4, atol=0):
+        # scatter_add (the embedding gradient) adds with atomics on the GPU: sums in another order.
+        print(f"  resumed at step {half}: the {2 * half} losses match the uninterrupted run's within 1e-4")
     else:
         sys.exit(f"FAIL: the resumed run's losses differ:\n{resumed}\n{got[:2 * half]}")
     print("PASS")
