@@ -93,7 +93,9 @@ class Grouper {
     for (int i = 0; i < static_cast<int>(order_.size()); ++i) {
       if (!is_member_candidate(*order_[static_cast<size_t>(i)])) continue;
       int mine = -1;
-      for (const Value* v : order_[static_cast<size_t>(i)]->operands()) {
+      const Node& node = *order_[static_cast<size_t>(i)];
+      for (const Value* v : node.operands()) {
+        if (v->producer() && is_running_sum_edge(*v->producer(), node)) continue;
         // An f8 value or an amax only leaves its group: nothing joins through it.
         if (v->dtype() == DType::kF8E4M3FN || v->dtype() == DType::kF8E5M2) continue;
         if (v->producer() && is_amax_epilogue(*v->producer())) continue;
@@ -198,7 +200,7 @@ class Grouper {
         for (int m : groups_[gid])
           for (const Value* v : order_[static_cast<size_t>(m)]->operands()) {
             const Node* p = v->producer();
-            if (!p || inside(p)) continue;
+            if (!p || inside(p) || is_running_sum_edge(*p, *order_[static_cast<size_t>(m)])) continue;
             const int q = pos_.at(p);
             if (!movement_[static_cast<size_t>(q)] && group_of_[static_cast<size_t>(q)] < 0) continue;
             const auto& uses = p->result()->uses();

@@ -120,8 +120,12 @@ bool can_join_rows(const Node& n, const RowSpace& space) {
   return row_value(n.result()->shape(), space) != RowValue::kNone;
 }
 
+bool is_running_sum_edge(const Node& producer, const Node& consumer) {
+  return consumer.has_attr("_accumulate") && consumer.num_operands() > 0 && consumer.operand(0)->producer() == &producer;
+}
+
 bool can_fuse(const Node& producer, const Node& consumer, const std::optional<RowSpace>& space) {
-  if (is_epilogue_only(producer)) return false;  // their values only leave a group
+  if (is_epilogue_only(producer) || is_running_sum_edge(producer, consumer)) return false;
   if (!space) return group_kind(producer) == GroupKind::kPointwise && group_kind(consumer) == GroupKind::kPointwise;
   if (!can_join_rows(producer, *space) || !can_join_rows(consumer, *space)) return false;
   // A reduction that drops its axes yields values a consumer would broadcast along the wrong dims.

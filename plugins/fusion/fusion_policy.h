@@ -67,4 +67,9 @@ bool is_movement_member(const Node& n);
 /// they would form (nullopt for a pointwise group).
 bool can_fuse(const Node& producer, const Node& consumer, const std::optional<RowSpace>& space);
 
+/// Whether `consumer` is a weight gradient's running sum (autodiff's `_accumulate` add) and
+/// `producer` made the sum so far: such an edge never fuses, so each contribution is added as
+/// soon as it exists instead of every one waiting in memory for one kernel that sums them all.
+bool is_running_sum_edge(const Node& producer, const Node& consumer);
+
 }  // namespace kiln::fusion

@@ -117,6 +117,7 @@ StatusOr<std::vector<Value*>> differentiate(Graph& g, const AutodiffConfig& conf
 
   // Which values depend on a parameter: only their producers' operands need gradients.
   std::unordered_set<const Value*> depends(params.begin(), params.end());
+  const std::unordered_set<const Value*> weights(params.begin(), params.end());
   const std::vector<Node*> forward = g.node_list();
   for (Node* n : forward) {
     bool dep = false;
@@ -182,7 +183,12 @@ StatusOr<std::vector<Value*>> differentiate(Graph& g, const AutodiffConfig& conf
           return internal_error("autodiff: the rule of '" + n->op_name() + "' gave " + gi->type().str() +
                                 " for operand " + std::to_string(i) + " of type " + x->type().str());
         auto [slot, fresh] = grads.emplace(x, gi);
-        if (!fresh) slot->second = b.add(slot->second, gi);
+        // A weight used in several places (a tied embedding, a chunked head) sums its gradient
+        // as each contribution comes: `_accumulate` keeps fusion from making one kernel of the
+        // whole sum, which would hold every contribution until the last one exists.
+        if (!fresh)
+          slot->second = weights.count(x) ? b.op("add", {slot->second, gi}, {{"_accumulate", Attribute(int64_t{1})}})
+                                          : b.add(slot->second, gi);
       }
     }
     std::vector<Value*> outs = g.outputs();
