@@ -1188,8 +1188,10 @@ Status Lowerer::scatter_add(const Node& n) {
   if (is_all_zeros(data)) {
     steps_.push_back({"step memset dst=b" + std::to_string(out) + " bytes=" + std::to_string(bytes), {out}});
   } else {
-    launch_elementwise(kernel_name("scatter_add_copy"), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y",
-                       product(ds), "    y[i] = x[i];\n", {buf(data), out});
+    const int src = buf(data);
+    steps_.push_back({"step copy src=b" + std::to_string(src) + " dst=b" + std::to_string(out) + " bytes=" +
+                          std::to_string(bytes),
+                      {src, out}});
   }
   if (total == 0) return ok_status();
   // Repeated indices accumulate through atomics (so the sum's order, and its last bits in

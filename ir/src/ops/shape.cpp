@@ -407,83 +407,80 @@ Status split_kernel(KernelContext& ctx) {
 // ---------------------------------------------------------------------------------------
 // gather, scatter_add, expand
 
-/// The normalised axis of a gather or scatter_add node, or why its data and indices do not fit.
-StatusOr<int64_t> gather_axis(InferContext& ctx, const TensorType& data, const TensorType& idx) {
+/// Gather's result type for the node's data and indices (scatter_add's updates have it too),
+/// or why they do not fit.
+StatusOr<TensorType> gathered_type(InferContext& ctx) {
+  const TensorType& data = ctx.operand(0);
+  const TensorType& idx = ctx.operand(1);
   if (idx.dtype != DType::kI32 && idx.dtype != DType::kI64)
     return ctx.error("operand 'indices' must be i32 or i64, got " + std::string(dtype_name(idx.dtype)));
   if (data.rank() == 0) return ctx.error("operand 'data' must have rank >= 1, got " + data.str());
-  return normalize_axis(ctx, ctx.node.get_int("axis", 0), data.rank());
-}
-
-Status infer_gather(InferContext& ctx) {
-  const TensorType& data = ctx.operand(0);
-  const TensorType& idx = ctx.operand(1);
-  KILN_ASSIGN_OR_RETURN(int64_t axis, gather_axis(ctx, data, idx));
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx, ctx.node.get_int("axis", 0), data.rank()));
   Shape out(data.shape.begin(), data.shape.begin() + axis);
   out.insert(out.end(), idx.shape.begin(), idx.shape.end());
   out.insert(out.end(), data.shape.begin() + axis + 1, data.shape.end());
-  ctx.results = {TensorType{data.dtype, out}};
+  return TensorType{data.dtype, out};
+}
+
+/// Where element i of gather's result comes from in data (and where scatter_add adds element i
+/// of its updates): data viewed as [outer, dim, inner], indices wrapped and checked.
+struct GatherIndex {
+  int64_t dim = 0, inner = 1;
+  std::vector<int64_t> idx;
+  int64_t source(int64_t i) const {
+    const int64_t n = static_cast<int64_t>(idx.size());
+    const int64_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
+    return (o * dim + idx[static_cast<size_t>(j)]) * inner + k;
+  }
+};
+
+StatusOr<GatherIndex> gather_index(KernelContext& ctx) {
+  const Tensor& data = ctx.input(0);
+  const int64_t axis = normalize_axis(ctx.node.get_int("axis", 0), data.rank()).value();
+  GatherIndex g;
+  g.dim = data.shape()[static_cast<size_t>(axis)];
+  g.idx = ctx.input(1).to_i64();
+  for (int64_t& i : g.idx) {
+    if (i < -g.dim || i >= g.dim)
+      return ctx.error("index " + std::to_string(i) + " is out of range for axis " + std::to_string(axis) +
+                       " of size " + std::to_string(g.dim));
+    if (i < 0) i += g.dim;
+  }
+  int64_t outer;
+  outer_inner(data.shape(), axis, outer, g.inner);
+  return g;
+}
+
+Status infer_gather(InferContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType out, gathered_type(ctx));
+  ctx.results = {out};
   return ok_status();
 }
 
 Status gather_kernel(KernelContext& ctx) {
-  const Tensor& data = ctx.input(0);
-  const int64_t axis = normalize_axis(ctx.node.get_int("axis", 0), data.rank()).value();
-  const int64_t dim = data.shape()[static_cast<size_t>(axis)];
-  std::vector<int64_t> idx = ctx.input(1).to_i64();
-  for (int64_t& i : idx) {
-    if (i < -dim || i >= dim)
-      return ctx.error("index " + std::to_string(i) + " is out of range for axis " +
-                       std::to_string(axis) + " of size " + std::to_string(dim));
-    if (i < 0) i += dim;
-  }
-  int64_t outer, inner;
-  outer_inner(data.shape(), axis, outer, inner);
-  const int64_t n = static_cast<int64_t>(idx.size());
-  gather_elements(data, ctx.output(), [&](int64_t i) {
-    const int64_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
-    return (o * dim + idx[static_cast<size_t>(j)]) * inner + k;
-  });
+  KILN_ASSIGN_OR_RETURN(const GatherIndex g, gather_index(ctx));
+  gather_elements(ctx.input(0), ctx.output(), [&](int64_t i) { return g.source(i); });
   return ok_status();
 }
 
 Status infer_scatter_add(InferContext& ctx) {
-  const TensorType& data = ctx.operand(0);
-  const TensorType& idx = ctx.operand(1);
+  KILN_ASSIGN_OR_RETURN(const TensorType expected, gathered_type(ctx));
   const TensorType& upd = ctx.operand(2);
-  KILN_ASSIGN_OR_RETURN(int64_t axis, gather_axis(ctx, data, idx));
-  Shape want(data.shape.begin(), data.shape.begin() + axis);
-  want.insert(want.end(), idx.shape.begin(), idx.shape.end());
-  want.insert(want.end(), data.shape.begin() + axis + 1, data.shape.end());
-  const TensorType expected{data.dtype, want};
-  if (upd.dtype != data.dtype || upd.shape != want)
+  if (upd.dtype != expected.dtype || upd.shape != expected.shape)
     return ctx.error("operand 'updates' must be " + expected.str() + " (gather's result for these data and indices), got " +
                      upd.str());
-  ctx.results = {data};
+  ctx.results = {ctx.operand(0)};
   return ok_status();
 }
 
 Status scatter_add_kernel(KernelContext& ctx) {
-  const Tensor& data = ctx.input(0);
+  KILN_ASSIGN_OR_RETURN(const GatherIndex g, gather_index(ctx));
   const Tensor& upd = ctx.input(2);
   Tensor& y = ctx.output();
-  const int64_t axis = normalize_axis(ctx.node.get_int("axis", 0), data.rank()).value();
-  const int64_t dim = data.shape()[static_cast<size_t>(axis)];
-  std::vector<int64_t> idx = ctx.input(1).to_i64();
-  for (int64_t& i : idx) {
-    if (i < -dim || i >= dim)
-      return ctx.error("index " + std::to_string(i) + " is out of range for axis " + std::to_string(axis) +
-                       " of size " + std::to_string(dim));
-    if (i < 0) i += dim;
-  }
-  gather_elements(data, y, [](int64_t i) { return i; });
-  int64_t outer, inner;
-  outer_inner(data.shape(), axis, outer, inner);
-  const int64_t n = static_cast<int64_t>(idx.size());
+  gather_elements(ctx.input(0), y, [](int64_t i) { return i; });
   const bool flt = is_float(y.dtype());
   for (int64_t i = 0; i < upd.numel(); ++i) {
-    const int64_t o = i / (n * inner), j = (i / inner) % n, k = i % inner;
-    const int64_t dst = (o * dim + idx[static_cast<size_t>(j)]) * inner + k;
+    const int64_t dst = g.source(i);
     if (flt)
       y.set_f64(dst, y.get_f64(dst) + upd.get_f64(i));
     else
