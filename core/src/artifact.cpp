@@ -64,8 +64,13 @@ std::string serialize_artifact(const ArtifactContents& contents) {
   std::string meta_text;
   for (const auto& [k, v] : meta) meta_text += k + "=" + v + "\n";
 
-  std::vector<PendingSection> pending = {{kSectionMeta, "meta", &meta_text, kSectionAlign},
-                                         {kSectionPlan, "plan", &contents.plan, kSectionAlign}};
+  std::vector<PendingSection> pending = {{kSectionMeta, "meta", &meta_text, kSectionAlign}};
+  if (contents.programs.empty()) pending.push_back({kSectionPlan, "plan", &contents.plan, kSectionAlign});
+  // Each program where an artifact of its own would start, so its weights stay page-aligned.
+  std::vector<std::string> program_names;
+  for (size_t k = 0; k < contents.programs.size(); ++k) program_names.push_back("program." + std::to_string(k));
+  for (size_t k = 0; k < contents.programs.size(); ++k)
+    pending.push_back({kSectionProgram, program_names[k], &contents.programs[k], kWeightsAlign});
   for (const auto& im : contents.images)
     pending.push_back({kSectionImage, im.target + "." + im.form, &im.bytes, kSectionAlign});
   for (const auto& [target, src] : contents.sources)
@@ -107,6 +112,20 @@ std::string serialize_artifact(const ArtifactContents& contents) {
   put_le(out, 24, out.size(), 8);
   put_le(out, 32, fnv1a64(out.data() + table_offset, out.size() - table_offset), 8);
   return out;
+}
+
+ArtifactContents rank_program_contents(const std::vector<std::string>& per_rank, std::map<std::string, std::string> meta) {
+  ArtifactContents c;
+  std::string ranks;
+  for (const std::string& program : per_rank) {
+    const auto same = std::find(c.programs.begin(), c.programs.end(), program);
+    const size_t k = static_cast<size_t>(same - c.programs.begin());
+    if (same == c.programs.end()) c.programs.push_back(program);
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(k);
+  }
+  c.meta = std::move(meta);
+  c.meta["rank_programs"] = ranks;
+  return c;
 }
 
 Status write_artifact(const std::string& path, const ArtifactContents& contents) {

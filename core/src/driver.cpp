@@ -163,13 +163,20 @@ TensorType interface_type(const Graph& g, const Value* v) {
   return TensorType{v->dtype(), global_shape(v->shape(), v->sharding(), g.mesh())};
 }
 
+bool runs_stage(const Node& stage, const DeviceMesh& mesh, int64_t rank) {
+  const std::string axis = stage.get_string("axis", "");
+  if (axis.empty()) return stage.get_int("rank") == rank;
+  const int a = mesh.axis_index(axis);
+  return a >= 0 && mesh.coords(rank)[static_cast<size_t>(a)] == stage.get_int("rank");
+}
+
 StatusOr<std::unique_ptr<Graph>> program_of_rank(const Graph& g, int64_t rank) {
   std::unique_ptr<Graph> out = g.clone();
   std::vector<Node*> stages;
   for (Node* n : out->node_list())
     if (n->op_name() == "pipeline_stage") stages.push_back(n);
   for (Node* n : stages) {
-    if (n->get_int("rank") == rank) {  // inline the region in place of the node
+    if (runs_stage(*n, out->mesh(), rank)) {  // inline the region in place of the node
       const Graph& body = n->region(0);
       std::unordered_map<const Value*, Value*> map;
       for (int i = 0; i < body.num_inputs(); ++i) map[body.input(i)] = n->operand(i);

@@ -705,6 +705,7 @@ const char* section_kind_name(uint32_t kind) {
     case kSectionImage: return "image";
     case kSectionWeights: return "weights";
     case kSectionSource: return "source";
+    case kSectionProgram: return "program";
     default: return "unknown";
   }
 }
@@ -823,9 +824,15 @@ std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& na
       if (!s.name.ends_with(".cu") || s.name.size() == 3) return fail("source " + what + " is not named TARGET.cu");
       a->sources.emplace(s.name.substr(0, s.name.size() - 3), bytes_view);
     }
+    if (s.kind == kSectionProgram) {
+      const std::string k = std::to_string(a->programs.size());
+      if (s.name != "program." + k) return fail("program " + what + " is not named 'program." + k + "' (in order)");
+      a->programs.push_back(bytes_view);
+    }
   }
   if (!meta) return fail("missing section 'meta'");
-  if (!plan) return fail("missing section 'plan'");
+  if (!plan && a->programs.empty()) return fail("missing section 'plan'");
+  if (plan && !a->programs.empty()) return fail("holds both a plan and per-rank programs");
 
   int line_no = 0;
   for (std::string_view line : split(std::string_view(b.data() + meta->offset, meta->size), '\n')) {
@@ -840,6 +847,23 @@ std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& na
   if (auto v = a->meta.find("format_version"); v != a->meta.end() && v->second != std::to_string(a->format_version))
     return fail("meta format_version '" + v->second + "' differs from the header's " + std::to_string(a->format_version));
 
+  if (!a->programs.empty()) {  // per-rank programs: each is read when a rank picks it
+    const auto ranks = a->meta.find("rank_programs");
+    if (ranks == a->meta.end()) return fail("holds per-rank programs but no meta 'rank_programs'");
+    std::vector<bool> used(a->programs.size(), false);
+    for (std::string_view k : split(ranks->second, ',')) {
+      uint64_t index = 0;
+      const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), index);
+      if (ec != std::errc() || end != k.data() + k.size() || index >= a->programs.size())
+        return fail("meta rank_programs '" + ranks->second + "': '" + std::string(k) + "' is not a program (0.." +
+                    std::to_string(a->programs.size() - 1) + ")");
+      used[index] = true;
+      a->rank_programs.push_back(static_cast<int>(index));
+    }
+    for (size_t k = 0; k < used.size(); ++k)
+      if (!used[k]) return fail("program." + std::to_string(k) + " is no rank's program");
+    return a;
+  }
   a->plan_text = std::string_view(b.data() + plan->offset, plan->size);
   std::string plan_error;
   if (!parse_plan(a->plan_text, &a->plan, &plan_error)) return fail(plan_error);
@@ -866,6 +890,47 @@ std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& na
                   ") lie outside the weights section of " + std::to_string(a->weights.size()) + " bytes");
   }
   return a;
+}
+
+std::unique_ptr<Artifact> rank_program(const Artifact& a, int64_t rank, const std::string& name, std::string* error) {
+  const int64_t ranks = static_cast<int64_t>(a.rank_programs.size());
+  if (rank < 0 || rank >= ranks) {
+    if (error) *error = name + ": rank " + std::to_string(rank) + " is not one of its " + std::to_string(ranks) + " ranks";
+    return nullptr;
+  }
+  const int k = a.rank_programs[static_cast<size_t>(rank)];
+  const std::string who = name + " (program." + std::to_string(k) + ", rank " + std::to_string(rank) + "'s)";
+  auto p = read_artifact(std::string(a.programs[static_cast<size_t>(k)]), who, error);
+  if (!p) return nullptr;
+  if (!p->programs.empty()) {
+    if (error) *error = who + ": holds per-rank programs of its own";
+    return nullptr;
+  }
+  if (mesh_ranks(p->plan) != ranks) {
+    if (error)
+      *error = who + ": its plan runs on a mesh of " + std::to_string(mesh_ranks(p->plan)) + " ranks (" +
+               mesh_text(p->plan) + "), but the artifact lists programs for " + std::to_string(ranks);
+    return nullptr;
+  }
+  return p;
+}
+
+bool select_rank_program(std::unique_ptr<Artifact>& a, int64_t rank, int64_t world_size, const std::string& launcher,
+                         const std::string& name, std::string* error) {
+  if (a->rank_programs.empty()) return true;
+  const int64_t ranks = static_cast<int64_t>(a->rank_programs.size());
+  if (world_size != ranks) {
+    if (error)
+      *error = name + " holds the programs of " + std::to_string(ranks) + " ranks (each rank runs its own), but " +
+               (launcher.empty() ? std::string("this run") : launcher) + " started " + std::to_string(world_size) +
+               " rank" + (world_size == 1 ? "" : "s") + ": start exactly " + std::to_string(ranks) + " process" +
+               (ranks == 1 ? "" : "es") + " (e.g. kiln launch -n " + std::to_string(ranks) + " -- ...)";
+    return false;
+  }
+  auto p = rank_program(*a, rank, name, error);
+  if (!p) return false;
+  a = std::move(p);
+  return true;
 }
 
 std::unique_ptr<Artifact> read_artifact_file(const std::string& path, std::string* error) {
@@ -912,7 +977,64 @@ std::string buffer_type(const PlanBuffer& b) {
 
 }  // namespace
 
+namespace {
+
+std::string meta_value(const Artifact& a, const char* key) {
+  auto it = a.meta.find(key);
+  return it == a.meta.end() ? std::string("?") : it->second;
+}
+
+/// "format version 1, kiln 0.1.0, created by kiln compile from model.onnx\n"
+std::string origin_line(const Artifact& a) {
+  return "format version " + std::to_string(a.format_version) + ", kiln " + meta_value(a, "kiln_version") +
+         ", created by " + meta_value(a, "created_by") + " from " + meta_value(a, "model") + "\n";
+}
+
+/// An artifact of per-rank programs: which ranks run which program, then each program.
+std::string describe_rank_programs(const Artifact& a, bool json) {
+  std::ostringstream o;
+  std::vector<std::vector<int64_t>> ranks_of(a.programs.size());
+  for (size_t r = 0; r < a.rank_programs.size(); ++r)
+    ranks_of[static_cast<size_t>(a.rank_programs[r])].push_back(static_cast<int64_t>(r));
+  std::vector<std::string> described;
+  for (size_t k = 0; k < a.programs.size(); ++k) {
+    std::string error;
+    auto p = rank_program(a, ranks_of[k].front(), "program." + std::to_string(k), &error);
+    described.push_back(p ? describe(*p, json) : (json ? "{\"error\": " + json_string(error) + "}" : error + "\n"));
+  }
+  auto ranks_text = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (int64_t r : v) s += (s.empty() ? "" : ", ") + std::to_string(r);
+    return s;
+  };
+  if (json) {
+    o << "{\"format_version\": " << a.format_version << ", \"meta\": {";
+    bool first = true;
+    for (const auto& [k, v] : a.meta) o << (std::exchange(first, false) ? "" : ", ") << json_string(k) << ": " << json_string(v);
+    o << "}, \"rank_programs\": [" << ranks_text({a.rank_programs.begin(), a.rank_programs.end()}) << "], \"programs\": [";
+    for (size_t k = 0; k < described.size(); ++k) {
+      std::string d = described[k];
+      while (!d.empty() && d.back() == '\n') d.pop_back();
+      o << (k ? ", " : "") << d;
+    }
+    o << "]}\n";
+    return o.str();
+  }
+  o << origin_line(a) << "pipeline: " << meta_value(a, "pipeline") << "\n"
+    << "per-rank programs: " << a.programs.size() << " for " << a.rank_programs.size()
+    << " ranks (each rank loads its own by its rank number)\n";
+  for (size_t k = 0; k < described.size(); ++k) {
+    o << "program." << k << " (rank" << (ranks_of[k].size() == 1 ? " " : "s ") << ranks_text(ranks_of[k]) << "):\n";
+    for (std::string_view line : split(described[k], '\n'))
+      if (!line.empty()) o << "  " << line << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace
+
 std::string describe(const Artifact& a, bool json) {
+  if (!a.rank_programs.empty()) return describe_rank_programs(a, json);
   const Plan& p = a.plan;
   const std::vector<std::string> targets = artifact_targets(a);
   std::ostringstream o;
@@ -958,13 +1080,8 @@ std::string describe(const Artifact& a, bool json) {
       << ", \"arena_bytes\": " << p.arena_bytes << ", \"workspace_bytes\": " << p.workspace_bytes << "}\n";
     return o.str();
   }
-  auto meta = [&](const char* key) {
-    auto it = a.meta.find(key);
-    return it == a.meta.end() ? std::string("?") : it->second;
-  };
-  o << "format version " << a.format_version << ", kiln " << meta("kiln_version") << ", created by "
-    << meta("created_by") << " from " << meta("model") << "\n"
-    << "targets: " << join(targets, ", ") << "\n"
+  auto meta = [&](const char* key) { return meta_value(a, key); };
+  o << origin_line(a) << "targets: " << join(targets, ", ") << "\n"
     << "pipeline: " << meta("pipeline") << "\n"
     << "plugins: " << meta("plugins") << "\n"
     << "cuda " << meta("cuda_version") << ", nvrtc " << meta("nvrtc_version") << "\n"

@@ -59,8 +59,8 @@ kiln_status* read_artifact_at(const char* path, std::unique_ptr<kiln::artifact::
   return nullptr;
 }
 
-/// Loads `artifact` as one rank of a distributed run (`options` NULL: the defaults).
-kiln_status* load_distributed(kiln_runtime* runtime, std::unique_ptr<kiln::artifact::Artifact> artifact,
+/// Loads `artifact` (`name` in messages) as one rank of a distributed run (`options` NULL: the defaults).
+kiln_status* load_distributed(kiln_runtime* runtime, std::unique_ptr<kiln::artifact::Artifact> artifact, const std::string& name,
                               const kiln_distributed_options* options, const char* function, kiln_model** out) {
   kiln_distributed_options opts;
   kiln_distributed_options_initialize(&opts);
@@ -72,7 +72,7 @@ kiln_status* load_distributed(kiln_runtime* runtime, std::unique_ptr<kiln::artif
     std::memcpy(&opts, options, std::min<size_t>(options->struct_size, sizeof opts));
   }
   kiln::rt::DistributedSetup setup;
-  if (kiln_status* st = kiln::rt::distributed_setup(runtime, artifact->plan, opts, &setup)) {
+  if (kiln_status* st = kiln::rt::distributed_setup(runtime, artifact, name, opts, &setup)) {
     st->message = std::string(function) + ": " + st->message;
     return st;
   }
@@ -205,7 +205,7 @@ kiln_status* kiln_model_load_file_distributed(kiln_runtime* runtime, const char*
     if (!path) return null_argument("kiln_model_load_file_distributed", "path");
     std::unique_ptr<kiln::artifact::Artifact> artifact;
     KILN_RT_TRY(read_artifact_at(path, &artifact));
-    return load_distributed(runtime, std::move(artifact), options, "kiln_model_load_file_distributed", out_model);
+    return load_distributed(runtime, std::move(artifact), path, options, "kiln_model_load_file_distributed", out_model);
   });
 }
 
@@ -219,7 +219,8 @@ kiln_status* kiln_model_load_memory_distributed(kiln_runtime* runtime, const voi
     std::string error;
     auto artifact = kiln::artifact::read_artifact(std::string(static_cast<const char*>(data), size), "<memory>", &error);
     if (!artifact) return make_status(KILN_STATUS_INVALID_ARGUMENT, error);
-    return load_distributed(runtime, std::move(artifact), options, "kiln_model_load_memory_distributed", out_model);
+    return load_distributed(runtime, std::move(artifact), "<memory>", options, "kiln_model_load_memory_distributed",
+                            out_model);
   });
 }
 

@@ -21,14 +21,19 @@ bool timeout_ms(double s, std::chrono::milliseconds* out) {
 
 }  // namespace
 
-kiln_status* distributed_setup(const kiln_runtime* runtime, const artifact::Plan& plan,
-                               const kiln_distributed_options& o, DistributedSetup* out) {
+kiln_status* distributed_setup(const kiln_runtime* runtime, std::unique_ptr<artifact::Artifact>& artifact,
+                               const std::string& name, const kiln_distributed_options& o, DistributedSetup* out) {
   DistributedSetup d;
-  const int64_t ranks = artifact::mesh_ranks(plan);
-  const std::string mesh = plan.mesh.empty() ? std::string("a single device")
-                                             : "a mesh of " + std::to_string(ranks) + " rank" +
-                                                   (ranks == 1 ? "" : "s") + " (" +
-                                                   artifact::mesh_text(plan) + ")";
+  // An artifact of per-rank programs (a pipeline): the rank picks its own once it knows who it is.
+  const bool per_rank_programs = !artifact->rank_programs.empty();
+  const artifact::Plan& outer = artifact->plan;
+  const int64_t ranks = per_rank_programs ? static_cast<int64_t>(artifact->rank_programs.size())
+                                          : artifact::mesh_ranks(outer);
+  const std::string mesh = per_rank_programs ? std::to_string(ranks) + " ranks (one artifact holding each rank's program)"
+                           : outer.mesh.empty() ? std::string("a single device")
+                                                : "a mesh of " + std::to_string(ranks) + " rank" +
+                                                      (ranks == 1 ? "" : "s") + " (" +
+                                                      artifact::mesh_text(outer) + ")";
   if (!timeout_ms(o.collective_timeout_s, &d.collective_timeout))
     return invalid("collective_timeout_s must be a positive number of seconds up to 86400, got " +
                    std::to_string(o.collective_timeout_s));
@@ -73,6 +78,13 @@ kiln_status* distributed_setup(const kiln_runtime* runtime, const artifact::Plan
       return invalid("a world of " + std::to_string(l.world_size) +
                      " ranks needs master_addr and a master_port from 1 "
                      "to 65535 (rank 0's host and a free port there)");
+  }
+  if (per_rank_programs) {
+    std::string error;
+    const std::string& l = d.launch.launcher;
+    if (!artifact::select_rank_program(artifact, d.launch.rank, d.launch.world_size,
+                                       l == "options" ? "the options" : l, name, &error))
+      return invalid(error);
   }
   if (d.launch.world_size != ranks)
     return invalid("the plan runs on " + mesh + ", but this run has " +

@@ -404,6 +404,11 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   runtime->references.fetch_add(1);
   m->runtime = runtime;
   m->artifact = std::move(artifact);
+  if (!m->artifact->rank_programs.empty())  // a distributed load has picked this rank's already
+    return make_status(KILN_STATUS_UNSUPPORTED,
+                       "the artifact holds the programs of " + std::to_string(m->artifact->rank_programs.size()) +
+                           " ranks (a pipeline's stages): load it with kiln_model_load_file_distributed, one "
+                           "process per rank, each picking its own program (docs/parallel-runtime.md)");
   const artifact::Plan& mesh_plan = m->artifact->plan;
   const bool has_collectives = std::any_of(mesh_plan.steps.begin(), mesh_plan.steps.end(),
                                            [](const PlanStep& s) { return s.kind == PlanStep::Kind::kCollective; });

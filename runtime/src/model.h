@@ -149,9 +149,11 @@ struct DistributedSetup {
 };
 
 /// Who this process is for `plan`: from the launcher's environment or the options' fields,
-/// checked against the plan's mesh (world size) and the runtime's device (the local rank's).
-kiln_status* distributed_setup(const kiln_runtime* runtime, const artifact::Plan& plan,
-                               const kiln_distributed_options& options, DistributedSetup* out);
+/// checked against the plan's mesh (world size) and the runtime's device (the local rank's). An
+/// artifact of per-rank programs (`name` in messages) is replaced by this rank's program.
+kiln_status* distributed_setup(const kiln_runtime* runtime, std::unique_ptr<artifact::Artifact>& artifact,
+                               const std::string& name, const kiln_distributed_options& options,
+                               DistributedSetup* out);
 
 /// Loads a validated artifact onto the runtime's device (see kiln_model_load_file); with
 /// `dist`, as one rank of a distributed run (kiln_model_load_file_distributed).

@@ -261,10 +261,10 @@ TEST_CASE("a distributed load checks the world against the plan's mesh before to
        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
         "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
     ::unsetenv(v);
-  kiln::artifact::Plan plan;
+  auto artifact = std::make_unique<kiln::artifact::Artifact>();
   std::string error;
   REQUIRE(kiln::artifact::parse_plan("kiln-plan 1\narena bytes=0\nworkspace bytes=0\nmesh tp=2\n",
-                                     &plan, &error));
+                                     &artifact->plan, &error));
   kiln_runtime runtime;  // its device is never touched by these checks
   kiln_distributed_options o;
   kiln_distributed_options_initialize(&o);
@@ -272,7 +272,7 @@ TEST_CASE("a distributed load checks the world against the plan's mesh before to
   CHECK(o.collective_timeout_s == 300);
   kiln::rt::DistributedSetup setup;
   auto message = [&](const kiln_distributed_options& opts) {
-    kiln_status* st = kiln::rt::distributed_setup(&runtime, plan, opts, &setup);
+    kiln_status* st = kiln::rt::distributed_setup(&runtime, artifact, "m.kiln", opts, &setup);
     std::string m = st ? st->message : "";
     kiln_status_release(st);
     return m;
@@ -300,7 +300,7 @@ TEST_CASE("a distributed load checks the world against the plan's mesh before to
         "collective_timeout_s must be a positive number of seconds up to 86400, got 0.000000");
   // A mesh of one rank runs alone without a launcher.
   REQUIRE(kiln::artifact::parse_plan("kiln-plan 1\narena bytes=0\nworkspace bytes=0\nmesh tp=1\n",
-                                     &plan, &error));
+                                     &artifact->plan, &error));
   kiln_distributed_options_initialize(&o);
   CHECK(message(o).empty());
   CHECK(setup.launch.world_size == 1);

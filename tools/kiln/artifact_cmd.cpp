@@ -37,8 +37,9 @@ dimension needs a --sym. Works without a GPU.
   --sym NAME=VALUE          size of symbolic dimension NAME; repeatable
   --backend LIST            only these backends may build the targets (default: any that
                             lists a target; the pipeline's backend when several do)
-  --rank K                  a pipeline-parallel program: build rank K's artifact (its stage;
-                            each rank of a pipeline runs its own)
+  --rank K                  a pipeline-parallel program: build only rank K's program (its
+                            stage); without it one artifact holds every rank's program and
+                            each rank picks its own at load
 
 Without --pipeline or --passes the standard passes run, those of them the loaded plugins
 provide, in this order: canonicalize, cse, fold-layout, fuse-attention, fuse-horizontal,
@@ -182,40 +183,71 @@ StatusOr<uint64_t> compile_artifact(const CompileFlags& f, Pipeline& p, Registry
   KILN_RETURN_IF_ERROR(bind_symbols(*g, f.symbols, taken));
   bool staged = false;
   for (const auto& n : g->nodes()) staged |= n->op_name() == "pipeline_stage";
-  if (staged != (f.rank >= 0)) {
-    const std::string n = std::to_string(g->mesh().num_ranks());
-    return invalid_argument(staged ? "graph '" + g->name() + "' is a pipeline of " + n +
-                                         " stages: each rank compiles its own artifact; give --rank K (0.." +
-                                         std::to_string(g->mesh().num_ranks() - 1) + "), e.g. -o model.rank0.kiln --rank 0"
-                                   : "--rank " + std::to_string(f.rank) + ": graph '" + g->name() +
-                                         "' is not a pipeline; every rank runs the same artifact");
-  }
-  if (staged) {
-    if (f.rank >= g->mesh().num_ranks())
-      return invalid_argument("--rank " + std::to_string(f.rank) + " is not a rank of mesh " + g->mesh().str());
-    KILN_ASSIGN_OR_RETURN(g, program_of_rank(*g, f.rank));
-  }
+  if (!staged && f.rank >= 0)
+    return invalid_argument("--rank " + std::to_string(f.rank) + ": graph '" + g->name() +
+                            "' is not a pipeline; every rank runs the same artifact");
+  if (f.rank >= g->mesh().num_ranks())
+    return invalid_argument("--rank " + std::to_string(f.rank) + " is not a rank of mesh " + g->mesh().str());
 
-  KILN_ASSIGN_OR_RETURN(ArtifactContents contents, build_artifact_contents(*g, p, reg, groups));
-  contents.meta["model"] = std::filesystem::path(f.model).filename().string();
-  contents.meta["created_by"] = "kiln compile";
-  if (f.rank >= 0) contents.meta["rank"] = std::to_string(f.rank);
-
-  // The runtime's own reader checks the result, so a backend bug is caught here rather than
-  // when the artifact is first loaded on a GPU machine.
-  const std::string bytes = serialize_artifact(contents);
-  std::string error;
-  if (!artifact::read_artifact(bytes, "<compiled artifact>", &error))
-    return internal_error("the backends produced an invalid artifact: " + error);
+  // A pipeline's ranks run different programs: each distinct one is built once (the ranks of a
+  // stage share it) and one artifact holds them all, unless --rank asks for one rank's.
+  std::vector<int64_t> ranks;
+  if (!staged) ranks = {-1};
+  else if (f.rank >= 0) ranks = {f.rank};
+  else for (int64_t r = 0; r < g->mesh().num_ranks(); ++r) ranks.push_back(r);
+  std::map<std::string, std::string> built;  // the stages a rank runs -> its artifact
+  std::vector<std::string> per_rank;
+  ArtifactContents contents;
+  for (int64_t r : ranks) {
+    std::string key;
+    if (r >= 0)
+      for (const auto& n : g->nodes())
+        if (n->op_name() == "pipeline_stage") key += runs_stage(*n, g->mesh(), r) ? '1' : '0';
+    if (auto it = built.find(key); it != built.end()) {
+      per_rank.push_back(it->second);
+      continue;
+    }
+    std::unique_ptr<Graph> program;
+    if (r >= 0) {
+      KILN_ASSIGN_OR_RETURN(program, program_of_rank(*g, r));
+    }
+    const Graph& pg = program ? *program : *g;
+    KILN_ASSIGN_OR_RETURN(contents, build_artifact_contents(pg, p, reg, groups));
+    contents.meta["model"] = std::filesystem::path(f.model).filename().string();
+    contents.meta["created_by"] = "kiln compile";
+    if (f.rank >= 0) contents.meta["rank"] = std::to_string(f.rank);
+    // The runtime's own reader checks the result, so a backend bug is caught here rather than
+    // when the artifact is first loaded on a GPU machine.
+    std::string error;
+    const std::string bytes = serialize_artifact(contents);
+    if (!artifact::read_artifact(bytes, "<compiled artifact>", &error))
+      return internal_error("the backends produced an invalid artifact: " + error);
+    if (ranks.size() > 1) *summary += "  program." + std::to_string(built.size()) + " (rank " + std::to_string(r) + "'s stage):\n";
+    for (const auto& t : p.targets) {
+      std::vector<std::string> sizes;
+      for (const auto& im : contents.images)
+        if (image_serves(im, t)) sizes.push_back(im.target + "." + im.form + " " + std::to_string(im.bytes.size()) + " bytes");
+      *summary += "  " + t + ": " + join(sizes) + "\n";
+    }
+    *summary += memory_summary(peak_activation_bytes(*imported), peak_activation_bytes(pg), contents.plan);
+    built.emplace(key, bytes);
+    per_rank.push_back(bytes);
+  }
+  if (ranks.size() > 1) {
+    std::map<std::string, std::string> meta = contents.meta;  // the last program's: the same compile
+    contents = rank_program_contents(per_rank, std::move(meta));
+    std::string error;
+    const auto outer = artifact::read_artifact(serialize_artifact(contents), "<compiled artifact>", &error);
+    if (!outer) return internal_error("an invalid artifact of per-rank programs: " + error);
+    for (int64_t r : ranks)
+      if (!artifact::rank_program(*outer, r, "<compiled artifact>", &error))
+        return internal_error("an invalid artifact of per-rank programs: " + error);
+  }
   KILN_RETURN_IF_ERROR(write_artifact(f.output, contents));
-  for (const auto& t : p.targets) {
-    std::vector<std::string> sizes;
-    for (const auto& im : contents.images)
-      if (image_serves(im, t)) sizes.push_back(im.target + "." + im.form + " " + std::to_string(im.bytes.size()) + " bytes");
-    *summary += "  " + t + ": " + join(sizes) + "\n";
-  }
-  *summary += memory_summary(peak_activation_bytes(*imported), peak_activation_bytes(*g), contents.plan);
-  return bytes.size();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(f.output, ec);
+  if (ec) return io_error("cannot read the size of '" + f.output + "': " + ec.message());
+  return static_cast<uint64_t>(size);
 }
 
 }  // namespace

@@ -477,11 +477,15 @@ int cmd_bench(Args& args) {
   // Checked without a GPU first, so a damaged file is reported as such on any machine.
   std::string error;
   // Kept: the profile labels its steps from the plan.
-  const std::unique_ptr<artifact::Artifact> checked = artifact::read_artifact_file(f.model, &error);
+  std::unique_ptr<artifact::Artifact> checked = artifact::read_artifact_file(f.model, &error);
   if (!checked) return report(invalid_argument(error));
   dist::LaunchInfo launch;
   const dist::LaunchFound launched = dist::find_launch(&launch, &error);
   if (launched == dist::LaunchFound::kError) return report(invalid_argument(error));
+  if (launched != dist::LaunchFound::kFound) launch = dist::LaunchInfo{};
+  // A pipeline's artifact holds every rank's program: this rank's is the one to run.
+  if (!artifact::select_rank_program(checked, launch.rank, launch.world_size, launch.launcher, f.model, &error))
+    return report(invalid_argument(error));
   f.distributed = !checked->plan.mesh.empty() || launched == dist::LaunchFound::kFound;
   f.rank = launched == dist::LaunchFound::kFound ? launch.rank : 0;
   if (launched == dist::LaunchFound::kFound && !f.device_given) {

@@ -113,6 +113,11 @@ struct Artifact {
   /// image name ("sm_90a.cubin", "compute_90a.ptx") → bytes
   std::map<std::string, std::string_view> images;
   std::map<std::string, std::string_view> sources;
+  /// An artifact whose ranks run different programs (a pipeline's stages) holds no plan, but
+  /// one whole artifact per distinct program (`program.K` sections) and which one each rank
+  /// runs (meta `rank_programs`); both empty otherwise. rank_program() reads a rank's.
+  std::vector<std::string_view> programs;
+  std::vector<int> rank_programs;
 };
 
 /// Parses and validates (header, checksums, bounds, plan syntax and references). On failure
@@ -120,6 +125,17 @@ struct Artifact {
 std::unique_ptr<Artifact> read_artifact(std::string bytes, const std::string& name,
                                         std::string* error);
 std::unique_ptr<Artifact> read_artifact_file(const std::string& path, std::string* error);
+
+/// Rank `rank`'s program of an artifact of per-rank programs, read and validated like an
+/// artifact of its own; its mesh must have as many ranks as the outer artifact lists. On
+/// failure returns nullptr and sets `error`.
+std::unique_ptr<Artifact> rank_program(const Artifact& a, int64_t rank, const std::string& name, std::string* error);
+
+/// Where `a` holds per-rank programs, replaces it by rank `rank`'s, first checking that the run
+/// has as many ranks (`world_size`, started by `launcher`) as the artifact; a plain artifact is
+/// left as it is. On failure returns false and sets `error`.
+bool select_rank_program(std::unique_ptr<Artifact>& a, int64_t rank, int64_t world_size, const std::string& launcher,
+                         const std::string& name, std::string* error);
 
 /// Parses plan text; error messages are "plan:LINE: ...".
 bool parse_plan(std::string_view text, Plan* out, std::string* error);

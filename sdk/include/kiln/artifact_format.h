@@ -20,6 +20,9 @@ enum SectionKind : uint32_t {
   kSectionImage = 3,
   kSectionWeights = 4,
   kSectionSource = 5,
+  /// One program of an artifact holding per-rank programs (a pipeline's stages): a whole
+  /// artifact of its own, named `program.K`; meta `rank_programs` maps each rank to its K.
+  kSectionProgram = 6,
 };
 
 struct Header {

@@ -24,7 +24,15 @@ struct ArtifactContents {
   std::string weights;                       ///< the weights section's bytes
   std::vector<ArtifactImage> images;
   std::map<std::string, std::string> sources;  ///< target → generated source (optional)
+  /// Per-rank programs (each a serialized artifact) of an artifact whose ranks run different
+  /// programs; such an artifact has no plan of its own (see rank_program_contents).
+  std::vector<std::string> programs;
 };
+
+/// One artifact for every rank of a mesh whose ranks run different programs (a pipeline's
+/// stages): `per_rank[r]` is rank r's serialized artifact; equal ones are stored once, and meta
+/// `rank_programs` lists each rank's program. `meta` is the outer artifact's.
+ArtifactContents rank_program_contents(const std::vector<std::string>& per_rank, std::map<std::string, std::string> meta);
 
 /// Serializes to the file format (header, aligned sections, checksummed section table).
 std::string serialize_artifact(const ArtifactContents& contents);

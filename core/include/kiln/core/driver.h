@@ -100,6 +100,11 @@ TensorType interface_type(const Graph& g, const Value* v);
 /// program without pipeline_stage nodes comes back as a copy. CUDA backends compile this.
 StatusOr<std::unique_ptr<Graph>> program_of_rank(const Graph& g, int64_t rank);
 
+/// Whether rank `rank` of `mesh` runs pipeline_stage node `stage`: the rank named by its `rank`,
+/// or with an `axis`, every rank at that coordinate along the axis (a stage of a mesh whose
+/// other axes split each stage's work).
+bool runs_stage(const Node& stage, const DeviceMesh& mesh, int64_t rank);
+
 /// Compiles `g` with the backend and runs it on `inputs` (graph-input order). A per-rank
 /// program of a mesh of several ranks takes and returns whole tensors and runs every rank in
 /// this process on `reference`; other backends refuse it (each rank is its own process there).
