@@ -17,6 +17,7 @@
 #include "kiln/core/memory_estimate.h"
 #include "kiln/ir/op.h"
 #include "partition.h"
+#include "strategies.h"
 
 namespace kiln::parallel {
 namespace {
@@ -26,24 +27,92 @@ bool is_collective_op(const std::string& op) {
          op == "broadcast" || op == "send" || op == "recv";
 }
 
-/// The model for one microbatch: the batch inputs' batch dim divided by `m`, as the
-/// data-parallel partitioner builds it on a mesh `mb=m`. A rank-dependent `local_shard` on that
-/// mesh is a microbatch's slice (the stage builder turns it into one); any collective means the
-/// rows of the batch do not stay apart, and microbatching would change the result.
+/// The mesh axis a stage's microbatches are cut over while the strategy builds them (never part
+/// of the per-rank program's mesh).
+constexpr const char* kMicroAxis = "mb";
+
+/// What each axis of the pipeline's mesh does: one carries the stages; the others (optional)
+/// split each stage's batch (data parallelism) or its weights (tensor parallelism).
+struct PipelineAxes {
+  int stage = 0, data = -1, tensor = -1;
+};
+
+StatusOr<PipelineAxes> pipeline_axes(const PipelineConfig& cfg, const std::string& who) {
+  const DeviceMesh& mesh = cfg.mesh;
+  if (mesh.empty()) return invalid_argument(who + ": the mesh has no axes; give the stages' axis, e.g. \"pp=4\"");
+  auto find = [&](const std::string& given, const char* fallback, const char* option) -> StatusOr<int> {
+    if (given.empty()) return mesh.axis_index(fallback);  // -1: no such axis
+    const int a = mesh.axis_index(given);
+    if (a < 0) return invalid_argument(who + ": " + option + " '" + given + "' is not an axis of mesh " + mesh.str());
+    return a;
+  };
+  PipelineAxes ax;
+  KILN_ASSIGN_OR_RETURN(ax.stage, find(cfg.stage_axis, "pp", "stage-axis"));
+  if (ax.stage < 0) ax.stage = 0;
+  KILN_ASSIGN_OR_RETURN(ax.data, find(cfg.data_axis, "dp", "data-axis"));
+  KILN_ASSIGN_OR_RETURN(ax.tensor, find(cfg.tensor_axis, "tp", "tensor-axis"));
+  const std::string stage_name = mesh.axes[static_cast<size_t>(ax.stage)].name;
+  if (ax.data == ax.stage || ax.tensor == ax.stage)
+    return invalid_argument(who + ": axis '" + stage_name + "' of mesh " + mesh.str() +
+                            " carries the stages; it cannot also split each stage's " +
+                            (ax.data == ax.stage ? "batch (data-axis)" : "weights (tensor-axis)"));
+  if (ax.data >= 0 && ax.data == ax.tensor)
+    return invalid_argument(who + ": data-axis and tensor-axis are both '" + mesh.axes[static_cast<size_t>(ax.data)].name + "'");
+  for (int a = 0; a < mesh.rank(); ++a) {
+    const std::string& name = mesh.axes[static_cast<size_t>(a)].name;
+    if (name == kMicroAxis)
+      return invalid_argument(who + ": mesh axis name '" + name + "' is taken by the microbatches; name the axis otherwise");
+    if (a != ax.stage && a != ax.data && a != ax.tensor)
+      return invalid_argument(who + ": axis '" + name + "' of mesh " + mesh.str() + " has no role: the stages run along '" +
+                              stage_name + "'; another axis splits each stage's batch (data-axis, by default the axis "
+                              "named dp) or its weights (tensor-axis, by default tp)");
+  }
+  return ax;
+}
+
+/// The model for one microbatch as one rank of a stage runs it: the batch inputs' batch dim cut
+/// into `m` microbatches on a mesh axis `mb` (inside the data axis' split, if any) and the
+/// stage's own axes applied by their strategies (data- or tensor-parallel). A rank-dependent
+/// `local_shard` over `mb` is a microbatch's slice (the stage builder turns it into one); a
+/// collective over `mb` means the rows of the batch do not stay apart, and microbatching would
+/// change the result. Collectives over the stage's own axes stay.
 StatusOr<std::unique_ptr<Graph>> microbatch_program(const Graph& g, int64_t m, const PipelineConfig& cfg,
-                                                    const std::vector<std::string>& inputs, const std::string& who) {
+                                                    const PipelineAxes& ax, const std::vector<std::string>& inputs,
+                                                    const std::string& who) {
   std::unique_ptr<Graph> p = g.clone();
-  if (m == 1) return p;
-  DeviceMesh mesh;
-  mesh.axes.push_back({"mb", m});
-  p->set_mesh(mesh);
-  Status st = shard_batch_inputs(*p, 0, cfg.batch_dim, inputs, who);
-  if (st.ok()) st = partition(*p).status();
-  if (!st.ok())
+  DeviceMesh inner;  // the axes that split a stage, then the microbatches'
+  for (int a = 0; a < cfg.mesh.rank(); ++a)
+    if (a != ax.stage) inner.axes.push_back(cfg.mesh.axes[static_cast<size_t>(a)]);
+  if (m > 1) inner.axes.push_back({kMicroAxis, m});
+  if (inner.empty()) return p;
+  auto name = [&](int a) { return a < 0 ? std::string() : cfg.mesh.axes[static_cast<size_t>(a)].name; };
+  const std::vector<std::string> micro_axes = m > 1 ? std::vector<std::string>{kMicroAxis} : std::vector<std::string>{};
+  Status st;
+  if (ax.tensor >= 0) {
+    TensorParallelConfig t;
+    t.mesh = inner;
+    t.axis = name(ax.tensor);
+    t.data_axis = name(ax.data);
+    t.batch_dim = cfg.batch_dim;
+    t.inputs = inputs;
+    t.extra_batch_axes = micro_axes;
+    st = apply_tensor_parallel(*p, t, who);
+  } else {
+    DataParallelConfig d;
+    d.mesh = inner;
+    d.axis = ax.data >= 0 ? name(ax.data) : kMicroAxis;
+    if (ax.data >= 0) d.extra_batch_axes = micro_axes;
+    d.batch_dim = cfg.batch_dim;
+    d.inputs = inputs;
+    st = apply_data_parallel(*p, d, who);
+  }
+  if (!st.ok()) {
+    if (m == 1) return st;
     return invalid_argument(who + ": cannot cut the batch into " + std::to_string(m) + " microbatches: " + st.message() +
                             " (set microbatches to one that divides it, or 1)");
+  }
   for (const auto& n : p->nodes())
-    if (is_collective_op(n->op_name()))
+    if (is_collective_op(n->op_name()) && n->get_string("axis", "") == kMicroAxis)
       return invalid_argument(who + ": @" + g.name() + " mixes the rows of its batch (" + n->op_name() + " of %" +
                               n->operand(0)->name() + " across microbatches), so it cannot run in " +
                               std::to_string(m) + " microbatches; set microbatches = 1");
@@ -56,6 +125,7 @@ struct Cut {
   std::vector<const Node*> work;                        ///< nodes that belong to one stage, in order
   std::unordered_set<const Value*> free;                ///< recomputed where used: constants and what
                                                         ///< depends only on them and inputs (no contraction)
+  std::unordered_set<const Value*> weights;             ///< of those, what depends on constants alone
   std::vector<int> stage_of;                            ///< per work node
   std::unordered_map<const Node*, size_t> index;        ///< work node -> position
 };
@@ -133,8 +203,13 @@ std::vector<size_t> balance(const std::vector<double>& prefix, const std::vector
 /// Builds the pipeline_stage regions of the per-rank program.
 class StageBuilder {
  public:
-  StageBuilder(const Graph& p, const Cut& cut, const PipelineConfig& cfg, int64_t stages, int64_t micro)
-      : p_(p), cut_(cut), cfg_(cfg), stages_(stages), micro_(micro) {}
+  StageBuilder(const Graph& p, const Cut& cut, const PipelineConfig& cfg, const PipelineAxes& ax, int64_t stages,
+               int64_t micro)
+      : p_(p), cut_(cut), cfg_(cfg), ax_(ax), stages_(stages), micro_(micro), mb_(p.mesh().axis_index(kMicroAxis)) {
+    // A mesh of one axis names peers and stages by rank; with other axes, by position along
+    // the stages' axis (the ranks of a stage share one program).
+    if (cfg.mesh.rank() > 1) stage_axis_ = cfg.mesh.axes[static_cast<size_t>(ax.stage)].name;
+  }
 
   Status build(Graph& out) {
     // Every value a later stage needs gets one tag number; tag = number * microbatches + m.
@@ -152,7 +227,7 @@ class StageBuilder {
       }
     for (int i = 0; i < p_.num_inputs(); ++i) {
       Value* in = out.add_input(p_.input(i)->name(), global_type(p_.input(i)));
-      in->set_sharding(Sharding(1, Placement::replicate()));
+      in->set_sharding(outer_sharding(p_.input(i), Placement::replicate()));
       outer_inputs_.push_back(in);
     }
     std::vector<TensorType> out_types;
@@ -163,8 +238,8 @@ class StageBuilder {
       last = n;
     }
     std::vector<Value*> results;
-    for (int i = 0; i < last->num_results(); ++i) {
-      last->result(i)->set_sharding(Sharding(1, Placement::partial()));  // zeros on every other rank
+    for (int i = 0; i < last->num_results(); ++i) {  // zeros on every other stage
+      last->result(i)->set_sharding(outer_sharding(p_.output(i), Placement::partial()));
       results.push_back(last->result(i));
     }
     out.set_outputs(std::move(results), p_.output_names());
@@ -172,16 +247,38 @@ class StageBuilder {
   }
 
  private:
-  /// The whole-batch type of a microbatch program's input or output (its batch split undone).
+  /// The type of a microbatch program's input or output with its microbatch split undone: the
+  /// whole batch, or with a data axis the rank's rows.
   TensorType global_type(const Value* v) const {
     TensorType t = v->type();
-    const Sharding& s = v->sharding();
-    if (!s.empty() && s[0].is_shard()) t.shape[static_cast<size_t>(s[0].dim)] = Dim(t.shape[static_cast<size_t>(s[0].dim)].value() * micro_);
+    if (const int64_t d = split_dim(v); d >= 0)
+      t.shape[static_cast<size_t>(d)] = Dim(t.shape[static_cast<size_t>(d)].value() * micro_);
     return t;
   }
   int64_t split_dim(const Value* v) const {
     const Sharding& s = v->sharding();
-    return !s.empty() && s[0].is_shard() && micro_ > 1 ? s[0].dim : -1;
+    return mb_ >= 0 && !s.empty() && s[static_cast<size_t>(mb_)].is_shard() ? s[static_cast<size_t>(mb_)].dim : -1;
+  }
+  /// The placement on the pipeline's mesh of microbatch-program value `v`: `stage` along the
+  /// stages' axis, the microbatch program's along the others.
+  Sharding outer_sharding(const Value* v, Placement stage) const {
+    Sharding out;
+    const DeviceMesh& inner = p_.mesh();
+    for (int a = 0; a < cfg_.mesh.rank(); ++a) {
+      if (a == ax_.stage) {
+        out.push_back(stage);
+        continue;
+      }
+      const int k = inner.axis_index(cfg_.mesh.axes[static_cast<size_t>(a)].name);
+      out.push_back(k >= 0 && !v->sharding().empty() ? v->sharding()[static_cast<size_t>(k)] : Placement::replicate());
+    }
+    return out;
+  }
+  /// send's and recv's attributes for peer stage `peer`.
+  AttrMap p2p_attrs(int64_t peer, int64_t tag) const {
+    AttrMap a = {{"peer", Attribute(peer)}, {"tag", Attribute(tag)}};
+    if (!stage_axis_.empty()) a["axis"] = Attribute(stage_axis_);
+    return a;
   }
 
   std::string suffix(int64_t m) const { return micro_ > 1 ? ".mb" + std::to_string(m) : ""; }
@@ -224,26 +321,26 @@ class StageBuilder {
       }
     } else if (cut_.free.count(v)) {
       const Node& n = *v->producer();
-      if (n.op_name() == "constant") {  // one copy for every microbatch
-        if (auto it = constants_.find(v); it == constants_.end()) {
-          KILN_ASSIGN_OR_RETURN(Node * c, emit(body, "constant", {}, n.attrs(), {v->name()}, n.loc()));
-          constants_[v] = c->result();
-        }
-        got = constants_.at(v);
+      if (auto it = constants_.find(v); it != constants_.end()) {
+        got = it->second;
+      } else if (n.op_name() == "constant") {  // one copy for every microbatch
+        KILN_ASSIGN_OR_RETURN(Node * c, emit(body, "constant", {}, n.attrs(), {v->name()}, n.loc()));
+        got = constants_[v] = c->result();
       } else {
         KILN_ASSIGN_OR_RETURN(Node * c, clone(body, s, m, n));
         got = c->result(v->index());
+        // Weights prepared from constants alone (a tensor-parallel block): one copy too.
+        if (cut_.weights.count(v))
+          for (int i = 0; i < n.num_results(); ++i) constants_[n.result(i)] = c->result(i);
       }
     } else {
       const auto it = sends_.find(v);
       if (it == sends_.end()) return internal_error("pipeline: %" + v->name() + " reaches stage " + std::to_string(s) + " unsent");
       const auto from = static_cast<int64_t>(cut_.stage_of[cut_.index.at(v->producer())]);
-      KILN_ASSIGN_OR_RETURN(Node * r, emit(body, "recv", {},
-                                           {{"peer", Attribute(from)},
-                                            {"tag", Attribute(it->second.first * micro_ + m)},
-                                            {"dtype", Attribute(v->dtype())},
-                                            {"shape", Attribute(static_sizes(v->shape()))}},
-                                           {v->name() + suffix(m)}, v->producer()->loc()));
+      AttrMap attrs = p2p_attrs(from, it->second.first * micro_ + m);
+      attrs["dtype"] = Attribute(v->dtype());
+      attrs["shape"] = Attribute(static_sizes(v->shape()));
+      KILN_ASSIGN_OR_RETURN(Node * r, emit(body, "recv", {}, std::move(attrs), {v->name() + suffix(m)}, v->producer()->loc()));
       got = r->result();
     }
     env[v] = got;
@@ -268,7 +365,7 @@ class StageBuilder {
     std::vector<std::string> names;
     for (int i = 0; i < n.num_results(); ++i) names.push_back(n.result(i)->name().empty() ? "" : n.result(i)->name() + suffix(m));
     Node* c = nullptr;
-    if (n.op_name() == "local_shard") {
+    if (n.op_name() == "local_shard" && n.get_string("axis") == kMicroAxis) {
       const int64_t d = n.get_int("dim") < 0 ? n.get_int("dim") + n.operand(0)->type().rank() : n.get_int("dim");
       const int64_t rows = n.result()->shape()[static_cast<size_t>(d)].value();
       KILN_ASSIGN_OR_RETURN(c, emit(body, "slice", operands,
@@ -311,11 +408,8 @@ class StageBuilder {
           const auto it = sends_.find(n.result(r));
           if (it == sends_.end()) continue;
           for (int to : it->second.second)
-            KILN_RETURN_IF_ERROR(emit(*body, "send", {c->result(r)},
-                                      {{"peer", Attribute(static_cast<int64_t>(to))},
-                                       {"tag", Attribute(it->second.first * micro_ + m)}},
-                                      {}, n.loc())
-                                     .status());
+            KILN_RETURN_IF_ERROR(
+                emit(*body, "send", {c->result(r)}, p2p_attrs(to, it->second.first * micro_ + m), {}, n.loc()).status());
         }
       }
       if (!result_types.empty())
@@ -339,8 +433,9 @@ class StageBuilder {
     }
     body->set_outputs(results);
     body->set_mesh(DeviceMesh{});
-    KILN_ASSIGN_OR_RETURN(Node * n, out.create_node("pipeline_stage", stage_operands_, result_types,
-                                                    {{"rank", Attribute(s)}, {"microbatches", Attribute(micro_)}}, nullptr,
+    AttrMap attrs = {{"rank", Attribute(s)}, {"microbatches", Attribute(micro_)}};
+    if (!stage_axis_.empty()) attrs["axis"] = Attribute(stage_axis_);
+    KILN_ASSIGN_OR_RETURN(Node * n, out.create_node("pipeline_stage", stage_operands_, result_types, std::move(attrs), nullptr,
                                                     s == stages_ - 1 ? p_.output_names() : std::vector<std::string>{}));
     n->add_region(std::move(body));
     return n;
@@ -349,7 +444,10 @@ class StageBuilder {
   const Graph& p_;
   const Cut& cut_;
   const PipelineConfig& cfg_;
+  const PipelineAxes& ax_;
   int64_t stages_, micro_;
+  int mb_;                  // the microbatch axis in p_'s mesh (-1: one microbatch)
+  std::string stage_axis_;  // "" on a mesh of one axis
   int64_t next_tag_ = 0;
   std::unordered_map<const Value*, std::pair<int64_t, std::vector<int>>> sends_;  // tag number, stages
   std::vector<Value*> outer_inputs_;
@@ -385,10 +483,9 @@ std::string PipelineSplit::str() const {
 StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, const std::string& who) {
   if (g.is_per_rank()) return failed_precondition(who + ": graph @" + g.name() + " is already a per-rank program");
   if (!g.mesh().empty()) return invalid_argument(who + ": graph @" + g.name() + " already has mesh " + g.mesh().str());
-  if (cfg.mesh.rank() != 1)
-    return invalid_argument(who + ": mesh " + cfg.mesh.str() + " must have one axis, the stages (e.g. \"pp=4\")");
   if (cfg.microbatches < 0) return invalid_argument(who + ": microbatches must be >= 0 (0: as many as stages)");
-  const int64_t stages = cfg.mesh.axes[0].size;
+  KILN_ASSIGN_OR_RETURN(const PipelineAxes ax, pipeline_axes(cfg, who));
+  const int64_t stages = cfg.mesh.axes[static_cast<size_t>(ax.stage)].size;
   const std::vector<std::string> batch_inputs = batch_input_names(g, cfg.batch_dim, cfg.inputs);
 
   // send/recv move static shapes: every symbol must be bound.
@@ -407,10 +504,11 @@ StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, cons
     for (const Value* in : bound->inputs())
       if (!batch_inputs.empty() && in->name() == batch_inputs.front() && in->type().rank() > cfg.batch_dim)
         batch = in->shape()[static_cast<size_t>(cfg.batch_dim)].value();
+    if (ax.data >= 0) batch /= cfg.mesh.axes[static_cast<size_t>(ax.data)].size;  // each rank's rows
     micro = std::max<int64_t>(1, std::min(stages, batch));
     while (batch % micro) --micro;
   }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> p, microbatch_program(*bound, micro, cfg, batch_inputs, who));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Graph> p, microbatch_program(*bound, micro, cfg, ax, batch_inputs, who));
 
   Cut cut;
   for (const auto& np : p->nodes()) {
@@ -422,7 +520,15 @@ StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, cons
       for (const Value* v : n.operands()) free &= v->is_graph_input() || cut.free.count(v) > 0;
     }
     if (free) {
-      for (int i = 0; i < n.num_results(); ++i) cut.free.insert(n.result(i));
+      bool weights = n.op_name() == "constant";
+      if (!weights) {
+        weights = true;
+        for (const Value* v : n.operands()) weights &= cut.weights.count(v) > 0;
+      }
+      for (int i = 0; i < n.num_results(); ++i) {
+        cut.free.insert(n.result(i));
+        if (weights) cut.weights.insert(n.result(i));
+      }
     } else {
       cut.index[&n] = cut.work.size();
       cut.work.push_back(&n);
@@ -478,7 +584,12 @@ StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, cons
       const Value* v = todo.back();
       todo.pop_back();
       if (!cut.free.count(v) || !seen.insert(v).second) continue;
-      if (v->producer()->op_name() == "constant") weights.insert(v);
+      const std::string& op = v->producer()->op_name();
+      // A tensor-parallel rank keeps its block of a split weight.
+      if (op == "constant" || (op == "local_shard" && cut.weights.count(v))) {
+        weights.insert(v);
+        continue;
+      }
       for (const Value* x : v->producer()->operands()) todo.push_back(x);
     }
     int64_t bytes = 0;
@@ -491,7 +602,7 @@ StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, cons
   Graph out(g.name());
   out.set_mesh(cfg.mesh);
   out.set_per_rank(true);
-  StageBuilder builder(*p, cut, cfg, stages, micro);
+  StageBuilder builder(*p, cut, cfg, ax, stages, micro);
   KILN_RETURN_IF_ERROR(builder.build(out));
   if (cfg.print) std::cerr << who << ": @" << g.name() << ": " << split.str() << "\n";
   g.take_contents(out);

@@ -15,7 +15,12 @@
 namespace kiln::parallel {
 
 struct PipelineConfig {
-  DeviceMesh mesh;                      ///< one axis: the stages (e.g. pp=4)
+  /// The stages' axis (e.g. pp=4), and optionally a data-parallel and a tensor-parallel axis
+  /// that split each stage's work over the ranks of the stage (e.g. "pp=2, dp=2").
+  DeviceMesh mesh;
+  std::string stage_axis;               ///< "": the axis named pp, else the first
+  std::string data_axis;                ///< "": the axis named dp, if any
+  std::string tensor_axis;              ///< "": the axis named tp, if any
   int64_t microbatches = 0;             ///< 0: as many as stages, or the most below that the batch divides into
   int64_t batch_dim = 0;
   std::vector<std::string> inputs;      ///< inputs cut into microbatches (empty: as data-parallel picks)

@@ -26,7 +26,14 @@ Status register_pipeline(Registry& r) {
   info.summary = "one stage of the layer sequence per rank, balanced by the cost model; send/recv between stages, "
                  "GPipe microbatches";
   info.options = {
-      {"mesh", OptionType::kString, std::string("pp=1"), "device mesh of one axis, the stages, e.g. \"pp=4\""},
+      {"mesh", OptionType::kString, std::string("pp=1"),
+       "device mesh: the stages' axis, e.g. \"pp=4\", and optionally axes splitting each stage, e.g. \"pp=2, dp=2\" "
+       "(data parallel) or \"pp=2, tp=2\" (tensor parallel)"},
+      {"stage-axis", OptionType::kString, std::string(""), "the mesh axis of the stages (default: the axis named pp, else the first)"},
+      {"data-axis", OptionType::kString, std::string(""),
+       "the mesh axis splitting each stage's batch (default: the axis named dp, if any)"},
+      {"tensor-axis", OptionType::kString, std::string(""),
+       "the mesh axis splitting each stage's weights, Megatron-style (default: the axis named tp, if any)"},
       {"microbatches", OptionType::kInt, int64_t{0},
        "microbatches each stage runs in turn (0: as many as stages, or the most below that the batch divides into)"},
       {"schedule", OptionType::kString, std::string("gpipe"), "microbatch schedule: gpipe (every forward in order)"},
@@ -51,8 +58,9 @@ Status register_pipeline(Registry& r) {
     if (o.get_string("schedule") != "gpipe")
       return invalid_argument("pipeline: schedule \"" + o.get_string("schedule") +
                               "\" is not known; \"gpipe\" is (a forward-only run has no 1F1B to interleave)");
-    if (cfg.mesh.rank() != 1)
-      return invalid_argument("pipeline: mesh \"" + o.get_string("mesh") + "\" must have one axis, the stages (e.g. \"pp=4\")");
+    cfg.stage_axis = o.get_string("stage-axis");
+    cfg.data_axis = o.get_string("data-axis");
+    cfg.tensor_axis = o.get_string("tensor-axis");
     KILN_ASSIGN_OR_RETURN(cfg.dims, parse_dims_option(o.get_strings("dims"), "pipeline"));
     KILN_ASSIGN_OR_RETURN(cfg.device, device_preset(o.get_string("device")));
     if (!o.get_string("probe").empty()) {

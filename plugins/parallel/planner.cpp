@@ -344,7 +344,11 @@ Status apply_candidate(Graph& g, const Candidate& c, const PlannerOptions& o) {
   const std::vector<std::string> inputs = batch_inputs(g, o);
   if (c.pp > 1) return apply_pipeline(g, pipeline_config(c, o, inputs), "auto").status();
   if (c.tp == 1) {
-    DataParallelConfig cfg{mesh_of(c), "dp", o.batch_dim, inputs};
+    DataParallelConfig cfg;
+    cfg.mesh = mesh_of(c);
+    cfg.axis = "dp";
+    cfg.batch_dim = o.batch_dim;
+    cfg.inputs = inputs;
     return apply_data_parallel(g, cfg, "auto");
   }
   TensorParallelConfig cfg;

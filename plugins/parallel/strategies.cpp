@@ -146,12 +146,23 @@ Status bucket_gradient_all_reduces(Graph& g, int axis, int64_t bucket_bytes) {
   return ok_status();
 }
 
+/// Splits the batch inputs over each of `axes` too (after the split already on them).
+Status shard_batch_over(Graph& g, const std::vector<std::string>& axes, int64_t batch_dim,
+                        const std::vector<std::string>& inputs, const std::string& who) {
+  for (const std::string& name : axes) {
+    KILN_ASSIGN_OR_RETURN(int a, strategy_axis(g.mesh(), name, 0, who));
+    KILN_RETURN_IF_ERROR(shard_batch_inputs(g, a, batch_dim, inputs, who));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Status apply_data_parallel(Graph& g, const DataParallelConfig& cfg, const std::string& who) {
   KILN_RETURN_IF_ERROR(start_strategy(g, cfg.mesh, who));
   KILN_ASSIGN_OR_RETURN(int axis, strategy_axis(cfg.mesh, cfg.axis, 0, who));
   KILN_RETURN_IF_ERROR(shard_batch_inputs(g, axis, cfg.batch_dim, cfg.inputs, who));
+  KILN_RETURN_IF_ERROR(shard_batch_over(g, cfg.extra_batch_axes, cfg.batch_dim, cfg.inputs, who));
   PartitionOptions opt;
   if (cfg.shard_optimizer_state) {
     KILN_ASSIGN_OR_RETURN(opt.output_layouts, gradient_blocks(g, axis, who));
@@ -170,6 +181,7 @@ Status apply_tensor_parallel(Graph& g, const TensorParallelConfig& cfg, const st
     if (dp == axis) return invalid_argument(who + ": data-axis and axis are both '" + cfg.data_axis + "'");
     KILN_RETURN_IF_ERROR(shard_batch_inputs(g, dp, cfg.batch_dim, cfg.inputs, who));
   }
+  KILN_RETURN_IF_ERROR(shard_batch_over(g, cfg.extra_batch_axes, cfg.batch_dim, cfg.inputs, who));
   PartitionOptions opt;
   opt.policy.weight_layout = [cfg, axis](const WeightChoice& c) {
     return megatron_layout(c, static_cast<size_t>(axis), cfg);

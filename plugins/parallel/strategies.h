@@ -24,6 +24,9 @@ struct DataParallelConfig {
   bool shard_optimizer_state = false;
   /// Gradients all-reduced together in buckets of up to this many bytes (0: one all-reduce each).
   int64_t bucket_bytes = 0;
+  /// The batch is also split over these axes, each block nested inside the previous axis'
+  /// (a pipeline's microbatches: each rank's rows cut again).
+  std::vector<std::string> extra_batch_axes;
 };
 
 /// Megatron-style tensor parallelism, optionally with a data-parallel axis and sequence
@@ -38,6 +41,7 @@ struct TensorParallelConfig {
   int64_t min_size = 0;   ///< smallest weight (elements) worth splitting
   bool replicate_outputs = false;
   std::vector<std::string> inputs;
+  std::vector<std::string> extra_batch_axes;  ///< as DataParallelConfig's (after data_axis)
 };
 
 /// Rewrites global-view `g` into the per-rank program of each strategy.

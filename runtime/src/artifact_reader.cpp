@@ -427,7 +427,7 @@ class PlanParser {
     if (reduces) need.push_back("reduce");
     if (op == "broadcast") need.push_back("root");
     std::vector<std::string> allowed = need;
-    if (p2p) allowed.push_back("tag");
+    if (p2p) allowed.insert(allowed.end(), {"tag", "axis"});
     for (const std::string& k : need)
       if (!a.count(k)) return fail(what + " needs " + k + "=");
     for (const auto& [k, v] : a)
@@ -448,8 +448,15 @@ class PlanParser {
     if (p2p) {
       int64_t peer = -1;
       if (!num(a, "peer", &peer)) return false;
-      if (peer < 0 || peer >= mesh_ranks(p_))
+      if (a.count("axis")) {  // peer is a position along the axis, the other coordinates this rank's
+        const MeshAxis* ax = axis(a["axis"]);
+        if (!ax) return fail(what + ": the plan's mesh " + mesh_text(p_) + " has no axis '" + a["axis"] + "'");
+        if (peer < 0 || peer >= ax->size)
+          return fail(what + ": peer " + a["peer"] + " is not a position along mesh axis '" + a["axis"] + "' of " +
+                      std::to_string(ax->size));
+      } else if (peer < 0 || peer >= mesh_ranks(p_)) {
         return fail(what + ": peer " + a["peer"] + " is not a rank of mesh " + mesh_text(p_));
+      }
       int64_t tag = 0;
       if (a.count("tag") && !num(a, "tag", &tag)) return false;
     } else {

@@ -208,6 +208,11 @@ kiln_status* CollectiveStep::create(const artifact::PlanStep& ps, size_t index,
         s->group_ = static_cast<int>(mesh[i].size);
       }
     where = " over mesh axis '" + a.at("axis") + "'";
+    // send/recv along an axis: peer is the position in the axis' communicator (its coordinate).
+    if (s->op_ == "send" || s->op_ == "recv") {
+      s->root_ = std::atoi(a.at("peer").c_str());
+      where = (s->op_ == "send" ? " to position " : " from position ") + a.at("peer") + where;
+    }
   } else {
     s->comm_ = comms.world();
     s->root_ = std::atoi(a.at("peer").c_str());

@@ -20,6 +20,9 @@ inputs). STRATEGY is one of:
   auto-memory  the planner's choice for the smallest memory per rank
   pp        pipeline stages, one per rank, as many microbatches as stages (GPipe)
   pp-mb1    pipeline stages without microbatches
+  pp-dp     2 pipeline stages, each split data-parallel over N/2 ranks (meshes of 4 and more)
+  pp-tp     2 pipeline stages, each split tensor-parallel over N/2 ranks (meshes of 4 and more)
+  pp-dp-tp  2 pipeline stages, each over a 2 x N/4 dp x tp mesh (meshes of 8)
   FILE.toml a pipeline with a [parallel] section (and fusion passes), run on reference
 --require TEXT fails a mesh of more than one rank whose per-rank program lacks TEXT (e.g. the
 name suffix a rule gives the values it adds).
@@ -52,6 +55,12 @@ def strategy_spec(name, ranks, syms=()):
         dims = ",dims=[" + ",".join(f'"{s}"' for s in syms) + "]" if syms else ""
         micro = ",microbatches=1" if name == "pp-mb1" else ""
         return f'pipeline{{mesh="pp={ranks}"{micro}{dims},print-stages=false}}'
+    if name in ("pp-dp", "pp-tp", "pp-dp-tp"):
+        if ranks < (8 if name == "pp-dp-tp" else 4):
+            return None
+        dims = ",dims=[" + ",".join(f'"{s}"' for s in syms) + "]" if syms else ""
+        inner = {"pp-dp": f"dp={ranks // 2}", "pp-tp": f"tp={ranks // 2}", "pp-dp-tp": f"dp=2, tp={ranks // 4}"}[name]
+        return f'pipeline{{mesh="pp=2, {inner}"{dims},print-stages=false}}'
     if name == "dp":
         return f'data-parallel{{mesh="dp={ranks}"}}'
     if name == "dp-seq":
@@ -182,6 +191,10 @@ def main():
                     split = split_inputs + counts["local_shard"] + counts["send"]
                 if a.strategy.startswith("pp"):  # stages pass activations on
                     split = counts["send"]
+                    if "tp" in a.strategy:  # and split their weights
+                        split = min(split, counts["local_shard"])
+                    if "dp" in a.strategy:  # and their batch
+                        split = min(split, split_inputs)
                 for want_text in a.require:
                     if want_text not in text:
                         print(f"FAIL {a.strategy} on {ranks} ranks: the per-rank program has no '{want_text}'")

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
 #include "mesh_helpers.h"
 #include "pipeline.h"
@@ -143,13 +144,7 @@ TEST_CASE("pipeline: clear errors") {
   CHECK(too_many.status().message().find("8 stages need 7") != std::string::npos);
 
   auto g = parse(deep_mlp(std::vector<int64_t>(4, 16)));
-  PipelineConfig two_axes = config(2);
-  two_axes.mesh = DeviceMesh{{{"dp", 2}, {"pp", 2}}};
-  auto s = apply_pipeline(*g->clone(), two_axes);
-  REQUIRE_FALSE(s.ok());
-  CHECK(s.status().message().find("must have one axis") != std::string::npos);
-
-  s = apply_pipeline(*g->clone(), config(2, 3));
+  auto s = apply_pipeline(*g->clone(), config(2, 3));
   REQUIRE_FALSE(s.ok());
   CHECK(s.status().message().find("cannot cut the batch into 3 microbatches") != std::string::npos);
 
@@ -172,5 +167,107 @@ TEST_CASE("pipeline: clear errors") {
   REQUIRE_FALSE(s.ok());
   CHECK(s.status().message().find("mixes the rows of its batch") != std::string::npos);
   s = apply_pipeline(*mixing->clone(), config(2, 1));
+  CHECK_MESSAGE(s.ok(), s.status().message());
+}
+
+namespace {
+
+PipelineConfig mesh_config(std::vector<DeviceMesh::Axis> axes, int64_t micro = 0) {
+  PipelineConfig cfg = config(1, micro);
+  cfg.mesh = DeviceMesh{std::move(axes)};
+  return cfg;
+}
+
+/// Output 0 of pipeline `g` with every rank running its own program (program_of_rank), as the
+/// ranks of a CUDA run do.
+Tensor run_rank_programs(const Graph& g) {
+  const std::vector<Tensor> whole = {input()};
+  auto pieces = split_inputs_by_rank(g, whole);
+  REQUIRE_MESSAGE(pieces.ok(), pieces.status().message());
+  std::vector<std::unique_ptr<Graph>> owned;
+  std::vector<const Graph*> programs;
+  for (int64_t r = 0; r < g.mesh().num_ranks(); ++r) {
+    auto p = program_of_rank(g, r);
+    REQUIRE_MESSAGE(p.ok(), p.status().message());
+    programs.push_back(p->get());
+    owned.push_back(std::move(*p));
+  }
+  auto by_rank = run_mesh(g.mesh(), programs, *pieces);
+  REQUIRE_MESSAGE(by_rank.ok(), by_rank.status().message());
+  auto outs = assemble_outputs(g, *by_rank);
+  REQUIRE_MESSAGE(outs.ok(), outs.status().message());
+  return (*outs)[0];
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: stages split further by data and tensor parallelism on a 2-D or 3-D mesh") {
+  const auto global = parse(deep_mlp(std::vector<int64_t>(6, 16)));
+  const Tensor want = run_whole(*global);
+  struct Case {
+    std::vector<DeviceMesh::Axis> axes;
+    bool exact;  // a data split keeps every sum's order; a tensor split adds partial sums
+  };
+  for (const Case& c : {Case{{{"pp", 2}, {"dp", 2}}, true}, Case{{{"pp", 2}, {"tp", 2}}, false},
+                        Case{{{"dp", 2}, {"pp", 2}}, true}, Case{{{"pp", 2}, {"dp", 2}, {"tp", 2}}, false},
+                        Case{{{"pp", 4}, {"tp", 2}}, false}})
+    for (int64_t micro : {1, 2}) {
+      const DeviceMesh mesh{c.axes};
+      CAPTURE(mesh.str());
+      CAPTURE(micro);
+      auto g = global->clone();
+      auto split = apply_pipeline(*g, mesh_config(c.axes, micro));
+      REQUIRE_MESSAGE(split.ok(), split.status().message());
+      CHECK(g->mesh() == mesh);
+      const int64_t stages = mesh.axes[static_cast<size_t>(mesh.axis_index("pp"))].size;
+      CHECK(count_op(*g, "pipeline_stage") == stages);
+      CHECK(count_op(*g, "send") == (stages - 1) * micro);
+      // The tensor axis splits the weights (local_shard), the data axis the input.
+      CHECK((count_op(*g, "local_shard") > 0) == (mesh.axis_index("tp") >= 0));
+      CHECK((g->input(0)->sharding()[static_cast<size_t>(std::max(mesh.axis_index("dp"), 0))].is_shard()) ==
+            (mesh.axis_index("dp") >= 0));
+      const Tensor got = run_stages(*g);
+      CHECK(max_diff(got, want) <= (c.exact ? 0.0 : 1e-5));
+      CHECK(max_diff(run_rank_programs(*g), got) == 0);
+      // The ranks of one stage run the same program; the stages differ.
+      const std::string first = print_graph(**program_of_rank(*g, 0));
+      const int64_t last_rank = g->mesh().num_ranks() - 1;
+      CHECK(print_graph(**program_of_rank(*g, last_rank)) != first);
+      for (int64_t r = 0; r < g->mesh().num_ranks(); ++r)
+        if (g->mesh().coords(r)[static_cast<size_t>(mesh.axis_index("pp"))] == 0)
+          CHECK(print_graph(**program_of_rank(*g, r)) == first);
+    }
+}
+
+TEST_CASE("pipeline: a 2-D mesh's clear errors") {
+  auto g = parse(deep_mlp(std::vector<int64_t>(4, 16)));
+  auto message = [&](PipelineConfig cfg) {
+    auto s = apply_pipeline(*g->clone(), cfg);
+    REQUIRE_FALSE(s.ok());
+    return s.status().message();
+  };
+  CHECK(message(mesh_config({{"pp", 2}, {"xp", 2}})) ==
+        "pipeline: axis 'xp' of mesh <pp = 2, xp = 2> has no role: the stages run along 'pp'; another axis splits each "
+        "stage's batch (data-axis, by default the axis named dp) or its weights (tensor-axis, by default tp)");
+  PipelineConfig named = mesh_config({{"pp", 2}, {"dp", 2}});
+  named.data_axis = "pp";
+  CHECK(message(named) ==
+        "pipeline: axis 'pp' of mesh <pp = 2, dp = 2> carries the stages; it cannot also split each stage's batch "
+        "(data-axis)");
+  named = mesh_config({{"pp", 2}, {"dp", 2}});
+  named.stage_axis = "stages";
+  CHECK(message(named) == "pipeline: stage-axis 'stages' is not an axis of mesh <pp = 2, dp = 2>");
+  named = mesh_config({{"pp", 2}, {"dp", 2}});
+  named.tensor_axis = "dp";
+  CHECK(message(named) == "pipeline: data-axis and tensor-axis are both 'dp'");
+  CHECK(message(mesh_config({{"pp", 2}, {"mb", 2}})).find("mesh axis name 'mb' is taken by the microbatches") !=
+        std::string::npos);
+  // 8 rows over 4 data-parallel ranks and 4 microbatches: 2 rows a rank do not cut into 4.
+  const std::string m = message(mesh_config({{"pp", 2}, {"dp", 4}}, 4));
+  CHECK_MESSAGE(m.find("cannot cut the batch into 4 microbatches") != std::string::npos, m);
+  CHECK_MESSAGE(m.find("does not split evenly over 16 ranks") != std::string::npos, m);
+  // A tensor axis that does not divide the layers' widths keeps them whole: still correct.
+  auto odd = parse(deep_mlp(std::vector<int64_t>(4, 6)));
+  auto s = apply_pipeline(*odd, mesh_config({{"pp", 2}, {"tp", 4}}));
   CHECK_MESSAGE(s.ok(), s.status().message());
 }

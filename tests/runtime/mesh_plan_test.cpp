@@ -33,7 +33,8 @@ const std::string kPlan =
     "step collective op=all_to_all axis=tp x=b5 y=b5 count=32 dtype=i16\n"
     "step collective op=broadcast axis=dp x=b0 y=b1 count=32 dtype=f32 root=1\n"
     "step collective op=send peer=3 x=b0 count=32 dtype=f32 tag=7\n"
-    "step collective op=recv peer=0 y=b1 count=32 dtype=f32\n";
+    "step collective op=recv peer=0 y=b1 count=32 dtype=f32\n"
+    "step collective op=send peer=1 x=b0 count=32 dtype=f32 tag=3 axis=dp\n";
 
 std::string plan_error(const std::string& text) {
   Plan p;
@@ -65,11 +66,12 @@ TEST_CASE(
   CHECK(p.buffers[3].rank_axis == "tp");
   CHECK(p.buffers[3].rank_stride == 256);
   CHECK(p.buffers[4].rank_stride == 64);
-  REQUIRE(p.steps.size() == 7);
+  REQUIRE(p.steps.size() == 8);
   for (const PlanStep& s : p.steps) CHECK(s.kind == PlanStep::Kind::kCollective);
   CHECK(p.steps[0].attrs.at("op") == "all_reduce");
   CHECK(p.steps[3].attrs.at("dtype") == "i16");  // moving bytes needs no NCCL type
   CHECK(p.steps[5].attrs.at("tag") == "7");
+  CHECK(p.steps[7].attrs.at("axis") == "dp");  // peer 1 along dp: this rank's tp coordinate kept
   // A single-device plan has no mesh and unannotated inputs.
   Plan single;
   REQUIRE(parse_plan(
@@ -121,6 +123,11 @@ TEST_CASE("parse_plan refuses malformed per-rank lines and collective steps, nam
        "plan:11: collective send: peer 4 is not a rank of mesh dp:2,tp:2"},
       {head + "step collective op=recv peer=0 x=b1 count=32 dtype=f32\n",
        "plan:11: collective recv needs y="},
+      // Along an axis (a pipeline whose stages are split over the other axes), peer is a position.
+      {head + "step collective op=send peer=2 x=b0 count=32 dtype=f32 axis=dp\n",
+       "plan:11: collective send: peer 2 is not a position along mesh axis 'dp' of 2"},
+      {head + "step collective op=recv peer=1 y=b1 count=32 dtype=f32 axis=pp\n",
+       "plan:11: collective recv: the plan's mesh dp:2,tp:2 has no axis 'pp'"},
       {head + "step collective op=all_gather axis=tp x=b0 y=b2 count=3 dtype=i4\n",
        "plan:11: collective all_gather: count 3 of i4 is not a whole number of bytes"},
       {head + "input x buffer=0 placement=S(0)\n",

@@ -79,7 +79,8 @@ Status Lowerer::collective(const Node& n) {
                            std::string(op == "send" ? "x" : "y") + "=b" + std::to_string(b) +
                                " count=" + std::to_string(product(sizes_of(v))) +
                                " dtype=" + dtype + " peer=" + std::to_string(n.get_int("peer")) +
-                               " tag=" + std::to_string(n.get_int("tag")),
+                               " tag=" + std::to_string(n.get_int("tag")) +
+                               (n.get_string("axis", "").empty() ? "" : " axis=" + n.get_string("axis")),
                            {b});
   }
   const DeviceMesh& mesh = n.graph()->mesh();

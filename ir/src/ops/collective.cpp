@@ -28,12 +28,46 @@ StatusOr<ReduceOp> reduce_attr(const InferContext& ctx) {
   return *op;
 }
 
+/// send's and recv's `axis`: with it, `peer` is a position along that mesh axis and the other
+/// coordinates are the sender's own (a pipeline over one axis of a mesh whose other axes split
+/// each stage); without it, a rank of the whole mesh.
+AttrSpec p2p_axis_attr() {
+  return attr_optional("axis", AttrKind::kString, "mesh axis peer counts along (absent: peer is a rank of the mesh)");
+}
+
+Status check_peer(const InferContext& ctx) {
+  const DeviceMesh& mesh = ctx.node.graph()->mesh();
+  const int64_t peer = ctx.node.get_int("peer");
+  const std::string axis = ctx.node.get_string("axis", "");
+  if (!axis.empty()) {
+    KILN_ASSIGN_OR_RETURN(auto a, mesh_axis(ctx));
+    if (peer < 0 || peer >= a.second)
+      return ctx.error("peer " + std::to_string(peer) + " is not a position along mesh axis '" + axis + "' of " +
+                       std::to_string(a.second));
+    return ok_status();
+  }
+  if (mesh.empty() || peer < 0 || peer >= mesh.num_ranks())
+    return ctx.error("peer " + std::to_string(peer) + " is not a rank of mesh " + mesh.str());
+  return ok_status();
+}
+
 /// The running rank's mesh context, or an error outside run_mesh.
 StatusOr<MeshContext*> mesh_of(KernelContext& ctx) {
   MeshContext* m = ctx.interpreter.mesh_context();
   if (m == nullptr || m->exchange == nullptr)
     return ctx.error("a collective runs only as part of a mesh run (run_mesh, or a parallel backend)");
   return m;
+}
+
+/// The rank a send or recv talks to (see p2p_axis_attr).
+StatusOr<int64_t> peer_rank(KernelContext& ctx, const MeshContext& m) {
+  const std::string axis = ctx.node.get_string("axis", "");
+  if (axis.empty()) return ctx.node.get_int("peer");
+  const int a = m.mesh->axis_index(axis);
+  if (a < 0) return ctx.error("the mesh has no axis '" + axis + "'");
+  std::vector<int64_t> coords = m.mesh->coords(m.rank);
+  coords[static_cast<size_t>(a)] = ctx.node.get_int("peer");
+  return m.mesh->rank_at(coords);
 }
 
 /// Every group member's tensor (group order) and this rank's position in the group.
@@ -239,19 +273,17 @@ void register_collective_ops(OpRegistry& r) {
       .inputs = {"x"},
       .outputs = {},
       .result_rule = "no results",
-      .attrs = {attr_required("peer", AttrKind::kInt, "receiving rank"),
-                attr_default("tag", Attribute(int64_t{0}), "matches one recv of the peer")},
+      .attrs = {attr_required("peer", AttrKind::kInt, "receiving rank (with axis: its position along the axis)"),
+                attr_default("tag", Attribute(int64_t{0}), "matches one recv of the peer"), p2p_axis_attr()},
       .infer = [](InferContext& ctx) -> Status {
-        const DeviceMesh& mesh = ctx.node.graph()->mesh();
-        const int64_t peer = ctx.node.get_int("peer");
-        if (mesh.empty() || peer < 0 || peer >= mesh.num_ranks())
-          return ctx.error("peer " + std::to_string(peer) + " is not a rank of mesh " + mesh.str());
+        KILN_RETURN_IF_ERROR(check_peer(ctx));
         ctx.results = {};
         return ok_status();
       },
       .reference = [](KernelContext& ctx) -> Status {
         KILN_ASSIGN_OR_RETURN(MeshContext * m, mesh_of(ctx));
-        return m->exchange->send(m->rank, ctx.node.get_int("peer"), ctx.node.get_int("tag"), ctx.input(0));
+        KILN_ASSIGN_OR_RETURN(int64_t peer, peer_rank(ctx, *m));
+        return m->exchange->send(m->rank, peer, ctx.node.get_int("tag"), ctx.input(0));
       }});
 
   add_op_or_die(r, OpDef{
@@ -261,15 +293,12 @@ void register_collective_ops(OpRegistry& r) {
       .inputs = {},
       .outputs = {"y"},
       .result_rule = "`dtype`[`shape`]",
-      .attrs = {attr_required("peer", AttrKind::kInt, "sending rank"),
+      .attrs = {attr_required("peer", AttrKind::kInt, "sending rank (with axis: its position along the axis)"),
                 attr_default("tag", Attribute(int64_t{0}), "matches one send of the peer"),
                 attr_required("dtype", AttrKind::kDType, "element type"),
-                attr_required("shape", AttrKind::kInts, "static shape")},
+                attr_required("shape", AttrKind::kInts, "static shape"), p2p_axis_attr()},
       .infer = [](InferContext& ctx) -> Status {
-        const DeviceMesh& mesh = ctx.node.graph()->mesh();
-        const int64_t peer = ctx.node.get_int("peer");
-        if (mesh.empty() || peer < 0 || peer >= mesh.num_ranks())
-          return ctx.error("peer " + std::to_string(peer) + " is not a rank of mesh " + mesh.str());
+        KILN_RETURN_IF_ERROR(check_peer(ctx));
         Shape shape;
         for (int64_t d : ctx.node.get_ints("shape")) {
           if (d < 0) return ctx.error("shape dims must be >= 0");
@@ -280,9 +309,10 @@ void register_collective_ops(OpRegistry& r) {
       },
       .reference = [](KernelContext& ctx) -> Status {
         KILN_ASSIGN_OR_RETURN(MeshContext * m, mesh_of(ctx));
-        KILN_ASSIGN_OR_RETURN(Tensor t, m->exchange->recv(m->rank, ctx.node.get_int("peer"), ctx.node.get_int("tag")));
+        KILN_ASSIGN_OR_RETURN(int64_t peer, peer_rank(ctx, *m));
+        KILN_ASSIGN_OR_RETURN(Tensor t, m->exchange->recv(m->rank, peer, ctx.node.get_int("tag")));
         if (t.type() != ctx.output().type())
-          return ctx.error("received " + t.type().str() + " from rank " + std::to_string(ctx.node.get_int("peer")) +
+          return ctx.error("received " + t.type().str() + " from rank " + std::to_string(peer) +
                            ", expected " + ctx.output().type().str());
         ctx.output() = std::move(t);
         return ok_status();

@@ -99,12 +99,17 @@ Status fused_kernel(KernelContext& ctx) {
   return ok_status();
 }
 
-/// Runs the region on the rank named by `rank`; every other rank skips it, its results zeros
+/// Runs the region on the rank named by `rank` (with `axis`, on the ranks at that position along
+/// it); every other rank skips it, its results zeros
 /// (the last stage's outputs are P(sum) over the stages: one rank holds the value).
 Status pipeline_stage_kernel(KernelContext& ctx) {
   const MeshContext* m = ctx.interpreter.mesh_context();
   if (m == nullptr) return ctx.error("a pipeline stage runs only as part of a mesh run (run_mesh, or a parallel backend)");
-  if (m->rank != ctx.node.get_int("rank")) {
+  const std::string axis = ctx.node.get_string("axis", "");
+  const int a = axis.empty() ? -1 : m->mesh->axis_index(axis);
+  if (!axis.empty() && a < 0) return ctx.error("the mesh has no axis '" + axis + "'");
+  const int64_t mine = a < 0 ? m->rank : m->mesh->coords(m->rank)[static_cast<size_t>(a)];
+  if (mine != ctx.node.get_int("rank")) {
     for (size_t i = 0; i < ctx.outputs.size(); ++i) {
       const TensorType& t = ctx.node.result(static_cast<int>(i))->type();
       ctx.outputs[i] = Tensor(t.dtype, static_sizes(t.shape));
@@ -117,6 +122,14 @@ Status pipeline_stage_kernel(KernelContext& ctx) {
 Status infer_pipeline_stage(InferContext& ctx) {
   const DeviceMesh& mesh = ctx.node.graph()->mesh();
   const int64_t rank = ctx.node.get_int("rank");
+  if (const std::string axis = ctx.node.get_string("axis", ""); !axis.empty()) {
+    const int a = mesh.axis_index(axis);
+    if (a < 0) return ctx.error("mesh " + mesh.str() + " has no axis '" + axis + "'");
+    if (rank < 0 || rank >= mesh.axes[static_cast<size_t>(a)].size)
+      return ctx.error("rank " + std::to_string(rank) + " is not a position along mesh axis '" + axis + "' of " +
+                       std::to_string(mesh.axes[static_cast<size_t>(a)].size));
+    return infer_fused(ctx);
+  }
   if (mesh.empty() || rank < 0 || rank >= mesh.num_ranks())
     return ctx.error("rank " + std::to_string(rank) + " is not a rank of mesh " + mesh.str());
   return infer_fused(ctx);
@@ -142,7 +155,10 @@ void register_structural_ops(OpRegistry& r) {
                     .inputs = {"xs..."},
                     .outputs = {"ys..."},
                     .result_rule = "the types of the region's outputs",
-                    .attrs = {attr_required("rank", AttrKind::kInt, "the rank that runs the region"),
+                    .attrs = {attr_required("rank", AttrKind::kInt,
+                                            "the rank that runs the region (with axis: every rank at this position along it)"),
+                              attr_optional("axis", AttrKind::kString,
+                                            "the mesh axis of the stages, when other axes split each stage's work"),
                               attr_default("microbatches", Attribute(int64_t{1}),
                                            "microbatches the region runs one after another (for reports)")},
                     .num_regions = 1,
