@@ -182,11 +182,69 @@ class Partitioner {
         return internal_error("partition: cannot make a value " + sharding_str(target) + " from " + sharding_str(cur));
       Sharding next = cur;
       next[a] = target[a];
-      KILN_ASSIGN_OR_RETURN(x, collective("local_shard", x, a, {{"dim", Attribute(target[a].dim)}}, next));
+      KILN_ASSIGN_OR_RETURN(Value * block, iota_block(x, a, target[a].dim, 0));
+      if (block) {
+        ++report_.iota_blocks;
+        x = block;
+      } else {
+        KILN_ASSIGN_OR_RETURN(x, collective("local_shard", x, a, {{"dim", Attribute(target[a].dim)}}, next));
+      }
       cur = next;
     }
     cache_[key] = x;
     return x;
+  }
+
+  /// Rank k's block along dim `d` (split over mesh axis `a`) of a value built elementwise from
+  /// an iota along `d` (`range`) and values that broadcast along it, such as a one-hot mask
+  /// `equal(ids[.., 1], range(V))`: each rank builds its block from its block of the iota, where
+  /// cutting it from the whole would cost every rank the whole [.., V] value. nullptr when `v` is
+  /// not built that way.
+  StatusOr<Value*> iota_block(Value* v, size_t a, int64_t d, int depth) {
+    Node* p = v->producer();
+    if (!p || depth > 8 || d < 0 || d >= rank_of(v) || !dim_of(v, d).is_static()) return nullptr;
+    const int64_t ranks = mesh_.axes[a].size, n = dim_of(v, d).value();
+    if (ranks <= 1 || n % ranks) return nullptr;
+    Sharding s = full(v->sharding());
+    if (!s[a].is_replicate() || dim_shared(s, a, d)) return nullptr;
+    s[a] = P::shard(d);
+    const std::string name = (v->name().empty() ? p->op_name() : v->name()) + ".block";
+    if (p->op_name() == "range") {
+      const double start = p->get_float("start"), delta = p->get_float("delta");
+      const int64_t rows = n / ranks;
+      // Block k counts on from start + k * rows * delta: an offset the rank takes from a [ranks] table.
+      std::vector<double> offsets;
+      for (int64_t k = 0; k < ranks; ++k) offsets.push_back(static_cast<double>(k * rows) * delta);
+      AttrMap attrs = p->attrs();
+      attrs["limit"] = Attribute(start + static_cast<double>(rows) * delta);
+      KILN_ASSIGN_OR_RETURN(Node * local, emit("range", {}, attrs, name + "_local", p->loc()));
+      if (local->result()->shape() != Shape{Dim(rows)}) return nullptr;  // a fractional step counts otherwise
+      local->result()->set_sharding(replicated());
+      Tensor table(v->dtype(), {ranks});
+      for (int64_t k = 0; k < ranks; ++k) table.set_f64(k, offsets[static_cast<size_t>(k)]);
+      KILN_ASSIGN_OR_RETURN(Value * all, constant(std::move(table), name + "_offsets", p->loc()));
+      Sharding one = replicated();
+      one[a] = P::shard(0);
+      KILN_ASSIGN_OR_RETURN(Value * offset, collective("local_shard", all, a, {{"dim", Attribute(int64_t{0})}}, one));
+      KILN_ASSIGN_OR_RETURN(Node * add, emit("add", {local->result(), offset}, {}, name, p->loc()));
+      add->result()->set_sharding(s);
+      return add->result();
+    }
+    if (!is_pointwise(*p) || side_effects(*p) || p->num_regions() > 0 || p->num_results() != 1) return nullptr;
+    std::vector<Value*> operands;
+    for (Value* o : p->operands()) {
+      const int64_t od = d - (rank_of(v) - rank_of(o));  // numpy broadcasting aligns trailing dims
+      if (od < 0 || (dim_of(o, od).is_static() && dim_of(o, od).value() == 1)) {
+        operands.push_back(o);  // the same on every rank
+        continue;
+      }
+      KILN_ASSIGN_OR_RETURN(Value * b, iota_block(o, a, od, depth + 1));
+      if (!b) return nullptr;
+      operands.push_back(b);
+    }
+    KILN_ASSIGN_OR_RETURN(Node * m, emit(p->op_name(), std::move(operands), p->attrs(), name, p->loc()));
+    m->result()->set_sharding(s);
+    return m->result();
   }
 
   // ---- rules -------------------------------------------------------------------------------
@@ -823,6 +881,146 @@ class Partitioner {
     return true;
   }
 
+  /// The mesh axis that alone splits dim `d` in `s`, or -1.
+  static int sole_axis_splitting(const Sharding& s, int64_t d) {
+    int found = -1;
+    for (size_t a = 0; a < s.size(); ++a)
+      if (s[a].is_shard() && s[a].dim == d) {
+        if (found >= 0) return -1;
+        found = static_cast<int>(a);
+      }
+    return found;
+  }
+
+  /// A value of the per-rank graph laid out as `s`.
+  StatusOr<Value*> step(const std::string& op, std::vector<Value*> operands, AttrMap attrs, const std::string& name,
+                        const Sharding& s, Location loc) {
+    KILN_ASSIGN_OR_RETURN(Node * m, emit(op, std::move(operands), std::move(attrs), name, loc));
+    m->result()->set_sharding(s);
+    return m->result();
+  }
+
+  /// x - max, exp(x - max) and the sum of exp(x - max) along dim `d` of `x` (laid out `s`, dim
+  /// d split over mesh axis `a`): the max and the sum are reduced locally and all-reduced over
+  /// `a` (keepdims, [.., 1]), what a softmax or a cross-entropy over split classes needs from
+  /// the other ranks.
+  struct SplitSoftmax {
+    Value *shifted, *exp, *sum;
+  };
+  StatusOr<SplitSoftmax> split_max_and_sum(Value* x, int64_t d, size_t a, const Sharding& s, const std::string& base,
+                                           Location loc) {
+    const AttrMap over = {{"axes", Attribute(std::vector<int64_t>{d})}, {"keepdims", Attribute(int64_t{1})}};
+    Sharding one = s, partial = s;
+    one[a] = P::replicate();
+    partial[a] = P::partial(ReduceOp::kMax);
+    KILN_ASSIGN_OR_RETURN(Value * local_max, step("reduce_max", {x}, over, base + ".local_max", partial, loc));
+    KILN_ASSIGN_OR_RETURN(Value * max, redistribute(local_max, one));
+    KILN_ASSIGN_OR_RETURN(Value * shifted, step("sub", {x, max}, {}, base + ".shifted", s, loc));
+    KILN_ASSIGN_OR_RETURN(Value * e, step("exp", {shifted}, {}, base + ".exp", s, loc));
+    partial[a] = P::partial(ReduceOp::kSum);
+    KILN_ASSIGN_OR_RETURN(Value * local_sum, step("reduce_sum", {e}, over, base + ".local_sum", partial, loc));
+    KILN_ASSIGN_OR_RETURN(Value * sum, redistribute(local_sum, one));
+    return SplitSoftmax{shifted, e, sum};
+  }
+
+  /// softmax / log_softmax along a dim split over one mesh axis: the max and the sum of
+  /// exponentials are all-reduced, each rank normalises its own block (Megatron's vocab-parallel
+  /// softmax), instead of gathering the operand. Declines (false) unless exactly one axis
+  /// splits the dim.
+  StatusOr<bool> lower_split_softmax(const Node& n) {
+    const int64_t r = rank_of(n.operand(0));
+    const int64_t d = n.get_int("axis") < 0 ? n.get_int("axis") + r : n.get_int("axis");
+    const Sharding s = without_partials(layout(n, 0));
+    const int a = sole_axis_splitting(s, d);
+    if (a < 0 || !fits(s, n.operand(0)->type())) return false;
+    KILN_ASSIGN_OR_RETURN(Value * x, redistribute(local_.at(n.operand(0)), s));
+    const std::string base = n.result()->name().empty() ? n.op_name() : n.result()->name();
+    KILN_ASSIGN_OR_RETURN(auto ms, split_max_and_sum(x, d, static_cast<size_t>(a), s, base, n.loc()));
+    Value* y = nullptr;
+    if (n.op_name() == "softmax") {
+      KILN_ASSIGN_OR_RETURN(y, step("div", {ms.exp, ms.sum}, {}, n.result()->name(), s, n.loc()));
+    } else {
+      KILN_ASSIGN_OR_RETURN(Value * lse, step("log", {ms.sum}, {}, base + ".log_sum", ms.sum->sharding(), n.loc()));
+      KILN_ASSIGN_OR_RETURN(y, step("sub", {ms.shifted, lse}, {}, n.result()->name(), s, n.loc()));
+    }
+    ++report_.split_softmaxes;
+    KILN_RETURN_IF_ERROR(finish(n, 0, y));
+    return true;
+  }
+
+  /// cross_entropy over logits whose classes are split over one mesh axis (a column-parallel
+  /// output head), Megatron's vocab-parallel cross-entropy: the max and the sum of exponentials
+  /// are all-reduced, the rank holding a row's target class picks its logit (the others add
+  /// zero to an all-reduce), so the logits are never gathered. Rows split over other axes stay
+  /// split (partial sums, the mean's count all-reduced as in lower_cross_entropy). Declines
+  /// (false) unless exactly one axis splits the classes.
+  StatusOr<bool> lower_vocab_parallel_cross_entropy(const Node& n) {
+    const int64_t classes = rank_of(n.operand(0)) - 1;
+    Sharding tl = without_partials(layout(n, 0));
+    const int va = sole_axis_splitting(tl, classes);
+    if (va < 0 || !dim_of(n.operand(0), classes).is_static()) return false;
+    const auto a = static_cast<size_t>(va);
+    Sharding tt = replicated(), loss = replicated();  // the targets' layout: the logits' rows
+    for (size_t b = 0; b < tl.size(); ++b) {
+      if (b == a) continue;
+      if (tl[b].is_shard()) {
+        tt[b] = tl[b];
+        loss[b] = P::partial();
+      } else {
+        tl[b] = P::replicate();
+      }
+    }
+    if (!fits(tl, n.operand(0)->type()) || !fits(tt, n.operand(1)->type())) return false;
+    KILN_ASSIGN_OR_RETURN(Value * x, redistribute(local_.at(n.operand(0)), tl));
+    KILN_ASSIGN_OR_RETURN(Value * t, redistribute(local_.at(n.operand(1)), tt));
+    const std::string name = n.result()->name().empty() ? "cross_entropy" : n.result()->name();
+    const Location loc = n.loc();
+    const int64_t ranks = mesh_.axes[a].size, block = dim_of(n.operand(0), classes).value() / ranks;
+    KILN_ASSIGN_OR_RETURN(auto ms, split_max_and_sum(x, classes, a, tl, name + ".vocab", loc));
+    const Sharding rows = tt;  // [.., 1] values: the targets' rows
+    KILN_ASSIGN_OR_RETURN(Value * lse, step("log", {ms.sum}, {}, name + ".vocab_lse", rows, loc));
+    // The target's logit (minus the max) from the rank whose block holds its class.
+    std::vector<int64_t> starts;
+    for (int64_t k = 0; k < ranks; ++k) starts.push_back(k * block);
+    KILN_ASSIGN_OR_RETURN(Value * all_starts, constant(Tensor::from_i64(t->dtype(), {ranks}, starts), name + ".vocab_start", loc));
+    Sharding one = replicated();
+    one[a] = P::shard(0);
+    KILN_ASSIGN_OR_RETURN(Value * start, collective("local_shard", all_starts, a, {{"dim", Attribute(int64_t{0})}}, one));
+    KILN_ASSIGN_OR_RETURN(Value * local, step("sub", {t, start}, {}, name + ".vocab_local", tt, loc));
+    KILN_ASSIGN_OR_RETURN(Value * column, step("unsqueeze", {local}, {{"axes", Attribute(std::vector<int64_t>{classes})}},
+                                               name + ".vocab_column", rows, loc));
+    KILN_ASSIGN_OR_RETURN(Value * iota, step("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(block))},
+                                                          {"delta", Attribute(1.0)}, {"dtype", Attribute(t->dtype())}},
+                                             name + ".vocab_iota", replicated(), loc));
+    KILN_ASSIGN_OR_RETURN(Value * mine, step("equal", {column, iota}, {}, name + ".vocab_mine", tl, loc));
+    KILN_ASSIGN_OR_RETURN(Value * zero, constant(Tensor::scalar_f64(x->dtype(), 0.0), name + ".zero", loc));
+    KILN_ASSIGN_OR_RETURN(Value * hit, step("where", {mine, ms.shifted, zero}, {}, name + ".vocab_hit", tl, loc));
+    Sharding partial = rows;
+    partial[a] = P::partial();
+    KILN_ASSIGN_OR_RETURN(Value * picked_local, step("reduce_sum", {hit}, {{"axes", Attribute(std::vector<int64_t>{classes})}, {"keepdims", Attribute(int64_t{1})}},
+                                                     name + ".vocab_picked_local", partial, loc));
+    KILN_ASSIGN_OR_RETURN(Value * picked, redistribute(picked_local, rows));
+    KILN_ASSIGN_OR_RETURN(Value * per_row, step("sub", {lse, picked}, {}, name + ".vocab_row_loss", rows, loc));
+    KILN_ASSIGN_OR_RETURN(per_row, step("squeeze", {per_row}, {{"axes", Attribute(std::vector<int64_t>{classes})}},
+                                        name + ".vocab_row_losses", tt, loc));
+    // Ignored targets count neither in the sum nor in the mean.
+    KILN_ASSIGN_OR_RETURN(Value * ignore, constant(Tensor::scalar_i64(t->dtype(), n.get_int("ignore_index")), name + ".ignore", loc));
+    KILN_ASSIGN_OR_RETURN(Value * kept, step("not_equal", {t, ignore}, {}, name + ".kept", tt, loc));
+    KILN_ASSIGN_OR_RETURN(Value * weight, step("cast", {kept}, {{"to", Attribute(x->dtype())}}, name + ".weight", tt, loc));
+    KILN_ASSIGN_OR_RETURN(per_row, step("mul", {per_row, weight}, {}, name + ".vocab_counted", tt, loc));
+    const AttrMap every = {{"axes", Attribute(std::vector<int64_t>{})}, {"keepdims", Attribute(int64_t{0})}};
+    const bool mean = n.get_string("reduction") == "mean";
+    KILN_ASSIGN_OR_RETURN(Value * out, step("reduce_sum", {per_row}, every, mean ? name + ".sum" : name, loss, loc));
+    if (mean) {
+      KILN_ASSIGN_OR_RETURN(Value * count, step("reduce_sum", {weight}, every, name + ".count", loss, loc));
+      KILN_ASSIGN_OR_RETURN(Value * total, redistribute(count, replicated()));
+      KILN_ASSIGN_OR_RETURN(out, step("div", {out, total}, {}, name, loss, loc));
+    }
+    ++report_.vocab_parallel_losses;
+    KILN_RETURN_IF_ERROR(finish(n, 0, out));
+    return true;
+  }
+
   /// mse_loss(input, target) split alike along any dims: each rank sums its squared errors (a
   /// partial sum); a mean divides by the whole input's element count. Declines (false) when
   /// nothing is split.
@@ -858,8 +1056,16 @@ class Partitioner {
 
   /// Partitions one node of the global graph into the per-rank graph.
   Status lower(const Node& n) {
+    if (n.op_name() == "cross_entropy") {
+      KILN_ASSIGN_OR_RETURN(bool done, lower_vocab_parallel_cross_entropy(n));
+      if (done) return ok_status();
+    }
     if (n.op_name() == "cross_entropy" || (n.op_name() == "mse_loss" && is_static(n.operand(0)->shape()))) {
       KILN_ASSIGN_OR_RETURN(bool done, n.op_name() == "mse_loss" ? lower_mse_loss(n) : lower_cross_entropy(n));
+      if (done) return ok_status();
+    }
+    if (n.op_name() == "softmax" || n.op_name() == "log_softmax") {
+      KILN_ASSIGN_OR_RETURN(bool done, lower_split_softmax(n));
       if (done) return ok_status();
     }
     Decision d = decide(n);

@@ -47,6 +47,9 @@ struct PartitionReport {
   int all_reduce = 0, all_gather = 0, reduce_scatter = 0, all_to_all = 0, local_shard = 0;
   int replicated_fallbacks = 0;  ///< nodes computed whole on every rank (no rule applied)
   int vocab_parallel = 0;        ///< embedding lookups whose table is split by vocabulary rows
+  int vocab_parallel_losses = 0; ///< cross-entropies over logits split by classes (no gather)
+  int split_softmaxes = 0;       ///< softmaxes over a split dim (max and sum all-reduced)
+  int iota_blocks = 0;           ///< iota-built values (one-hot masks) made per block, not cut from the whole
 };
 
 /// Rewrites `g` (global view: mesh set, placements on some values, e.g. on inputs or weights)

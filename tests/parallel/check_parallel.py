@@ -25,7 +25,9 @@ inputs). STRATEGY is one of:
   pp-dp-tp  2 pipeline stages, each over a 2 x N/4 dp x tp mesh (meshes of 8)
   FILE.toml a pipeline with a [parallel] section (and fusion passes), run on reference
 --require TEXT fails a mesh of more than one rank whose per-rank program lacks TEXT (e.g. the
-name suffix a rule gives the values it adds).
+name suffix a rule gives the values it adds); --forbid TEXT fails one that holds it (e.g.
+" all_gather(": the logits of a vocab-parallel loss are never gathered).
+--before PASSES runs these passes (e.g. "autodiff") before the strategy, in the unsharded run too.
 --batch B widens a model folder's saved inputs to batch B (rows rolled, so every row differs)
 and binds the folder's `batch` dim to B.
 """
@@ -101,6 +103,8 @@ def main():
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--outputs", default="", help="output names of a .kir model, comma-separated")
     ap.add_argument("--require", action="append", default=[], help="text the per-rank program must hold")
+    ap.add_argument("--forbid", action="append", default=[], help="text the per-rank program must not hold")
+    ap.add_argument("--before", default="", help="passes before the strategy (and in the unsharded run)")
     ap.add_argument("--rtol", type=float, default=1e-4)
     ap.add_argument("--atol", type=float, default=1e-5)
     a = ap.parse_args()
@@ -154,7 +158,8 @@ def main():
                 return None, proc
             return {n: np.load(f) for n, f in files.items()}, proc
 
-        want, proc = outputs_of("whole", CLEANUP)
+        cleanup = CLEANUP + ("," + a.before if a.before else "")
+        want, proc = outputs_of("whole", cleanup)
         if want is None:
             print("FAIL: the unsharded run failed")
             return 1
@@ -163,7 +168,7 @@ def main():
             spec = strategy_spec(a.strategy, ranks, [] if os.path.isdir(a.model) else a.sym)
             if spec is None:
                 continue
-            passes = spec if spec.endswith(".toml") else f"{CLEANUP},{spec}"
+            passes = spec if spec.endswith(".toml") else f"{cleanup},{spec}"
             got, proc = outputs_of(f"r{ranks}", passes, ["--print-ir-after-all"])
             if got is None:
                 print(f"FAIL {a.strategy} on {ranks} ranks: kiln run exited {proc.returncode}")
@@ -198,6 +203,10 @@ def main():
                 for want_text in a.require:
                     if want_text not in text:
                         print(f"FAIL {a.strategy} on {ranks} ranks: the per-rank program has no '{want_text}'")
+                        ok = False
+                for bad_text in a.forbid:
+                    if bad_text in text:
+                        print(f"FAIL {a.strategy} on {ranks} ranks: the per-rank program holds '{bad_text}'")
                         ok = False
                 if split == 0:
                     print(f"FAIL {a.strategy} on {ranks} ranks split nothing: every rank computes the whole model")
