@@ -193,40 +193,145 @@ std::vector<int> greedy(const Problem& p, int lookahead) {
   return order;
 }
 
-/// Depth-first from the outputs: each node right after the operands it needs, so a value
-/// is consumed soon after it is made. Unreachable nodes follow in their original order.
-std::vector<int> depth_first(const Problem& p) {
+/// Emits nodes in a given order of requests and, after each, completes values early: when every
+/// node still to read a live value could run now and, together, they free more bytes than they
+/// allocate, they run at once. A depth-first order alone leaves a value alive until its last
+/// reader's turn comes, however cheap that reader is: a weight gradient's GEMM waits for the
+/// whole input-gradient chain, a loss chunk's logits gradient for the other chunks.
+class EagerEmitter {
+ public:
+  /// kFreeing: a group runs early when it frees more bytes than it allocates. kWithinPeak: also
+  /// when it frees some and the live bytes stay within the peak so far (a loss chunk's logits
+  /// gradient then goes at once, though its reader first makes the one bf16 copy of the head's
+  /// weight that every chunk reads).
+  enum class Eager { kOff, kFreeing, kWithinPeak };
+
+  explicit EagerEmitter(const Problem& p) : p_(p), preds_(p.preds), left_(p.readers), done_(p.nodes.size(), 0) {
+    for (int r : p.inputs)
+      if (p.readers[static_cast<size_t>(r)] > 0 || p.pinned[static_cast<size_t>(r)]) live_ += p.bytes[static_cast<size_t>(r)];
+    peak_ = live_;
+    readers_.resize(p.bytes.size());
+    pred_.resize(p.nodes.size());
+    for (size_t n = 0; n < p.nodes.size(); ++n) {
+      for (int r : p.reads[n]) readers_[static_cast<size_t>(r)].push_back(static_cast<int>(n));
+      for (int m : p.succ[n]) pred_[static_cast<size_t>(m)].push_back(static_cast<int>(n));
+    }
+  }
+
+  bool done(int n) const { return done_[static_cast<size_t>(n)] != 0; }
+
+  /// Runs `n` (its predecessors must have run), then whatever completes values early.
+  void emit(int n, Eager eager) {
+    run(n);
+    if (eager == Eager::kOff) return;
+    std::vector<int> values(p_.reads[static_cast<size_t>(n)]);
+    values.insert(values.end(), p_.makes[static_cast<size_t>(n)].begin(), p_.makes[static_cast<size_t>(n)].end());
+    while (!values.empty()) {
+      const int r = values.back();
+      values.pop_back();
+      std::vector<int> group;
+      if (!completes(r, eager, group)) continue;
+      for (int m : group) {
+        run(m);
+        const auto& reads = p_.reads[static_cast<size_t>(m)];
+        const auto& makes = p_.makes[static_cast<size_t>(m)];
+        values.insert(values.end(), reads.begin(), reads.end());
+        values.insert(values.end(), makes.begin(), makes.end());
+      }
+    }
+  }
+
+  std::vector<int> order;
+
+ private:
+  static constexpr size_t kMaxGroup = 8;
+
+  void run(int n) {
+    done_[static_cast<size_t>(n)] = 1;
+    order.push_back(n);
+    for (int r : p_.makes[static_cast<size_t>(n)]) live_ += p_.bytes[static_cast<size_t>(r)];
+    peak_ = std::max(peak_, live_);
+    for (int r : p_.makes[static_cast<size_t>(n)])
+      if (p_.readers[static_cast<size_t>(r)] == 0 && !p_.pinned[static_cast<size_t>(r)]) live_ -= p_.bytes[static_cast<size_t>(r)];
+    for (int r : p_.reads[static_cast<size_t>(n)])
+      if (--left_[static_cast<size_t>(r)] == 0 && !p_.pinned[static_cast<size_t>(r)]) live_ -= p_.bytes[static_cast<size_t>(r)];
+    for (int m : p_.succ[static_cast<size_t>(n)]) --preds_[static_cast<size_t>(m)];
+  }
+
+  /// Whether the readers of root `r` still to run, with those of their predecessors that have
+  /// yet to run (each ready itself), can run now and free more than they allocate; they go to
+  /// `group` in an order that runs.
+  bool completes(int r, Eager eager, std::vector<int>& group) const {
+    if (left_[static_cast<size_t>(r)] == 0 || p_.pinned[static_cast<size_t>(r)]) return false;
+    std::unordered_set<int> in;
+    auto add = [&](int m) {
+      if (in.insert(m).second) group.push_back(m);
+    };
+    for (int m : readers_[static_cast<size_t>(r)]) {
+      if (done(m) || in.count(m)) continue;
+      if (preds_[static_cast<size_t>(m)] != 0) {
+        for (int q : pred_[static_cast<size_t>(m)]) {
+          if (done(q) || in.count(q)) continue;
+          if (preds_[static_cast<size_t>(q)] != 0) return false;
+          add(q);
+        }
+      }
+      add(m);
+      if (group.size() > kMaxGroup) return false;
+    }
+    int64_t alloc = 0, freed = 0;
+    std::unordered_map<int, int> reads;  // root -> readers of it in the group
+    for (int m : group) {
+      for (int x : p_.makes[static_cast<size_t>(m)]) alloc += p_.bytes[static_cast<size_t>(x)];
+      for (int x : p_.reads[static_cast<size_t>(m)]) ++reads[x];
+    }
+    for (const auto& [x, k] : reads)
+      if (k == left_[static_cast<size_t>(x)] && !p_.pinned[static_cast<size_t>(x)]) freed += p_.bytes[static_cast<size_t>(x)];
+    return freed > alloc || (eager == Eager::kWithinPeak && freed > 0 && live_ + alloc <= peak_);
+  }
+
+  const Problem& p_;
+  std::vector<int> preds_, left_;
+  std::vector<std::vector<int>> readers_, pred_;
+  std::vector<char> done_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+/// Depth-first from the outputs: each node right after the operands it needs, so a value is
+/// consumed soon after it is made; predecessors are visited in their original order, or the
+/// latest first with `latest_first` (in a backward, the last layer's weight gradients first).
+/// With `eager`, values are completed early as EagerEmitter says. Nodes no output needs follow
+/// in their original order.
+std::vector<int> depth_first(const Problem& p, bool latest_first, EagerEmitter::Eager eager) {
   std::vector<std::vector<int>> pred(p.nodes.size());
   for (size_t i = 0; i < p.nodes.size(); ++i)
     for (int m : p.succ[i]) pred[static_cast<size_t>(m)].push_back(static_cast<int>(i));
-  std::vector<int> order;
-  std::vector<char> seen(p.nodes.size(), 0);
+  if (latest_first)
+    for (auto& ps : pred) std::reverse(ps.begin(), ps.end());
+  EagerEmitter out(p);
   std::unordered_map<const Node*, int> index;
   for (size_t i = 0; i < p.nodes.size(); ++i) index[p.nodes[i]] = static_cast<int>(i);
   auto visit = [&](int root) {
+    if (out.done(root)) return;
     std::vector<std::pair<int, size_t>> stack{{root, 0}};
-    if (seen[static_cast<size_t>(root)]) return;
-    seen[static_cast<size_t>(root)] = 1;
     while (!stack.empty()) {
       auto& [n, next] = stack.back();
       const auto& ps = pred[static_cast<size_t>(n)];
       if (next < ps.size()) {
         const int m = ps[next++];
-        if (!seen[static_cast<size_t>(m)]) {
-          seen[static_cast<size_t>(m)] = 1;
-          stack.push_back({m, 0});
-        }
+        if (!out.done(m)) stack.push_back({m, 0});
         continue;
       }
-      order.push_back(n);
+      const int done = n;
       stack.pop_back();
+      if (!out.done(done)) out.emit(done, eager);
     }
   };
   const Graph& g = *p.nodes.front()->graph();
   for (const Value* o : g.outputs())
     if (o->producer() && index.count(o->producer())) visit(index.at(o->producer()));
   for (size_t i = 0; i < p.nodes.size(); ++i) visit(static_cast<int>(i));
-  return order;
+  return out.order;
 }
 
 class ScheduleMemory final : public Pass {
@@ -249,7 +354,10 @@ class ScheduleMemory final : public Pass {
       if (const int64_t peak = peak_of(order); peak < best_peak) best_peak = peak, best = order;
     };
     if (algorithm_ != "dfs") consider(greedy(p, lookahead_));
-    if (algorithm_ != "greedy") consider(depth_first(p));
+    if (algorithm_ != "greedy")
+      for (bool latest_first : {false, true})
+        for (auto eager : {EagerEmitter::Eager::kOff, EagerEmitter::Eager::kFreeing, EagerEmitter::Eager::kWithinPeak})
+          consider(depth_first(p, latest_first, eager));
     if (best == original) return false;
     for (int i : best) g.move_node_before(p.nodes[static_cast<size_t>(i)], nullptr);
     return true;
