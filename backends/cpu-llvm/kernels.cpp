@@ -267,7 +267,44 @@ std::string blas_description() {
 // ---------------------------------------------------------------------------------------
 // contractions
 
+namespace {
+
+/// A bf16 tensor's values as f32 (exact).
+Tensor bf16_to_f32(ThreadPool& tp, const Tensor& t) {
+  Tensor f(DType::kF32, t.shape());
+  const auto* src = t.data_as<uint16_t>();
+  auto* dst = f.mutable_data_as<uint32_t>();
+  tp.parallel_for(t.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = static_cast<uint32_t>(src[i]) << 16;
+  });
+  return f;
+}
+
+/// f32 results rounded to nearest even into the bf16 result (inf past bf16's range, as a cast).
+void f32_to_bf16(ThreadPool& tp, const Tensor& f, Tensor& y) {
+  const auto* src = f.data_as<uint32_t>();
+  auto* dst = out_as<uint16_t>(y);
+  tp.parallel_for(f.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t u = src[i];
+      dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)  // quiet nan
+                                               : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+  });
+}
+
+bool is_bf16(const Tensor& t) { return t.dtype() == DType::kBF16; }
+
+}  // namespace
+
 bool run_matmul(ThreadPool& tp, const Tensor& a, const Tensor& b, Tensor& y) {
+  // bf16 (autocast's contractions): f32 products and sums as on a tensor core, one rounding.
+  if (is_bf16(a) && is_bf16(b) && is_bf16(y) && have_blas()) {
+    Tensor f(DType::kF32, y.shape());
+    if (!run_matmul(tp, bf16_to_f32(tp, a), bf16_to_f32(tp, b), f)) return false;
+    f32_to_bf16(tp, f, y);
+    return true;
+  }
   if (!is_f32(a) || !is_f32(b) || !have_blas()) return false;
   Sizes as = a.shape(), bs = b.shape();
   if (as.size() == 1) as.insert(as.begin(), 1);
@@ -329,6 +366,13 @@ bool run_matmul(ThreadPool& tp, const Tensor& a, const Tensor& b, Tensor& y) {
 }
 
 bool run_linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  if (is_bf16(x) && is_bf16(w) && is_bf16(y) && (!bias || is_bf16(*bias)) && have_blas()) {
+    Tensor f(DType::kF32, y.shape());
+    const Tensor fb = bias ? bf16_to_f32(tp, *bias) : Tensor();
+    if (!run_linear(tp, bf16_to_f32(tp, x), bf16_to_f32(tp, w), bias ? &fb : nullptr, f)) return false;
+    f32_to_bf16(tp, f, y);
+    return true;
+  }
   if (!is_f32(x) || !is_f32(w) || (bias && !is_f32(*bias)) || !have_blas()) return false;
   const int64_t in = w.shape()[1], out = w.shape()[0];
   const int64_t rows = in == 0 ? y.numel() / std::max<int64_t>(out, 1) : x.numel() / in;
@@ -340,6 +384,79 @@ bool run_linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* 
     std::fill(yp, yp + rows * out, 0.0f);
   if (in == 0) return true;
   gemm(tp, true, rows, out, in, x.data_as<float>(), in, w.data_as<float>(), in, 1.0f, yp, out);
+  return true;
+}
+
+namespace {
+
+bool is_f8(DType t) { return t == DType::kF8E4M3FN || t == DType::kF8E5M2; }
+
+/// Every f8 bit pattern's value as f32 (exact), for one format.
+const std::vector<float>& f8_values(DType t) {
+  static const auto table = [](bool e4m3) {
+    std::vector<float> v(256);
+    for (int i = 0; i < 256; ++i)
+      v[static_cast<size_t>(i)] = e4m3 ? f8e4m3fn_bits_to_f32(static_cast<uint8_t>(i))
+                                      : f8e5m2_bits_to_f32(static_cast<uint8_t>(i));
+    return v;
+  };
+  static const std::vector<float> e4m3 = table(true), e5m2 = table(false);
+  return t == DType::kF8E4M3FN ? e4m3 : e5m2;
+}
+
+/// The f8 operand decoded to f32 (exact: f8 values are f32 values).
+std::vector<float> decode_f8(ThreadPool& tp, const Tensor& q) {
+  const std::vector<float>& table = f8_values(q.dtype());
+  const auto* src = reinterpret_cast<const uint8_t*>(q.data());
+  std::vector<float> out(static_cast<size_t>(q.numel()));
+  tp.parallel_for(q.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = table[src[i]];
+  });
+  return out;
+}
+
+}  // namespace
+
+bool run_scaled_matmul(ThreadPool& tp, std::span<const Tensor> in, Tensor& y) {
+  const Tensor &a = in[0], &b = in[1];
+  const Tensor* bias = in.size() > 4 ? &in[4] : nullptr;
+  if (!is_f8(a.dtype()) || !is_f8(b.dtype()) || !is_f32(y) || !is_f32(in[2]) || !is_f32(in[3]) ||
+      (bias && !is_f32(*bias)) || !have_blas())
+    return false;
+  const int64_t n = b.shape()[0], k = b.shape()[1];
+  const int64_t rows = n == 0 ? 0 : y.numel() / n;
+  float* yp = out_as<float>(y);
+  if (rows == 0 || n == 0) return true;
+  // f8 products are exact in f32, and the sum accumulates in f32 as on an FP8 tensor core;
+  // the scales apply once to the sum, as the reference's and cuBLASLt's alpha.
+  const float scale = in[2].data_as<float>()[0] * in[3].data_as<float>()[0];
+  if (k == 0) {
+    std::fill(yp, yp + rows * n, 0.0f);
+  } else {
+    const std::vector<float> af = decode_f8(tp, a), bf = decode_f8(tp, b);
+    gemm(tp, true, rows, n, k, af.data(), k, bf.data(), k, 0.0f, yp, n);
+  }
+  const float* bp = bias ? bias->data_as<float>() : nullptr;
+  tp.parallel_for(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t o = 0; o < n; ++o) yp[r * n + o] = yp[r * n + o] * scale + (bp ? bp[o] : 0.0f);
+  });
+  return true;
+}
+
+bool run_quantize(ThreadPool& tp, const Tensor& x, const Tensor& s, Tensor& q) {
+  if (!is_f32(x) || !is_f32(s) || !is_f8(q.dtype())) return false;
+  // The reference's rounding, element by element: an f32 quotient, nearest even, saturating.
+  const float scale = s.data_as<float>()[0];
+  const float* xp = x.data_as<float>();
+  uint8_t* qp = out_as<uint8_t>(q);
+  const bool e4m3 = q.dtype() == DType::kF8E4M3FN;
+  tp.parallel_for(x.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float v = xp[i] / scale;
+      qp[i] = e4m3 ? f64_to_f8e4m3fn_bits(v, true) : f64_to_f8e5m2_bits(v, true);
+    }
+  });
   return true;
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -241,6 +242,43 @@ TEST_CASE("cpu: contractions split across the pool match the reference") {
   %y = conv(%x, %w) : f32[1, 64, 20, 30]
   %z = conv(%x, %v) {strides = [2, 2], pads = [1, 1, 1, 1]} : f32[1, 8, 10, 15]
   return %y, %z
+})", 2, true);
+}
+
+TEST_CASE("cpu: FP8 quantize is bit for bit the reference's, scaled_matmul and bf16 contractions close to it") {
+  // quantize: an f32 quotient rounded to nearest even, saturating (x / 0.004 reaches past 448);
+  // scaled_matmul sums exact f8 products in f32 (the reference in f64), then scales and adds bias.
+  const std::string kir = R"(graph @g(%x: f32[40, 48], %w: f32[24, 48], %b: f32[24], %g: f32[40, 24]) -> (f8e4m3fn[40, 48], f8e5m2[40, 24], f32[40, 24], f32[24, 48]) {
+  %sx = constant() {value = dense<f32[]>[0.004]} : f32[]
+  %sw = constant() {value = dense<f32[]>[0.0123]} : f32[]
+  %sg = constant() {value = dense<f32[]>[3e-5]} : f32[]
+  %xq = quantize(%x, %sx) {dtype = f8e4m3fn} : f8e4m3fn[40, 48]
+  %wq = quantize(%w, %sw) {dtype = f8e4m3fn} : f8e4m3fn[24, 48]
+  %gq = quantize(%g, %sg) {dtype = f8e5m2} : f8e5m2[40, 24]
+  %y = scaled_matmul(%xq, %wq, %sx, %sw, %b) : f32[40, 24]
+  %gt = transpose(%gq) {perm = [1, 0]} : f8e5m2[24, 40]
+  %xt = transpose(%xq) {perm = [1, 0]} : f8e4m3fn[48, 40]
+  %dw = scaled_matmul(%gt, %xt, %sg, %sx) {fast_accumulation = 0} : f32[24, 48]
+  return %xq, %gq, %y, %dw
+})";
+  auto g = parse_graph(kir);
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  std::mt19937 rng(3);
+  std::vector<Tensor> ins = test::random_inputs(**g, rng);
+  std::vector<Tensor> want = test::run_reference(test::registry_with({"kiln-plugin-backend-reference.so"}), **g, ins);
+  auto got = compile_cpu(**g)->run(ins);
+  REQUIRE_MESSAGE(got.ok(), got.status().message());
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE((*got)[i].nbytes() == want[i].nbytes());
+    CHECK(std::memcmp((*got)[i].data(), want[i].data(), want[i].nbytes()) == 0);
+  }
+  check_close((*got)[2], want[2], "scaled_matmul with bias", true);
+  check_close((*got)[3], want[3], "scaled_matmul e5m2 x e4m3", true);
+  // autocast's bf16 contractions: f32 sums, one rounding to bf16.
+  check_graph(R"(graph @g(%a: bf16[3, 17, 33], %b: bf16[33, 20], %x: bf16[5, 40], %w: bf16[24, 40], %c: bf16[24]) -> (bf16[3, 17, 20], bf16[5, 24]) {
+  %m = matmul(%a, %b) : bf16[3, 17, 20]
+  %y = linear(%x, %w, %c) : bf16[5, 24]
+  return %m, %y
 })", 2, true);
 }
 
