@@ -137,8 +137,12 @@ std::vector<Value*> scaled_matmul_rule(GradContext& c) {
   Value* unquantized = fp8 ? dq->operand(0)->producer()->operand(0) : g;
   const DType t = g->dtype();
   auto deq = [&](Value* q, Value* s) { return b.op("dequantize", {q, s}, {{"dtype", Attribute(t)}}); };
+  // Both backward GEMMs sum over long dims (dw over every token of the batch), so their running
+  // sums are promoted to f32 rather than left in the tensor cores' fast FP8 accumulator, as
+  // Transformer Engine does for dgrad and wgrad (its forward GEMM keeps the fast mode).
   auto f32_matmul = [&](Value* lhs, Value* rhs_nk, Value* ls, Value* rs) {
-    return b.op("scaled_matmul", {lhs, rhs_nk, ls, rs}, {{"dtype", Attribute(DType::kF32)}});
+    return b.op("scaled_matmul", {lhs, rhs_nk, ls, rs},
+                {{"dtype", Attribute(DType::kF32)}, {"fast_accumulation", Attribute(int64_t{0})}});
   };
   std::vector<Value*> out(static_cast<size_t>(c.node.num_operands()), nullptr);
   if (c.wants(0)) {  // da [.., K] = dy [.., N] @ w [N, K]

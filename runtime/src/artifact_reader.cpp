@@ -497,7 +497,8 @@ class PlanParser {
     if (!attrs(toks, 2, &a,
                {"a", "b", "d", "m", "n", "k", "batch", "trans_a", "trans_b", "lda", "ldb", "ldd", "stride_a",
                 "stride_b", "stride_d", "dtype", "compute", "alpha", "beta", "epilogue"},
-               {"c", "bias", "ldc", "stride_c", "a_dtype", "b_dtype", "a_scale", "b_scale", "amax_d", "algo"}))
+               {"c", "bias", "ldc", "stride_c", "a_dtype", "b_dtype", "a_scale", "b_scale", "amax_d", "fast_accum",
+                "algo"}))
       return false;
     if (a.count("algo") && (a["algo"].size() != kGemmAlgoHexDigits ||
                             a["algo"].find_first_not_of("0123456789abcdef") != std::string::npos))
@@ -653,10 +654,12 @@ class PlanParser {
         return fail("gemm: " + std::string(key) + "='" + a[key] + "' is not allowed (the gemm's dtype, f8e4m3fn or f8e5m2)");
     const auto f8 = [&](const char* key) { return a.count(key) && a[key].starts_with("f8"); };
     if (!f8("a_dtype") && !f8("b_dtype")) {
-      for (const char* key : {"a_scale", "b_scale", "amax_d"})
+      for (const char* key : {"a_scale", "b_scale", "amax_d", "fast_accum"})
         if (a.count(key)) return fail("gemm: " + std::string(key) + "= is only for fp8 operands (a_dtype/b_dtype)");
       return true;
     }
+    if (a.count("fast_accum") && a["fast_accum"] != "0" && a["fast_accum"] != "1")
+      return fail("gemm: fast_accum='" + a["fast_accum"] + "' is not 0 or 1");
     if (!f8("a_dtype") || !f8("b_dtype")) return fail("gemm: fp8 needs both a_dtype and b_dtype to be f8e4m3fn or f8e5m2");
     if (a["a_dtype"] == "f8e5m2" && a["b_dtype"] == "f8e5m2") return fail("gemm: fp8 cannot multiply f8e5m2 by f8e5m2");
     if (!a.count("a_scale") || !a.count("b_scale")) return fail("gemm: fp8 needs a_scale= and b_scale=");

@@ -250,8 +250,12 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
     KILN_RT_TRY(scale_ptr(ib_scale, "b_scale", CUBLASLT_MATMUL_DESC_A_SCALE_POINTER));
     KILN_RT_TRY(scale_ptr(ia_scale, "a_scale", CUBLASLT_MATMUL_DESC_B_SCALE_POINTER));
     if (iamax >= 0) KILN_RT_TRY(scale_ptr(iamax, "amax_d", CUBLASLT_MATMUL_DESC_AMAX_D_POINTER));
-    // Inference GEMMs: accumulate in the tensor cores' fast mode, as TransformerEngine's forward does.
-    const int8_t fast = 1;
+    // fast_accum=1 (the default) keeps the sum in the tensor cores' fast FP8 accumulator, as
+    // Transformer Engine's forward GEMMs do; 0 promotes it to f32 (its dgrad and wgrad GEMMs).
+    int64_t fast_accum;
+    KILN_RT_TRY(at.integer("fast_accum", &one, &fast_accum));
+    if (fast_accum != 0 && fast_accum != 1) return at.fail("fast_accum must be 0 or 1");
+    const int8_t fast = static_cast<int8_t>(fast_accum);
     KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
     if (bias && dt == "f32") return at.fail("fp8 with an f32 d takes no bias (cuBLASLt wants a bf16 one)");
   }

@@ -77,6 +77,13 @@ TEST_CASE("fp8: an f32 result adds its bias in a kernel (cuBLASLt's FP8 bias is 
   CHECK(has(s[2], "kernel=k1_bias_add"));
 }
 
+TEST_CASE("fp8: fast_accumulation = 0 (training's backward GEMMs) asks cuBLASLt for f32 accumulation") {
+  CHECK(has(steps(lower(fp8_graph(16, 32, 64, "f32", false)).plan)[1], " fast_accum=1"));
+  const std::vector<std::string> s =
+      steps(lower(fp8_graph(16, 32, 64, "f32", false, ", fast_accumulation = 0", "f8e5m2")).plan);
+  CHECK(has(s[1], " a_dtype=f8e5m2 b_dtype=f8e4m3fn a_scale=b2 b_scale=b3 fast_accum=0"));
+}
+
 TEST_CASE("fp8: shapes cuBLASLt's FP8 kernels cannot take dequantize both operands into a 16-bit gemm") {
   const std::vector<std::string> s = steps(lower(fp8_graph(4, 24, 40, "f16", true)).plan);
   REQUIRE(s.size() == 4);  // quantize, dequantize w, dequantize x, gemm

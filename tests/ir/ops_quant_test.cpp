@@ -84,4 +84,6 @@ TEST_CASE("quant: ill-typed operands are refused naming the operand") {
             .find("operand 'bias' must be f32[2], got f32[3]") != std::string::npos);
   CHECK(error_of(run_op("scaled_matmul", {a, a, scale(1), scale(1)}, {{"fallback", "int8"}}))
             .find("attribute 'fallback' must be none or bf16, got 'int8'") != std::string::npos);
+  CHECK(error_of(run_op("scaled_matmul", {a, a, scale(1), scale(1)}, {{"fast_accumulation", int64_t{2}}}))
+            .find("attribute 'fast_accumulation' must be 0 or 1, got 2") != std::string::npos);
 }

@@ -47,6 +47,9 @@ TEST_CASE("fp8 gemm steps: operand dtypes, scale pointers and amax_d are accepte
   CHECK(p.steps[0].attrs.at("b_dtype") == "f8e4m3fn");
   CHECK(p.steps[0].attrs.at("amax_d") == "b3");
   CHECK_MESSAGE(parse_plan(fp8_step(" a_dtype=f8e5m2 b_dtype=f8e4m3fn a_scale=b3 b_scale=b4"), &p, &error), error);
+  REQUIRE_MESSAGE(parse_plan(fp8_step(" a_dtype=f8e5m2 b_dtype=f8e4m3fn a_scale=b3 b_scale=b4 fast_accum=0"), &p, &error),
+                  error);
+  CHECK(p.steps[0].attrs.at("fast_accum") == "0");
 }
 
 TEST_CASE("fp8 gemm steps: each malformed one is refused, naming the line and the rule") {
@@ -66,6 +69,8 @@ TEST_CASE("fp8 gemm steps: each malformed one is refused, naming the line and th
        "plan:11: gemm: a_scale buffer 5 must hold an f32, it is bf16"},
       {fp8_step(" a_dtype=f8e4m3fn b_dtype=f8e4m3fn a_scale=b9 b_scale=b4"), "plan:11: buffer 9 is not declared"},
       {fp8_step(scales), "plan:11: gemm: a_scale= is only for fp8 operands (a_dtype/b_dtype)"},
+      {fp8_step(" fast_accum=0"), "plan:11: gemm: fast_accum= is only for fp8 operands (a_dtype/b_dtype)"},
+      {fp8_step(" a_dtype=f8e4m3fn b_dtype=f8e4m3fn fast_accum=2" + scales), "plan:11: gemm: fast_accum='2' is not 0 or 1"},
   };
   for (const auto& [text, message] : cases) {
     CAPTURE(text);

@@ -109,6 +109,13 @@ TEST_CASE("fp8-training: forward and both backward GEMMs are FP8 GEMMs, gradient
   CHECK(count_ops(*g, "quantize", DType::kF8E5M2) == 1);    // dy
   CHECK(count_ops(*g, "matmul") == 0);
   CHECK(count_ops(*g, "linear") == 0);
+  // The forward GEMM may accumulate in the tensor cores' fast mode; dx and dw (sums over the
+  // output features and over every token) promote their sums to f32, as Transformer Engine's.
+  int fast = 0, precise = 0;
+  for (const auto& n : g->nodes())
+    if (n->op_name() == "scaled_matmul") ++(n->get_int("fast_accumulation", 1) ? fast : precise);
+  CHECK(fast == 1);
+  CHECK(precise == 2);
   // State: a scale and an amax history for x, w and dy, each assigned once.
   std::map<std::string, int> assigned;
   for (const auto& n : g->nodes())

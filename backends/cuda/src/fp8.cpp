@@ -155,7 +155,8 @@ Status Lowerer::scaled_matmul(const Node& n) {
           " ldb=" + num(k) + " ldd=" + num(nn) + " stride_a=" + num(m * k) + " stride_b=0 stride_d=" + num(m * nn) +
           " dtype=" + dname(t) + " compute=" + compute + " alpha=1 beta=0 epilogue=" + epilogue;
   if (native) {
-    text += " a_dtype=" + dname(at) + " b_dtype=" + dname(bt) + " a_scale=b" + num(sa) + " b_scale=b" + num(sb);
+    text += " a_dtype=" + dname(at) + " b_dtype=" + dname(bt) + " a_scale=b" + num(sa) + " b_scale=b" + num(sb) +
+            " fast_accum=" + num(n.get_int("fast_accumulation", 1));
     used.push_back(sa);
     used.push_back(sb);
   }

@@ -89,6 +89,8 @@ Status scaled_matmul_infer(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(require_scale(ctx, 2));
   KILN_RETURN_IF_ERROR(require_scale(ctx, 3));
   KILN_ASSIGN_OR_RETURN(DType t, result_dtype(ctx, DType::kF32, {DType::kF32, DType::kBF16, DType::kF16}));
+  const int64_t fast = ctx.node.get_int("fast_accumulation", 1);
+  if (fast != 0 && fast != 1) return ctx.error("attribute 'fast_accumulation' must be 0 or 1, got " + std::to_string(fast));
   const std::string fallback = ctx.node.get_string("fallback", "none");
   if (fallback != "none" && fallback != "bf16")
     return ctx.error("attribute 'fallback' must be none or bf16, got '" + fallback + "'");
@@ -183,7 +185,11 @@ void register_quant_ops(OpRegistry& r) {
           .result_rule = "[.., N] from a[.., K] and b[N, K], dtype `dtype`",
           .attrs = {attr_default("dtype", DType::kF32, "result dtype: f32, bf16 or f16"),
                     attr_default("fallback", "none",
-                                 "on a target without FP8: none refuses, bf16 runs a GEMM in the result dtype on dequantized operands")},
+                                 "on a target without FP8: none refuses, bf16 runs a GEMM in the result dtype on dequantized operands"),
+                    attr_default("fast_accumulation", int64_t{1},
+                                 "1: the tensor cores may keep the running sum in their reduced-precision FP8 accumulator "
+                                 "(faster; Transformer Engine's forward GEMMs); 0: promote it to f32 as the sum goes (its "
+                                 "backward GEMMs, whose long sums over tokens lose accuracy otherwise)")},
           .num_regions = 0,
           .infer = scaled_matmul_infer,
           .reference = scaled_matmul_kernel});
