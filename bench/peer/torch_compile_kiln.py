@@ -242,6 +242,8 @@ def host_overhead(a, torch):
         model = kiln.compile(g, backend="cpu", passes="")
         out["CompiledModel.run_numpy_us"] = 1e3 * timed(torch, lambda: model.run([xs]), 2000, 200, False)
         out["CompiledModel._run_us"] = 1e3 * timed(torch, lambda: model._impl._run([xs], False), 2000, 200, False)
+        xt = torch.from_numpy(xs)
+        out["CompiledModel.run_torch_cpu_us"] = 1e3 * timed(torch, lambda: model.run([xt]), 2000, 200, False)
     relu = torch.nn.ReLU()
     xt = torch.from_numpy(xs).to(a.device)
     fast = kiln.torch.compile_module(relu, (xt,), backend="cpu", targets=[a.target] if a.device == "cuda" else ())

@@ -76,13 +76,13 @@ def _ordered(interface: list, inputs: Any) -> list:
     return list(inputs)
 
 
-def _host_inputs(interface: list, inputs: Any) -> tuple[list, bool, Any]:
-    """The inputs in the model's order as C-contiguous host arrays, whether torch tensors were
+def _host_inputs(inputs: list) -> tuple[list, bool, Any]:
+    """The inputs (in the model's order) as C-contiguous host arrays, whether torch tensors were
     given (outputs are then torch tensors), and the device those were on."""
     import numpy as np
 
     arrays, torch_out, device = [], False, None
-    for x in inputs if type(inputs) is list else _ordered(interface, inputs):
+    for x in inputs:
         if type(x) is np.ndarray:
             arrays.append(x if x.flags.c_contiguous else np.ascontiguousarray(x))
         elif _is_torch(x):
@@ -121,7 +121,13 @@ class _Runnable:
         """Runs on NumPy arrays or torch tensors (a list in input order, a dict by name, or
         one array); returns the outputs as NumPy arrays, or torch tensors when given torch.
         CUDA tensors are copied through host memory."""
-        arrays, torch_out, device = _host_inputs(self._impl.inputs, inputs)
+        xs = inputs if type(inputs) is list else _ordered(self._impl.inputs, inputs)
+        # Dense host torch tensors go in and out without per-input Python (None: not those).
+        outs = self._impl._run_torch(xs)
+        return outs if outs is not None else self._run_host(xs)
+
+    def _run_host(self, xs: list) -> list:
+        arrays, torch_out, device = _host_inputs(xs)
         return _outputs(self._impl._run(arrays, torch_out), torch_out, device)
 
     def __call__(self, inputs: Any) -> list:
@@ -190,10 +196,15 @@ class Model(_Runnable):
         device: the run is ordered on PyTorch's current stream and returns CUDA tensors without
         waiting (kiln_model_run_device); other inputs go through host memory."""
         xs = inputs if type(inputs) is list else _ordered(self._impl.inputs, inputs)
+        # Dense torch tensors of the model's types, all on the host or all on this GPU: the
+        # whole call is in C++ (None: not those; the paths below convert, copy or explain).
+        outs = self._impl._run_torch(xs)
+        if outs is not None:
+            return outs
         torch = sys.modules.get("torch")  # never imported here: CUDA tensors mean it is loaded
         if xs and torch is not None and all(isinstance(x, torch.Tensor) and x.is_cuda for x in xs):
             return self._run_cuda(xs)
-        return super().run(inputs)
+        return self._run_host(xs)
 
     def _cuda_interface(self) -> tuple:
         """(inputs as (dtype, shape), outputs as (dtype, shape), a device's current raw stream,
@@ -215,7 +226,9 @@ class Model(_Runnable):
 
     def _run_cuda(self, xs: list) -> list:
         """Inputs: CUDA tensors of the model's dtypes and shapes. Their pointers and new outputs'
-        go to kiln_model_run_device on PyTorch's current stream of the runtime's device."""
+        go to kiln_model_run_device on PyTorch's current stream of the runtime's device. What
+        _run_torch does in C++; kept for the inputs it leaves (non-contiguous ones, which are
+        copied) and for the errors it explains."""
         in_specs, out_specs, raw_stream, empty, device = self._cuda or self._cuda_interface()
         index = self._runtime.device
         if len(xs) != len(in_specs):

@@ -857,10 +857,15 @@ class KilnGraphModule(torch.nn.Module):
         """The part's outputs, a list, for its tensor inputs in order (what forward takes less
         the weights it ignores)."""
         if not self.targets:  # the in-process model on host tensors, without the package's checks
-            return self._models[None]._impl._run([_host_array(t) for t in tensors], True)
+            impl = self._models[None]._impl
+            outs = impl._run_torch(tensors)  # dense tensors: no Python per input (None: others)
+            return outs if outs is not None else impl._run([_host_array(t) for t in tensors], True)
         model = self._models.get(()) if not self._symbolic else None
         if model is None:
             model = self._model(tensors)
+        outs = model._impl._run_torch(tensors)  # as above, on the host or on the model's GPU
+        if outs is not None:
+            return outs
         for t in tensors:
             if not t.is_cuda:
                 return model.run(tensors)

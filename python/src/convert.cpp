@@ -72,6 +72,15 @@ std::shared_ptr<const void> keep_alive(const nb::ndarray<nb::ro>& a) {
 
 }  // namespace
 
+std::shared_ptr<const void> keep_object_alive(nb::handle o) {
+  PyObject* held = nb::borrow(o).release().ptr();
+  return std::shared_ptr<const void>(held, [](const void* p) {
+    if (!Py_IsInitialized()) return;  // as keep_alive
+    nb::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(const_cast<void*>(p)));
+  });
+}
+
 Tensor tensor_from_array(const nb::ndarray<nb::ro>& a, const std::string& what) {
   if (a.device_type() != nb::device::cpu::value)
     throw KilnError(what + ": the array is not in host memory (DLPack device type " +

@@ -361,6 +361,41 @@ std::vector<nb::object> run_compiled(const CompiledModel& cm, const std::vector<
   return result;
 }
 
+/// CompiledModel.run's fast path for dense host torch tensors of Kiln dtypes: they are wrapped
+/// as Kiln tensors without DLPack exports, and the outputs come back as torch tensors viewing
+/// Kiln's bytes. None for anything else (the general path converts, copies or explains).
+nb::object run_compiled_torch(const CompiledModel& cm, nb::handle xs) {
+  const TorchApi* api = torch_api();
+  const Graph& g = *cm.graph;
+  if (!api || !PyList_CheckExact(xs.ptr()) || PyList_GET_SIZE(xs.ptr()) != g.num_inputs() || g.num_inputs() == 0)
+    return nb::none();
+  InputBindings b;
+  for (int i = 0; i < g.num_inputs(); ++i) {
+    PyObject* x = PyList_GET_ITEM(xs.ptr(), i);
+    TorchTensorView v;
+    if (!read_torch_tensor(*api, x, v) || v.device >= 0) return nb::none();
+    std::vector<int64_t> shape(v.dims, v.dims + v.rank);
+    bool empty = false;
+    for (int64_t d : shape) empty = empty || d == 0;
+    b.given.emplace(graph_input_name(g, i),
+                    empty ? Tensor(v.dtype, std::move(shape))
+                          : Tensor::wrap(v.dtype, std::move(shape), static_cast<const std::byte*>(v.data),
+                                         keep_object_alive(x)));
+  }
+  std::vector<Tensor> inputs = take(bind_inputs(g, b));
+  std::vector<Tensor> outs;
+  {
+    nb::gil_scoped_release nogil;
+    outs = take(cm.exe->run(inputs));
+  }
+  nb::list result;
+  for (Tensor& t : outs) {
+    (void)t.mutable_data();  // as run_compiled: an output sharing bytes becomes a copy
+    result.append(torch_from_tensor(*api, std::move(t)));
+  }
+  return result;
+}
+
 }  // namespace
 
 void bind_graph(nb::module_& m) {
@@ -455,7 +490,8 @@ NB_MODULE(_kiln, m) {
       .def_prop_ro("inputs", [](const CompiledModel& c) { return interface(*c.graph, true); })
       .def_prop_ro("outputs", [](const CompiledModel& c) { return interface(*c.graph, false); })
       .def_prop_ro("pipeline", [](const CompiledModel& c) { return c.pipeline; })
-      .def("_run", &run_compiled, nb::arg("inputs"), nb::arg("torch_out") = false);
+      .def("_run", &run_compiled, nb::arg("inputs"), nb::arg("torch_out") = false)
+      .def("_run_torch", &run_compiled_torch, nb::arg("inputs"));
 
   nb::class_<PyArtifact>(m, "Artifact", "a .kiln artifact in memory")
       .def_static("from_bytes", [](nb::bytes b) { return artifact_from_bytes(std::string(b.c_str(), b.size()), "<bytes>"); })

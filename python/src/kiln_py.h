@@ -45,6 +45,54 @@ nb::object array_from_tensor(const Tensor& t, bool torch_out);
 nb::object array_from_buffer(std::unique_ptr<std::byte[]> bytes, DType t, const std::vector<int64_t>& shape,
                              bool torch_out);
 
+/// Keeps a Python object alive from C++; drops it under the GIL (see keep_alive in convert.cpp).
+std::shared_ptr<const void> keep_object_alive(nb::handle o);
+
+// ---- torch tensors without DLPack exports (torch_tensors.cpp) ----
+
+inline constexpr int kNumDTypes = 13;      ///< Kiln's dtypes, DType::kF64 .. DType::kBool
+inline constexpr int kMaxTorchRank = 8;  ///< the runtime's KILN_MAX_RANK; more takes the general path
+
+/// PyTorch's objects the torch fast paths use, looked up once. Its references are never released.
+struct TorchApi {
+  PyTypeObject* tensor = nullptr;     ///< torch.Tensor
+  PyTypeObject* parameter = nullptr;  ///< torch.nn.Parameter
+  PyObject* dtypes[kNumDTypes] = {};  ///< the torch dtype of each Kiln dtype (null: none)
+  PyObject* empty = nullptr;          ///< torch.empty
+  PyObject* from_dlpack = nullptr;    ///< torch._C._from_dlpack (takes a capsule)
+  PyObject* raw_stream = nullptr;     ///< torch._C._cuda_getCurrentRawStream; null without CUDA
+  PyObject* empty_kwnames = nullptr;  ///< ("dtype", "device")
+  PyObject* cpu = nullptr;            ///< torch.device("cpu")
+  PyObject *s_dtype = nullptr, *s_shape = nullptr, *s_is_cpu = nullptr, *s_is_cuda = nullptr,
+           *s_get_device = nullptr, *s_is_contiguous = nullptr, *s_data_ptr = nullptr;
+};
+/// The API, or null while torch is not loaded (then no argument can be a torch tensor).
+const TorchApi* torch_api();
+
+/// What a dense torch tensor holds, read through its attributes.
+struct TorchTensorView {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int device = -1;  ///< -1: host memory; otherwise the CUDA device's index
+  int rank = 0;
+  int64_t dims[kMaxTorchRank] = {};
+};
+/// Fills `out` for a torch.Tensor (or Parameter) of a Kiln dtype, C-contiguous, on the CPU or a
+/// CUDA device, of rank <= 8; false for anything else (the caller's general path then converts,
+/// copies or explains).
+bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out);
+/// A host torch tensor viewing `t`'s bytes and keeping them alive (zero-copy); throws for i4.
+nb::object torch_from_tensor(const TorchApi& api, Tensor t);
+/// A host torch tensor owning `bytes`, of dtype `t` and shape dims[0..rank).
+nb::object torch_from_buffer(const TorchApi& api, std::unique_ptr<std::byte[]> bytes, DType t, const int64_t* dims,
+                             int rank);
+/// The tuple (dims[0], ..., dims[rank - 1]), as torch.empty takes a size.
+nb::object torch_size(const int64_t* dims, int rank);
+/// torch.empty(size, dtype=t, device=device).
+nb::object torch_empty(const TorchApi& api, nb::handle size, DType t, nb::handle device);
+/// tensor.data_ptr().
+void* torch_data_ptr(const TorchApi& api, nb::handle tensor);
+
 void bind_graph(nb::module_& m);
 void bind_runtime(nb::module_& m);
 

@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kiln/runtime.h"
@@ -22,12 +23,17 @@ void check_rt(kiln_status* st) {
 
 struct PyRuntime {
   std::shared_ptr<kiln_runtime> rt;
+  int device = 0;
 };
 
 struct PyModel {
   std::shared_ptr<kiln_runtime> rt;  // outlives the model
   std::shared_ptr<kiln_model> m;
+  int device = 0;
   std::vector<kiln_tensor_info> inputs, outputs;
+  // For torch CUDA outputs, made on first use: each output's size as a tuple, and the device.
+  std::vector<nb::object> torch_sizes;
+  nb::object torch_device;
 };
 
 PyRuntime make_runtime(int device, bool cuda_graphs, uint64_t memory_limit) {
@@ -41,11 +47,11 @@ PyRuntime make_runtime(int device, bool cuda_graphs, uint64_t memory_limit) {
     nb::gil_scoped_release nogil;
     check_rt(kiln_runtime_create(&o, &rt));
   }
-  return {std::shared_ptr<kiln_runtime>(rt, kiln_runtime_release)};
+  return {std::shared_ptr<kiln_runtime>(rt, kiln_runtime_release), device};
 }
 
 PyModel finish_load(const PyRuntime& r, kiln_model* m) {
-  PyModel pm{r.rt, std::shared_ptr<kiln_model>(m, kiln_model_release), {}, {}};
+  PyModel pm{r.rt, std::shared_ptr<kiln_model>(m, kiln_model_release), r.device, {}, {}, {}, {}};
   for (size_t i = 0; i < kiln_model_num_inputs(m); ++i) {
     kiln_tensor_info info;
     check_rt(kiln_model_input_info(m, i, &info));
@@ -97,7 +103,7 @@ std::vector<nb::object> run_model(PyModel& pm, const std::vector<nb::ndarray<nb:
   std::vector<std::unique_ptr<std::byte[]>> bufs;
   std::vector<kiln_host_tensor> outs(pm.outputs.size());
   for (size_t i = 0; i < outs.size(); ++i) {
-    bufs.push_back(std::make_unique<std::byte[]>(pm.outputs[i].bytes ? pm.outputs[i].bytes : 1));
+    bufs.push_back(std::make_unique_for_overwrite<std::byte[]>(pm.outputs[i].bytes ? pm.outputs[i].bytes : 1));
     outs[i] = {bufs.back().get(), pm.outputs[i].bytes};
   }
   {
@@ -130,6 +136,75 @@ void run_model_device(PyModel& pm, const std::vector<uintptr_t>& inputs, const s
                                  reinterpret_cast<void*>(stream)));
 }
 
+/// Model.run's fast path for torch tensors, all in host memory or all on the runtime's GPU,
+/// each dense and of the model's dtype and shape: their pointers go straight to kiln_model_run
+/// (outputs: new host tensors over buffers Kiln fills) or kiln_model_run_device on PyTorch's
+/// current stream (outputs: torch.empty), with no Python per input. None for anything else:
+/// the package's general path then converts, copies, or raises naming the input.
+nb::object run_model_torch(PyModel& pm, nb::handle xs) {
+  const TorchApi* api = torch_api();
+  if (!api || !PyList_CheckExact(xs.ptr())) return nb::none();
+  const size_t n = static_cast<size_t>(PyList_GET_SIZE(xs.ptr()));
+  if (n != pm.inputs.size() || n == 0) return nb::none();
+  int device = 0;
+  std::vector<void*> ptrs(n);
+  for (size_t i = 0; i < n; ++i) {
+    TorchTensorView v;
+    if (!read_torch_tensor(*api, PyList_GET_ITEM(xs.ptr(), static_cast<Py_ssize_t>(i)), v)) return nb::none();
+    const kiln_tensor_info& info = pm.inputs[i];
+    if (static_cast<int>(v.dtype) != static_cast<int>(info.dtype) || v.rank != info.rank ||
+        !std::equal(v.dims, v.dims + v.rank, info.dims))
+      return nb::none();
+    if (i == 0) device = v.device;
+    if (v.device != device || (device >= 0 && device != pm.device)) return nb::none();
+    ptrs[i] = v.data;
+  }
+  for (const kiln_tensor_info& o : pm.outputs)
+    if (!api->dtypes[o.dtype] || o.bytes == 0) return nb::none();
+
+  std::vector<nb::object> result(pm.outputs.size());
+  if (device >= 0) {
+    if (!api->raw_stream) return nb::none();
+    if (pm.torch_sizes.empty()) {
+      for (const kiln_tensor_info& o : pm.outputs) pm.torch_sizes.push_back(torch_size(o.dims, o.rank));
+      pm.torch_device = nb::module_::import_("torch").attr("device")("cuda", pm.device);
+    }
+    std::vector<kiln_device_tensor> ins(n), outs(result.size());
+    for (size_t i = 0; i < n; ++i) ins[i] = {ptrs[i], pm.inputs[i].bytes};
+    for (size_t i = 0; i < outs.size(); ++i) {
+      result[i] = torch_empty(*api, pm.torch_sizes[i], static_cast<DType>(pm.outputs[i].dtype), pm.torch_device);
+      outs[i] = {torch_data_ptr(*api, result[i]), pm.outputs[i].bytes};
+    }
+    nb::object index = nb::int_(pm.device);
+    PyObject* stream = PyObject_CallOneArg(api->raw_stream, index.ptr());
+    if (!stream) throw nb::python_error();
+    void* raw = PyLong_AsVoidPtr(stream);
+    Py_DECREF(stream);
+    if (!raw && PyErr_Occurred()) throw nb::python_error();
+    nb::gil_scoped_release nogil;
+    check_rt(kiln_model_run_device(pm.m.get(), ins.data(), n, outs.data(), outs.size(), raw));
+  } else {
+    std::vector<kiln_host_tensor> ins(n), outs(result.size());
+    std::vector<std::unique_ptr<std::byte[]>> bufs(result.size());
+    for (size_t i = 0; i < n; ++i) ins[i] = {ptrs[i], pm.inputs[i].bytes};
+    for (size_t i = 0; i < outs.size(); ++i) {
+      bufs[i] = std::make_unique_for_overwrite<std::byte[]>(pm.outputs[i].bytes);
+      outs[i] = {bufs[i].get(), pm.outputs[i].bytes};
+    }
+    {
+      nb::gil_scoped_release nogil;
+      check_rt(kiln_model_run(pm.m.get(), ins.data(), n, outs.data(), outs.size()));
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const kiln_tensor_info& o = pm.outputs[i];
+      result[i] = torch_from_buffer(*api, std::move(bufs[i]), static_cast<DType>(o.dtype), o.dims, o.rank);
+    }
+  }
+  nb::list out;
+  for (nb::object& o : result) out.append(o);
+  return out;
+}
+
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
@@ -156,6 +231,7 @@ void bind_runtime(nb::module_& m) {
       .def_prop_ro("inputs", [](const PyModel& pm) { return info_list(pm.inputs); })
       .def_prop_ro("outputs", [](const PyModel& pm) { return info_list(pm.outputs); })
       .def("_run", &run_model, nb::arg("inputs"), nb::arg("torch_out") = false)
+      .def("_run_torch", &run_model_torch, nb::arg("inputs"))
       .def("_run_device_pointers", &run_model_device, nb::arg("inputs"), nb::arg("outputs"), nb::arg("stream"))
       .def("memory_report", [](const PyModel& pm) {
             kiln_memory_report r{};

@@ -673,6 +673,72 @@ class CallPaths(unittest.TestCase):
         torch.testing.assert_close(compiled(leaf, b, i, m)[0], want[0])
 
 
+class TorchFastPath(unittest.TestCase):
+    """Dense host torch tensors of a model's types go in and out of Model.run in C++ (_run_torch),
+    zero-copy; anything else takes the general path, and both raise the same errors."""
+
+    class NoGeneralPath:
+        """A model's implementation whose general path fails: shows the fast path was taken."""
+
+        def __init__(self, impl):
+            self.impl, self.inputs = impl, impl.inputs
+
+        def _run_torch(self, xs):
+            return self.impl._run_torch(xs)
+
+        def _run(self, *args):
+            raise AssertionError("the general path was taken")
+
+    def model(self):
+        g = kiln.Graph("mix")
+        x = g.add_input("x", "f32", [2, 3])
+        w = g.add_input("w", "bf16", [3])
+        i = g.add_input("i", "i64", [4])
+        m = g.add_input("m", "bool", [4])
+        g.set_outputs([g.add_node("relu", [x])[0], x, g.add_node("neg", [w])[0], i, m], ["y", "x2", "nw", "i2", "m2"])
+        return kiln.compile(g, backend=BACKENDS[-1], passes="")
+
+    def test_dense_host_tensors_take_the_fast_path(self):
+        model = self.model()
+        impl = model._impl
+        model._impl = self.NoGeneralPath(impl)
+        x = nn.Parameter(torch.randn(2, 3))  # needs gradients: read without detaching
+        w = torch.randn(3).to(torch.bfloat16)
+        i, m = torch.arange(4), torch.tensor([True, False, True, True])
+        y, x2, nw, i2, m2 = model.run([x, w, i, m])
+        torch.testing.assert_close(y, torch.relu(x.detach()))
+        torch.testing.assert_close(nw, -w)
+        self.assertTrue(torch.equal(i2, i) and torch.equal(m2, m) and torch.equal(x2, x.detach()))
+        self.assertFalse(y.requires_grad)
+        self.assertEqual((nw.dtype, i2.dtype, m2.dtype), (torch.bfloat16, torch.int64, torch.bool))
+        # An output that is an input is a copy: the caller may write either.
+        self.assertNotEqual(x2.data_ptr(), x.data_ptr())
+        x2 += 1
+        self.assertFalse(torch.equal(x2, x.detach()))
+        (y_by_name, *_) = model.run({"x": x, "w": w, "i": i, "m": m})
+        torch.testing.assert_close(y_by_name, y)
+        # Others take the general path: not contiguous (copied there), or a NumPy array.
+        with self.assertRaisesRegex(AssertionError, "general path"):
+            model.run([x.detach().t().contiguous().t(), w, i, m])
+        with self.assertRaisesRegex(AssertionError, "general path"):
+            model.run([x.detach().numpy(), w, i, m])
+        model._impl = impl
+        torch.testing.assert_close(model.run([torch.randn(3, 2).t(), w, i, m])[2], -w)
+
+    def test_errors_match_the_general_path(self):
+        model = self.model()
+        w, i, m = torch.randn(3).to(torch.bfloat16), torch.arange(4), torch.ones(4, dtype=torch.bool)
+        for bad in (torch.randn(2, 4), torch.randn(2, 3, dtype=torch.float64)):
+            with self.assertRaises(kiln.KilnError) as fast:
+                model.run([bad, w, i, m])
+            with self.assertRaises(kiln.KilnError) as general:
+                model.run([bad.numpy(), w, i, m])
+            self.assertEqual(str(fast.exception), str(general.exception))
+            self.assertIn("input 'x'", str(fast.exception))
+        with self.assertRaisesRegex(kiln.KilnError, "takes 4 inputs, got 1"):
+            model.run([torch.randn(2, 3)])
+
+
 class GpuPipeline(unittest.TestCase):
     """The pipeline GPU targets compile with when none is given (checked without a GPU: NVRTC
     builds sm_90a kernels here): the shipped CUDA pipelines' passes, TF32 as PyTorch's flags say."""
@@ -764,6 +830,9 @@ class Gpu(unittest.TestCase):
         torch.testing.assert_close(on_host, F.gelu(xs), rtol=1e-5, atol=1e-5)
         with self.assertRaisesRegex(kiln.KilnError, "input 'x'"):
             model.run(torch.randn(4, 9, device="cuda"))
+        # Not contiguous: copied on the device first (the Python path around the C++ one).
+        (strided,) = model.run(xs.t().contiguous().cuda().t())
+        torch.testing.assert_close(strided.cpu(), F.gelu(xs), rtol=1e-5, atol=1e-5)
 
     def test_bert_is_one_part_with_fused_attention(self):
         # The expanded mask's last stride is 0: made contiguous, SDPA records its fused overload

@@ -1,0 +1,207 @@
+// torch tensors in and out of Kiln without DLPack exports or per-input Python: a plain dense
+// tensor's pointer, dtype, shape and device are read through its attributes, host outputs
+// become torch tensors through one DLPack capsule made here, and CUDA outputs come from
+// torch.empty (PyTorch's allocator, ordered on its stream).
+#include <cstring>
+
+#include "kiln_py.h"
+
+namespace kiln::py {
+
+namespace {
+
+/// A reference that is never released: the API lives as long as the interpreter.
+PyObject* leak(nb::object o) { return o.release().ptr(); }
+
+/// torch's dtype name for each Kiln dtype, in DType order (i4: none).
+constexpr const char* kTorchDTypeNames[kNumDTypes] = {
+    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+    "int64", "int32", "int16", "int8", "uint8", nullptr, "bool"};
+
+TorchApi make_torch_api(nb::handle torch) {
+  TorchApi api;
+  api.tensor = reinterpret_cast<PyTypeObject*>(leak(torch.attr("Tensor")));
+  api.parameter = reinterpret_cast<PyTypeObject*>(leak(torch.attr("nn").attr("Parameter")));
+  for (int i = 0; i < kNumDTypes; ++i)
+    if (kTorchDTypeNames[i] && nb::hasattr(torch, kTorchDTypeNames[i]))
+      api.dtypes[i] = leak(torch.attr(kTorchDTypeNames[i]));
+  api.empty = leak(torch.attr("empty"));
+  nb::object c = torch.attr("_C");
+  api.from_dlpack = leak(c.attr("_from_dlpack"));
+  // What torch.cuda.current_stream(i).cuda_stream is, without making a Stream; CPU-only builds lack it.
+  if (nb::hasattr(c, "_cuda_getCurrentRawStream")) api.raw_stream = leak(c.attr("_cuda_getCurrentRawStream"));
+  api.empty_kwnames = leak(nb::make_tuple("dtype", "device"));
+  api.cpu = leak(torch.attr("device")("cpu"));
+  api.s_dtype = leak(nb::str("dtype"));
+  api.s_shape = leak(nb::str("shape"));
+  api.s_is_cpu = leak(nb::str("is_cpu"));
+  api.s_is_cuda = leak(nb::str("is_cuda"));
+  api.s_get_device = leak(nb::str("get_device"));
+  api.s_is_contiguous = leak(nb::str("is_contiguous"));
+  api.s_data_ptr = leak(nb::str("data_ptr"));
+  return api;
+}
+
+/// `o.name()` as a new reference; null (error cleared) when it raises.
+PyObject* call_method(PyObject* o, PyObject* name) {
+  PyObject* r = PyObject_CallMethodNoArgs(o, name);
+  if (!r) PyErr_Clear();
+  return r;
+}
+
+/// `o.name` as a new reference; null (error cleared) when it raises.
+PyObject* get_attr(PyObject* o, PyObject* name) {
+  PyObject* r = PyObject_GetAttr(o, name);
+  if (!r) PyErr_Clear();
+  return r;
+}
+
+/// An unversioned DLPack tensor (what every torch version imports) owning its shape and the
+/// bytes it views (a Kiln tensor's storage or a buffer of ours).
+struct ManagedTensor {
+  nb::dlpack::dltensor dl;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+  int64_t shape[kMaxTorchRank];
+  Tensor tensor;
+  std::unique_ptr<std::byte[]> bytes;
+};
+
+void delete_managed(ManagedTensor* m) { delete m; }
+
+/// torch._C._from_dlpack on a capsule holding `m`; the capsule frees it unless torch took it.
+nb::object import_managed(const TorchApi& api, std::unique_ptr<ManagedTensor> m) {
+  m->dl.shape = m->shape;
+  m->dl.strides = nullptr;  // row-major
+  m->dl.device = {nb::device::cpu::value, 0};
+  m->deleter = delete_managed;
+  PyObject* capsule = PyCapsule_New(m.get(), "dltensor", [](PyObject* c) {
+    // A consumer renames the capsule "used_dltensor" and frees the tensor itself.
+    if (PyCapsule_IsValid(c, "dltensor"))
+      delete static_cast<ManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
+  });
+  if (!capsule) throw nb::python_error();
+  m.release();
+  nb::object owner = nb::steal(capsule);
+  PyObject* t = PyObject_CallOneArg(api.from_dlpack, capsule);
+  if (!t) throw nb::python_error();
+  return nb::steal(t);
+}
+
+}  // namespace
+
+const TorchApi* torch_api() {
+  static TorchApi api;
+  static bool ready = false;
+  if (ready) return &api;
+  // Only a loaded torch can have made a tensor: never import it here.
+  PyObject* torch = PyDict_GetItemString(PySys_GetObject("modules"), "torch");
+  if (!torch) return nullptr;
+  api = make_torch_api(nb::handle(torch));
+  ready = true;
+  return &api;
+}
+
+bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out) {
+  PyTypeObject* type = Py_TYPE(o);
+  if (type != api.tensor && type != api.parameter) return false;  // subclasses may override anything
+  nb::object dtype = nb::steal(get_attr(o, api.s_dtype));
+  int found = -1;
+  for (int i = 0; i < kNumDTypes && dtype.is_valid(); ++i)
+    if (api.dtypes[i] == dtype.ptr()) found = i;
+  if (found < 0) return false;
+  out.dtype = static_cast<DType>(found);
+
+  nb::object shape = nb::steal(get_attr(o, api.s_shape));
+  if (!shape.is_valid() || !PyTuple_Check(shape.ptr())) return false;
+  const Py_ssize_t rank = PyTuple_GET_SIZE(shape.ptr());
+  if (rank > kMaxTorchRank) return false;
+  out.rank = static_cast<int>(rank);
+  for (Py_ssize_t i = 0; i < rank; ++i) {
+    out.dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
+    if (out.dims[i] == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+
+  nb::object is_cpu = nb::steal(get_attr(o, api.s_is_cpu));
+  if (is_cpu.ptr() == Py_True) {
+    out.device = -1;
+  } else {
+    nb::object is_cuda = nb::steal(get_attr(o, api.s_is_cuda));
+    if (is_cuda.ptr() != Py_True) return false;  // meta, lazy, other accelerators
+    nb::object index = nb::steal(call_method(o, api.s_get_device));
+    if (!index.is_valid()) return false;
+    out.device = static_cast<int>(PyLong_AsLong(index.ptr()));
+    if (out.device < 0) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+
+  nb::object contiguous = nb::steal(call_method(o, api.s_is_contiguous));
+  if (contiguous.ptr() != Py_True) return false;
+  nb::object ptr = nb::steal(call_method(o, api.s_data_ptr));  // raises for tensors without storage
+  if (!ptr.is_valid()) return false;
+  out.data = PyLong_AsVoidPtr(ptr.ptr());
+  if (!out.data && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+nb::object torch_from_tensor(const TorchApi& api, Tensor t) {
+  if (t.dtype() == DType::kI4) throw KilnError("an i4 tensor has no array equivalent");
+  auto m = std::make_unique<ManagedTensor>();
+  const auto& shape = t.shape();
+  if (shape.size() > kMaxTorchRank) throw KilnError("an output of rank " + std::to_string(shape.size()) +
+                                                    " has no torch equivalent here (at most 8 dimensions)");
+  std::copy(shape.begin(), shape.end(), m->shape);
+  m->dl.ndim = static_cast<int32_t>(shape.size());
+  m->dl.dtype = dlpack_from_dtype(t.dtype());
+  m->dl.data = const_cast<std::byte*>(t.data());
+  m->tensor = std::move(t);
+  return import_managed(api, std::move(m));
+}
+
+nb::object torch_from_buffer(const TorchApi& api, std::unique_ptr<std::byte[]> bytes, DType t, const int64_t* dims,
+                             int rank) {
+  auto m = std::make_unique<ManagedTensor>();
+  std::copy(dims, dims + rank, m->shape);
+  m->dl.ndim = rank;
+  m->dl.dtype = dlpack_from_dtype(t);
+  m->dl.data = bytes.get();
+  m->bytes = std::move(bytes);
+  return import_managed(api, std::move(m));
+}
+
+nb::object torch_size(const int64_t* dims, int rank) {
+  nb::object size = nb::steal(PyTuple_New(rank));
+  if (!size.is_valid()) throw nb::python_error();
+  for (int i = 0; i < rank; ++i) {
+    PyObject* d = PyLong_FromLongLong(dims[i]);
+    if (!d) throw nb::python_error();
+    PyTuple_SET_ITEM(size.ptr(), i, d);
+  }
+  return size;
+}
+
+nb::object torch_empty(const TorchApi& api, nb::handle size, DType t, nb::handle device) {
+  PyObject* args[] = {nullptr, size.ptr(), api.dtypes[static_cast<int>(t)], device.ptr()};
+  PyObject* r = PyObject_Vectorcall(api.empty, args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, api.empty_kwnames);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+
+void* torch_data_ptr(const TorchApi& api, nb::handle tensor) {
+  PyObject* r = PyObject_CallMethodNoArgs(tensor.ptr(), api.s_data_ptr);
+  if (!r) throw nb::python_error();
+  void* p = PyLong_AsVoidPtr(r);
+  Py_DECREF(r);
+  if (!p && PyErr_Occurred()) throw nb::python_error();
+  return p;
+}
+
+}  // namespace kiln::py
