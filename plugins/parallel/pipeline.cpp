@@ -93,6 +93,8 @@ StatusOr<std::unique_ptr<Graph>> microbatch_program(const Graph& g, int64_t m, c
     t.mesh = inner;
     t.axis = name(ax.tensor);
     t.data_axis = name(ax.data);
+    t.sequence_parallel = cfg.sequence_parallel;
+    t.sequence_dim = cfg.sequence_dim;
     t.batch_dim = cfg.batch_dim;
     t.inputs = inputs;
     t.extra_batch_axes = micro_axes;
@@ -485,6 +487,9 @@ StatusOr<PipelineSplit> apply_pipeline(Graph& g, const PipelineConfig& cfg, cons
   if (!g.mesh().empty()) return invalid_argument(who + ": graph @" + g.name() + " already has mesh " + g.mesh().str());
   if (cfg.microbatches < 0) return invalid_argument(who + ": microbatches must be >= 0 (0: as many as stages)");
   KILN_ASSIGN_OR_RETURN(const PipelineAxes ax, pipeline_axes(cfg, who));
+  if (cfg.sequence_parallel && ax.tensor < 0)
+    return invalid_argument(who + ": sequence-parallel splits a tensor-parallel stage's residual stream; the mesh " +
+                            cfg.mesh.str() + " has no tensor axis (tp)");
   const int64_t stages = cfg.mesh.axes[static_cast<size_t>(ax.stage)].size;
   const std::vector<std::string> batch_inputs = batch_input_names(g, cfg.batch_dim, cfg.inputs);
 

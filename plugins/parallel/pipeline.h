@@ -21,6 +21,8 @@ struct PipelineConfig {
   std::string stage_axis;               ///< "": the axis named pp, else the first
   std::string data_axis;                ///< "": the axis named dp, if any
   std::string tensor_axis;              ///< "": the axis named tp, if any
+  bool sequence_parallel = false;       ///< with a tensor axis: norms and residual stream split along sequence_dim
+  int64_t sequence_dim = 1;
   int64_t microbatches = 0;             ///< 0: as many as stages, or the most below that the batch divides into
   int64_t batch_dim = 0;
   std::vector<std::string> inputs;      ///< inputs cut into microbatches (empty: as data-parallel picks)

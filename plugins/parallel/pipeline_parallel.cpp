@@ -34,6 +34,9 @@ Status register_pipeline(Registry& r) {
        "the mesh axis splitting each stage's batch (default: the axis named dp, if any)"},
       {"tensor-axis", OptionType::kString, std::string(""),
        "the mesh axis splitting each stage's weights, Megatron-style (default: the axis named tp, if any)"},
+      {"sequence-parallel", OptionType::kBool, false,
+       "with a tensor axis: keep each stage's residual stream and norms split along sequence-dim (Megatron)"},
+      {"sequence-dim", OptionType::kInt, int64_t{1}, "the sequence dim of the residual stream"},
       {"microbatches", OptionType::kInt, int64_t{0},
        "microbatches each stage runs in turn (0: as many as stages, or the most below that the batch divides into)"},
       {"schedule", OptionType::kString, std::string("gpipe"), "microbatch schedule: gpipe (every forward in order)"},
@@ -61,6 +64,8 @@ Status register_pipeline(Registry& r) {
     cfg.stage_axis = o.get_string("stage-axis");
     cfg.data_axis = o.get_string("data-axis");
     cfg.tensor_axis = o.get_string("tensor-axis");
+    cfg.sequence_parallel = o.get_bool("sequence-parallel");
+    cfg.sequence_dim = o.get_int("sequence-dim");
     KILN_ASSIGN_OR_RETURN(cfg.dims, parse_dims_option(o.get_strings("dims"), "pipeline"));
     KILN_ASSIGN_OR_RETURN(cfg.device, device_preset(o.get_string("device")));
     if (!o.get_string("probe").empty()) {

@@ -23,6 +23,7 @@ inputs). STRATEGY is one of:
   pp-dp     2 pipeline stages, each split data-parallel over N/2 ranks (meshes of 4 and more)
   pp-tp     2 pipeline stages, each split tensor-parallel over N/2 ranks (meshes of 4 and more)
   pp-dp-tp  2 pipeline stages, each over a 2 x N/4 dp x tp mesh (meshes of 8)
+  pp-tp-sp  pp-tp with sequence parallelism inside each stage
   FILE.toml a pipeline with a [parallel] section (and fusion passes), run on reference
 --require TEXT fails a mesh of more than one rank whose per-rank program lacks TEXT (e.g. the
 name suffix a rule gives the values it adds); --forbid TEXT fails one that holds it (e.g.
@@ -57,12 +58,14 @@ def strategy_spec(name, ranks, syms=()):
         dims = ",dims=[" + ",".join(f'"{s}"' for s in syms) + "]" if syms else ""
         micro = ",microbatches=1" if name == "pp-mb1" else ""
         return f'pipeline{{mesh="pp={ranks}"{micro}{dims},print-stages=false}}'
-    if name in ("pp-dp", "pp-tp", "pp-dp-tp"):
+    if name in ("pp-dp", "pp-tp", "pp-dp-tp", "pp-tp-sp"):
         if ranks < (8 if name == "pp-dp-tp" else 4):
             return None
         dims = ",dims=[" + ",".join(f'"{s}"' for s in syms) + "]" if syms else ""
-        inner = {"pp-dp": f"dp={ranks // 2}", "pp-tp": f"tp={ranks // 2}", "pp-dp-tp": f"dp=2, tp={ranks // 4}"}[name]
-        return f'pipeline{{mesh="pp=2, {inner}"{dims},print-stages=false}}'
+        inner = {"pp-dp": f"dp={ranks // 2}", "pp-tp": f"tp={ranks // 2}", "pp-tp-sp": f"tp={ranks // 2}",
+                 "pp-dp-tp": f"dp=2, tp={ranks // 4}"}[name]
+        sp = ",sequence-parallel=true" if name == "pp-tp-sp" else ""
+        return f'pipeline{{mesh="pp=2, {inner}"{sp}{dims},print-stages=false}}'
     if name == "dp":
         return f'data-parallel{{mesh="dp={ranks}"}}'
     if name == "dp-seq":

@@ -262,6 +262,11 @@ TEST_CASE("pipeline: a 2-D mesh's clear errors") {
   CHECK(message(named) == "pipeline: data-axis and tensor-axis are both 'dp'");
   CHECK(message(mesh_config({{"pp", 2}, {"mb", 2}})).find("mesh axis name 'mb' is taken by the microbatches") !=
         std::string::npos);
+  named = mesh_config({{"pp", 2}, {"dp", 2}});
+  named.sequence_parallel = true;
+  CHECK(message(named) ==
+        "pipeline: sequence-parallel splits a tensor-parallel stage's residual stream; the mesh <pp = 2, dp = 2> has no "
+        "tensor axis (tp)");
   // 8 rows over 4 data-parallel ranks and 4 microbatches: 2 rows a rank do not cut into 4.
   const std::string m = message(mesh_config({{"pp", 2}, {"dp", 4}}, 4));
   CHECK_MESSAGE(m.find("cannot cut the batch into 4 microbatches") != std::string::npos, m);
