@@ -229,7 +229,9 @@ def main():
             plan = open(out, "rb").read()
             gemms = plan.count(b"step gemm")
             fwd, bwd = plan.count(b"a_dtype=f8e4m3fn"), plan.count(b"a_dtype=f8e5m2")
-            print(f"  {name}: {gemms} GEMM steps, {fwd + bwd} of them FP8 ({fwd} e4m3 x e4m3, {bwd} e5m2 x e4m3)")
+            precise = plan.count(b"fast_accum=0")
+            print(f"  {name}: {gemms} GEMM steps, {fwd + bwd} of them FP8 ({fwd} e4m3 x e4m3, {bwd} e5m2 x e4m3; "
+                  f"{precise} accumulating in f32)")
         return
     runs = {}
     for name, opts in (("bf16", None), ("fp8", fp8_opts)):

@@ -140,6 +140,12 @@ def main():
             print(f"  cuBLASLt FP8 GEMMs: {fwd} with an e4m3 first operand, {bwd} with an e5m2 gradient")
             if fwd == 0 or (args.fp8 == "hybrid" and bwd == 0):
                 sys.exit("FAIL: the training step has no FP8 GEMM")
+            # Backward GEMMs (dx and dw of each layer) promote their sums to f32; forward ones
+            # keep the fast accumulator.
+            fast, precise = plan.count(b"fast_accum=1"), plan.count(b"fast_accum=0")
+            print(f"  accumulation: {fast} fast (forward), {precise} in f32 (backward)")
+            if args.fp8 == "hybrid" and (precise != 2 * fast or fast == 0):
+                sys.exit("FAIL: expected two f32-accumulating backward GEMMs for each forward FP8 GEMM")
         print("PASS")
         return
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
