@@ -281,10 +281,16 @@ class EagerEmitter {
     }
     int64_t alloc = 0, freed = 0;
     std::unordered_map<int, int> reads;  // root -> readers of it in the group
-    for (int m : group) {
-      for (int x : p_.makes[static_cast<size_t>(m)]) alloc += p_.bytes[static_cast<size_t>(x)];
+    for (int m : group)
       for (int x : p_.reads[static_cast<size_t>(m)]) ++reads[x];
-    }
+    for (int m : group)
+      for (int x : p_.makes[static_cast<size_t>(m)]) {
+        // A value readers outside the group wait for too (one bf16 copy of a weight that every
+        // loss chunk reads) is made for them all: it does not count against this group.
+        const auto at = reads.find(x);
+        const int inside = at == reads.end() ? 0 : at->second;
+        if (inside == 0 || inside == p_.readers[static_cast<size_t>(x)]) alloc += p_.bytes[static_cast<size_t>(x)];
+      }
     for (const auto& [x, k] : reads)
       if (k == left_[static_cast<size_t>(x)] && !p_.pinned[static_cast<size_t>(x)]) freed += p_.bytes[static_cast<size_t>(x)];
     return freed > alloc || (eager == Eager::kWithinPeak && freed > 0 && live_ + alloc <= peak_);

@@ -1,8 +1,9 @@
 // The remat pass (activation checkpointing) on a joint graph: forward values the backward uses
 // are recomputed in the backward, right before their first use there, instead of being kept
-// alive from the forward. `selective` recomputes elementwise ops and views (keeping contraction,
-// norm and softmax outputs: cheap to redo, the bulk of the saved bytes); `full` recomputes every
-// forward value except the ones `keep` names (the block boundaries, e.g. the residual stream).
+// alive from the forward. `selective` recomputes elementwise ops and data movement (views, slices,
+// splits), keeping contraction, norm and softmax outputs (cheap to redo, the bulk of the saved
+// bytes); `full` recomputes every forward value except the ones `keep` names (the block
+// boundaries, e.g. the residual stream).
 // It reports the activation peak before and after and the FLOPs added.
 #include <cstdio>
 #include <set>
@@ -77,15 +78,18 @@ class Remat final : public Pass {
  private:
   bool recomputable(const Node& n) const {
     if (n.op() == nullptr || n.op()->has(kTraitSideEffects) || n.op()->has(kTraitConstant) || n.num_regions() > 0 ||
-        n.num_results() != 1 || n.op_name() == "variable")
+        n.num_results() == 0 || n.op_name() == "variable")
       return false;
-    if (keep_.count(n.result()->name())) return false;
+    for (const Value* r : n.results())
+      if (keep_.count(r->name())) return false;
     if (policy_ == "full") return true;
-    return n.op()->has(kTraitElementwise) || is_view(n);
+    // Elementwise ops and data movement (views, slices, a split into pieces): cheap to redo.
+    return (n.op()->has(kTraitElementwise) && n.num_results() == 1) || is_view(n);
   }
 
   /// `v` as the backward should read it: a clone computed from kept values when its producer is
-  /// a recomputable forward node, else `v` itself.
+  /// a recomputable forward node, else `v` itself. A node of several results (split) is cloned
+  /// once, for all of them.
   Value* recompute(Builder& b, Value* v, const std::unordered_set<const Node*>& forward,
                    std::unordered_map<const Value*, Value*>& clones, int64_t& flops, int64_t& count) {
     Node* p = v->producer();
@@ -99,11 +103,18 @@ class Remat final : public Pass {
     // merging the recomputation back into the forward value it duplicates.
     AttrMap attrs = p->attrs();
     attrs.insert_or_assign("_remat", Attribute(int64_t{1}));
-    Value* c = b.op(p->op_name(), operands, attrs, v->name().empty() ? "" : v->name() + ".remat");
+    std::vector<Value*> results;
+    if (p->num_results() == 1) {
+      results.push_back(b.op(p->op_name(), operands, attrs, v->name().empty() ? "" : v->name() + ".remat"));
+    } else {
+      results = b.op_n(p->op_name(), operands, p->num_results(), attrs);
+      for (int i = 0; i < p->num_results(); ++i)
+        if (!p->result(i)->name().empty()) results[static_cast<size_t>(i)]->set_name(p->result(i)->name() + ".remat");
+    }
     flops += node_flops(*p);
     ++count;
-    clones[v] = c;
-    return c;
+    for (int i = 0; i < p->num_results(); ++i) clones[p->result(i)] = results[static_cast<size_t>(i)];
+    return clones.at(v);
   }
 
   std::string policy_, loss_;
@@ -119,7 +130,7 @@ PassInfo remat_pass_info() {
   info.summary = "activation checkpointing: the backward recomputes forward values instead of keeping them";
   info.options = {
       {"policy", OptionType::kString, std::string("selective"),
-       "none; selective: recompute elementwise ops and views; full: recompute every forward value but `keep`"},
+       "none; selective: recompute elementwise ops and data movement (views, slices, splits); full: recompute every forward value but `keep`"},
       {"loss", OptionType::kString, std::string("loss"), "the output whose ancestors are the forward"},
       {"keep", OptionType::kStringList, std::vector<std::string>{},
        "values never recomputed (full: the block boundaries to checkpoint)"},

@@ -454,13 +454,17 @@ namespace kiln::training {
 namespace {
 
 TEST_CASE("remat recomputes forward values in the backward and leaves the results unchanged") {
+  // The split's pieces (data movement, like a GPT's q, k, v) are recomputed too: one clone of
+  // the split serves both.
   const char* text = R"(graph @g(%x: f32[8, 16], %w: f32[16, 16]) -> (%loss: f32[]) {
   %h = linear(%x, %w) : f32[8, 16]
   %a = tanh(%h) : f32[8, 16]
   %b = mul(%a, %a) : f32[8, 16]
   %c = sigmoid(%b) : f32[8, 16]
   %y = linear(%c, %w) : f32[8, 16]
-  %loss = reduce_mean(%y) {keepdims = 0} : f32[]
+  %p, %q = split(%y) {axis = 1, sizes = [8, 8]} : f32[8, 8], f32[8, 8]
+  %pq = mul(%p, %q) : f32[8, 8]
+  %loss = reduce_mean(%pq) {keepdims = 0} : f32[]
   return %loss
 })";
   std::mt19937 rng(3);
@@ -489,7 +493,11 @@ TEST_CASE("remat recomputes forward values in the backward and leaves the result
     for (const auto& n : g->nodes())
       if (n->num_results() > 0 && n->result(0)->name().ends_with(".remat")) recomputed.insert(n->op_name());
     CHECK(recomputed.count("tanh"));
+    CHECK(recomputed.count("split"));
     CHECK(recomputed.count("linear") == (std::string(policy) == "full" ? 1u : 0u));
+    int splits = 0;
+    for (const auto& n : g->nodes()) splits += n->op_name() == "split";
+    CHECK(splits == 2);
     auto got = Interpreter().run(*g, inputs);
     REQUIRE(got.ok());
     for (size_t i = 0; i < got->size(); ++i) CHECK((*got)[i].identical((*want)[i]));
