@@ -12,6 +12,7 @@
 #include "gpu_test_util.h"
 #include "kiln/core/driver.h"
 #include "kiln/ir/text.h"
+#include "state_graphs.h"
 
 namespace {
 
@@ -117,6 +118,28 @@ std::string swap_counter() {
   return "";
 }
 
+/// An optimizer-like update whose new w and m the plan writes in place (m by a kernel that does
+/// not read m, w by one reading w at the elements it writes) and u, read after its update, by a
+/// copy: w's and u's effect on the outputs must match the reference's on every step.
+std::string in_place_update() {
+  auto g = parse_graph(in_place_update_graph(1000), "update.kir");
+  if (!g.ok()) return g.status().message();
+  auto ref = executable("reference", **g);
+  auto gpu = executable("cuda-sm90", **g);
+  if (!ref.ok() || !gpu.ok()) return (ref.ok() ? gpu : ref).status().message();
+  Tensor x(DType::kF32, {1000});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set_f64(i, 0.01 * static_cast<double>(i % 37) - 0.15);
+  for (int t = 0; t < 5; ++t) {
+    auto want = (*ref)->run({&x, 1});
+    auto got = (*gpu)->run({&x, 1});
+    if (!want.ok() || !got.ok()) return (want.ok() ? got : want).status().message();
+    for (size_t o = 0; o < want->size(); ++o)
+      if (const test::Verdict v = test::allclose((*want)[o], (*got)[o], {1.3e-6, 1e-5}); !v.ok())
+        return "step " + std::to_string(t) + ": output " + std::to_string(o) + ": " + v.why;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main() {
@@ -124,5 +147,6 @@ int main() {
   int failures = 0;
   failures += report_case("fp8 delayed scaling: two-layer MLP, 9 steps", delayed_mlp());
   failures += report_case("state: swap and counter, 4 steps", swap_counter());
+  failures += report_case("state: an update written in place, 5 steps", in_place_update());
   return failures == 0 ? 0 : 1;
 }

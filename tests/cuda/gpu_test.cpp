@@ -83,6 +83,16 @@ const Case kCases[] = {
   %xn = reduce_min(%x) {keepdims = 0} : f32[]
   %xs = reduce_sum(%ax) {keepdims = 0} : f32[]
   return %s, %hs, %zm, %zx, %xn, %xs })"},
+    // Short reductions, a thread per output: a GQA key gradient summed over its repeat dim
+    // ([B, kv, rep, T, hd]), a short last dim over many rows, and outer dims kept around it.
+    {"short reductions", R"(graph @g(%k: bf16[2, 2, 4, 33, 64], %x: f32[5000, 7], %z: f32[3, 5, 4, 70]) -> (bf16[2, 2, 33, 64], f32[5000], f32[5000, 1], f32[3, 70], f32[5, 4, 70]) {
+  %g = reduce_sum(%k) {axes = [2], keepdims = 0} : bf16[2, 2, 33, 64]
+  %m = reduce_mean(%x) {axes = [1], keepdims = 0} : f32[5000]
+  %n = reduce_max(%x) {axes = [-1], keepdims = 1} : f32[5000, 1]
+  %az = abs(%z) : f32[3, 5, 4, 70]
+  %s = reduce_sum(%az) {axes = [1, 2], keepdims = 0} : f32[3, 70]
+  %t = reduce_min(%z) {axes = [0], keepdims = 0} : f32[5, 4, 70]
+  return %g, %m, %n, %s, %t })"},
     // Gather's transpose (an embedding's gradient): repeated and negative indices accumulate
     // through atomics; into zeros the output is cleared by a memset, not copied from a buffer.
     {"scatter-add", R"(graph @g(%gy: f32[4, 3, 8], %d: f32[6, 8], %h: bf16[2, 3, 5], %hd: bf16[2, 4, 5]) -> (f32[6, 8], f32[6, 8], bf16[2, 4, 5]) {

@@ -370,9 +370,10 @@ graph @g(%w: f32[50257, 768], %x: f32[3, 70000], %y: f32[300, 500]) -> (f32[], f
   return %s, %r, %m
 })");
   REQUIRE(l.kernels.size() == 5);
-  // One row of 38.6M elements: 264 blocks of f32 partials, then one combining thread; 3 rows of
+  // One row of 38.6M elements: 528 blocks of f32 partials, then one combining thread; 3 rows of
   // 70000: 17 chunks of at least 4096 each; 300 rows already fill the GPU, a block each.
-  CHECK(l.plan.find("kernel=" + l.kernels[0] + " grid=264,1,1") != std::string::npos);
+  CHECK(l.plan.find("kernel=" + l.kernels[0] + " grid=528,1,1") != std::string::npos);
+  CHECK(l.source.find("#pragma unroll 4") != std::string::npos);
   CHECK(l.plan.find("kernel=" + l.kernels[1] + " grid=1,1,1") != std::string::npos);
   CHECK(l.plan.find("kernel=" + l.kernels[2] + " grid=51,1,1") != std::string::npos);
   CHECK(l.plan.find("kernel=" + l.kernels[4] + " grid=300,1,1") != std::string::npos);
@@ -390,12 +391,28 @@ graph @g(%x: f32[16, 56, 56, 96], %y: f32[4, 300]) -> (f32[16, 96], f32[1, 300])
   REQUIRE(l.kernels.size() == 3);
   // 16 images x 3 tiles of 32 channels = 48 blocks would leave most SMs idle: the 3136 rows
   // split 5 ways (240 blocks) into f32 partials, which a second kernel combines (1536 outputs);
-  // a 4-row max keeps one block per output.
+  // a 4-row max takes a thread per output (300 threads).
   CHECK(l.plan.find("kernel=" + l.kernels[0] + " grid=240,1,1") != std::string::npos);
   CHECK(l.source.find("part[wrp][lane]") != std::string::npos);
   CHECK(l.plan.find("kernel=" + l.kernels[1] + " grid=6,1,1") != std::string::npos);
   CHECK(l.source.find("float* __restrict__ partial") != std::string::npos);
-  CHECK(l.plan.find("kernel=" + l.kernels[2] + " grid=300,1,1") != std::string::npos);
+  CHECK(l.plan.find("kernel=" + l.kernels[2] + " grid=2,1,1") != std::string::npos);
+  compiles_everywhere(l);
+}
+
+TEST_CASE("short reductions take a thread per output (a GQA key gradient summed over its repeat dim)") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%k: bf16[8, 8, 4, 512, 128], %x: f32[1000, 7]) -> (bf16[8, 8, 512, 128], f32[1000]) {
+  %g = reduce_sum(%k) {axes = [2], keepdims = 0} : bf16[8, 8, 512, 128]
+  %m = reduce_mean(%x) {axes = [1], keepdims = 0} : f32[1000]
+  return %g, %m
+})");
+  REQUIRE(l.kernels.size() == 2);
+  // 4.2M outputs of 4 elements each: 16384 blocks of 256 threads, each thread summing 4 elements
+  // 65536 apart (neighbouring threads read neighbouring elements), not 4.2M block reductions.
+  CHECK(l.plan.find("kernel=" + l.kernels[0] + " grid=16384,1,1") != std::string::npos);
+  CHECK(l.plan.find("kernel=" + l.kernels[1] + " grid=4,1,1") != std::string::npos);
+  CHECK(l.source.find("kiln_block_reduce(acc") == std::string::npos);
   compiles_everywhere(l);
 }
 }  // namespace kiln::cuda

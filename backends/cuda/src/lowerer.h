@@ -228,6 +228,10 @@ class Lowerer {
                       const std::string& epilogue = "", int64_t max_blocks = 0);
   /// Whether buffer `id` starts 16-byte aligned (roots do; a view only at a multiple of 16).
   bool aligned16(int id) const { return id == root(id) || bufs_[id].offset % 16 == 0; }
+  /// Whether buffer `id` covers its root exactly: the root itself, or a view of all of it.
+  bool whole_root(int id) const {
+    return id == root(id) || (bufs_[id].offset == 0 && bufs_[id].bytes == bufs_[root(id)].bytes);
+  }
   /// The most dynamic shared memory a block may ask for: the target's (Capabilities), else
   /// sm_80's 163 KB, which every target this backend builds for allows.
   int64_t smem_limit() const { return opts_.max_smem_per_block > 0 ? opts_.max_smem_per_block : 166912; }
@@ -435,6 +439,18 @@ class Lowerer {
   };
   std::vector<Assign> assigns_;
   std::map<std::string, int> variables_;  // variable name -> its buffer
+  /// What an elementwise kernel step reads and writes (pointwise): the (input, output) root
+  /// buffer pairs where each thread reads the input only at the element of the output it
+  /// writes and computes that output from it, and the roots it reads at other elements.
+  struct ElementwiseAccess {
+    std::set<std::pair<int, int>> same_element;
+    std::set<int> other_reads;
+  };
+  std::map<size_t, ElementwiseAccess> elementwise_steps_;  // by step index
+  /// Makes the value of each assign that a kernel computes elementwise from the variable's old
+  /// value (AdamW's new weight and moments) live in the variable's buffer, when no later step
+  /// reads the old value: no copy at the end of the plan. Returns the assigns it placed.
+  std::set<const Node*> write_assigns_in_place();
   /// Per-rank programs (collective.cpp): collective ops as `step collective` (packing dims
   /// other than the outermost with strided copies) and local_shard; the mesh line and the
   /// input and output placements of the plan; the blocks of rank-dependent weights, placed

@@ -361,6 +361,9 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
   int64_t w = aligned && count > 0 ? vector_width(full) : 0;
   if (w && (count % w != 0 || (broadcast && shape.back() % w != 0))) w = 0;
   std::unordered_map<const Value*, std::string> var;
+  std::unordered_map<const Value*, std::set<size_t>> deps;  // the inputs each value is computed from
+  ElementwiseAccess access;
+  std::set<size_t> same_element_inputs;
   std::string params, body, stage, store, prologue, epilogue;
   std::vector<Sizes> strides;
   std::vector<std::string> names;
@@ -392,6 +395,11 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
       index = off + (w && strides.back().back() != 0 ? " + e" : "");
     }
     var[inputs[k]] = "v" + std::to_string(k);
+    deps[inputs[k]].insert(k);
+    if ((index == "i" || index.empty() || count == 1) && product(b.shape) == count && whole_root(in_bufs[k]))
+      same_element_inputs.insert(k);
+    else
+      access.other_reads.insert(root(in_bufs[k]));
     body += "    const " + rt + " v" + std::to_string(k) + " = " +
             load_expr(b.dtype, index.empty() ? "a" + std::to_string(k) + "[e]" : p + "[" + index + "]") + ";\n";
   }
@@ -399,6 +407,8 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
   int next = static_cast<int>(inputs.size());
   for (const Node* n : nodes) {
     const Value* r = n->result();
+    for (const Value* v : n->operands())
+      if (auto d = deps.find(v); d != deps.end()) deps[r].insert(d->second.begin(), d->second.end());
     // A quantize epilogue's value is x / scale in f32 until its store rounds it to f8.
     const bool to_f8 = n->op_name() == "quantize";
     std::string rt = "float";
@@ -458,14 +468,21 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
     store += "    reinterpret_cast<" + vector_type(w * dtype_storage_bytes(b.dtype, 1)) + "*>(" + o + ")[q] = " + vec + ";\n";
   }
   if (count == 0) return ok_status();
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (is_amax(k) || !whole_root(out_bufs[k])) continue;
+    for (size_t in : deps[outputs[k]])
+      if (same_element_inputs.count(in) && bufs_[in_bufs[in]].dtype == bufs_[out_bufs[k]].dtype)
+        access.same_element.insert({root(in_bufs[in]), root(out_bufs[k])});
+  }
   // A kernel that also reduces (amax) keeps its grid small: one atomic per block.
   const int64_t max_blocks = epilogue.empty() ? 0 : 1024;
   if (!w) {
     launch_elementwise(kernel_name(label), params, count, stage + body, args, prologue, epilogue, max_blocks);
-    return ok_status();
+  } else {
+    launch_vectors(kernel_name(label), params, count, w, stage + "    #pragma unroll\n    for (int e = 0; e < " +
+                   std::to_string(w) + "; ++e) {\n" + body + "    }\n" + store, args, prologue, epilogue, max_blocks);
   }
-  launch_vectors(kernel_name(label), params, count, w, stage + "    #pragma unroll\n    for (int e = 0; e < " +
-                 std::to_string(w) + "; ++e) {\n" + body + "    }\n" + store, args, prologue, epilogue, max_blocks);
+  elementwise_steps_[steps_.size() - 1] = std::move(access);
   return ok_status();
 }
 
@@ -488,6 +505,8 @@ Status Lowerer::strided_copy(const Node& n, int in, int out, const Sizes& out_sh
 /// Blocks a middle-dim reduction aims for (two per SM of a 132-SM H100/H200) before it splits
 /// its reduced rows across blocks.
 constexpr int64_t kReduceBlocks = 264;
+/// Reductions over fewer elements than this take a thread per output.
+constexpr int64_t kShortReduction = 64;
 
 /// The accumulator type of reductions over `t`: f32 for narrow floats, f64 for f64.
 std::string acc_type(DType t) {
@@ -554,6 +573,21 @@ Status Lowerer::reduce(const Node& n) {
                        {partial, out});
   };
   std::string body = "  auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n";
+  // Short reductions (a GQA key/value gradient summed over the [B, kv, rep, T, hd] repeat dim:
+  // millions of rows of 4) take a thread per output, which walks its few elements itself;
+  // neighbouring threads read neighbouring elements when the kept dims end x. A block per row
+  // would run one block-wide reduction per handful of loads.
+  if (len < kShortReduction) {
+    const std::string L = int_literal(len);
+    const std::string short_body = "    auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb +
+                                   "; };\n" + index_code("i", kd, {ks}, {"base"}) + "    " + acc + " acc = " + init +
+                                   ";\n    for (long long j = 0; j < " + L + "; ++j) {\n" +
+                                   index_code("j", rd, {rs}, {"off"}) + "      acc = comb(acc, (" + acc + ")" +
+                                   load_expr(t, "x[base + off]") + ");\n    }\n    y[i] = " + store_expr(t, fin) + ";\n";
+    launch_elementwise(kernel_name(op), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", rows, short_body,
+                       {buf(x), out});
+    return ok_status();
+  }
   // Reduced dims in one run with kept dims after them, x viewed as [O, R, I] (a channels-last
   // global pool: [N, H*W, C]): a warp reads 32 neighbours along I for a row r, the block's 8
   // warps take every 8th r, and shared memory combines them. A row per block would read I-strided
@@ -606,15 +640,17 @@ Status Lowerer::reduce(const Node& n) {
     rd = {len}, rs = {1};
   // A block per row. Few long rows (a global norm's sum of squares over a whole weight is one
   // row of millions) would leave the GPU idle behind one block each, so R is split into chunks
-  // of at least 4096 elements, a block each, whose partials a second kernel combines.
-  const int64_t splits = std::clamp<int64_t>(kReduceBlocks / rows, 1, std::max<int64_t>(1, len / 4096));
+  // of at least 4096 elements, a block each, whose partials a second kernel combines. Such a
+  // split aims for 4 blocks per SM and each thread keeps 4 loads in flight: with one load per
+  // thread and 2 blocks per SM, a 235 MB sum of squares streamed at a fifth of the bandwidth.
+  const int64_t splits = std::clamp<int64_t>(2 * kReduceBlocks / rows, 1, std::max<int64_t>(1, len / 4096));
   const int64_t chunk = (len + splits - 1) / splits;
   body += "  for (long long blk = blockIdx.x; blk < " + int_literal(rows * splits) + "; blk += gridDim.x) {\n";
   body += "    const long long row = blk % " + int_literal(rows) + ", s = blk / " + int_literal(rows) + ";\n";
   body += index_code("row", kd, {ks}, {"base"});
   body += "    " + acc + " acc = " + init + ";\n";
   body += "    const long long j1 = min((s + 1) * " + int_literal(chunk) + ", " + int_literal(len) + ");\n";
-  body += "    for (long long j = s * " + int_literal(chunk) + " + threadIdx.x; j < j1; j += blockDim.x) {\n";
+  body += "#pragma unroll 4\n    for (long long j = s * " + int_literal(chunk) + " + threadIdx.x; j < j1; j += blockDim.x) {\n";
   body += index_code("j", rd, {rs}, {"off"});
   body += "      acc = comb(acc, (" + acc + ")" + load_expr(t, "x[base + off]") + ");\n    }\n";
   body += "    acc = kiln_block_reduce(acc, (" + acc + ")" + init + ", comb);\n";

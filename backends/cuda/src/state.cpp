@@ -2,6 +2,8 @@
 // in the weights section (device memory that lives as long as the loaded model, written by no
 // one else), read in place; each assign is a copy into it at the very end of the plan, after
 // every reader and after the output copies, which is the IR's "assigns apply after the run".
+// An assign whose value an elementwise kernel computes from the variable's old value after its
+// last other reader (an optimizer update) is written there in place instead, without a copy.
 // Replaying a CUDA graph of the plan therefore advances the state on every replay.
 #include "lowerer.h"
 
@@ -60,11 +62,55 @@ Status Lowerer::amax(const Node& n) {
   return ok_status();
 }
 
+std::set<const Node*> Lowerer::write_assigns_in_place() {
+  // The first and last step that touches each root buffer.
+  std::vector<int> first(bufs_.size(), -1), last(bufs_.size(), -1);
+  for (size_t s = 0; s < steps_.size(); ++s)
+    for (int b : steps_[s].buffers) {
+      const int r = root(b);
+      if (first[r] < 0) first[r] = static_cast<int>(s);
+      last[r] = static_cast<int>(s);
+    }
+  // A variable another assign copies from must keep its old value to the end.
+  std::set<int> copied_from;
+  for (const Assign& a : assigns_) copied_from.insert(root(a.src));
+  std::set<const Node*> placed;
+  for (const Assign& a : assigns_) {
+    auto v = variables_.find(a.name);
+    if (v == variables_.end()) continue;
+    const int dst = v->second, r = root(a.src);
+    // An alias must come after its base in the plan (the runtime resolves them in order).
+    if (r <= dst || bufs_[r].kind != "activation" || !whole_root(a.src) || copied_from.count(dst)) continue;
+    if (bufs_[r].dtype != bufs_[dst].dtype || bufs_[r].bytes != bufs_[dst].bytes || bufs_[r].bytes == 0) continue;
+    // The step that writes the new value first: no step after it may read the old one, and it
+    // may itself read the old one only as an elementwise kernel reading, at each element it
+    // writes, the old value the new one is computed from.
+    const int w = first[r];
+    if (w < 0 || last[dst] > w) continue;
+    if (last[dst] == w) {
+      auto e = elementwise_steps_.find(static_cast<size_t>(w));
+      if (e == elementwise_steps_.end() || e->second.other_reads.count(dst) || !e->second.same_element.count({dst, r}))
+        continue;
+    }
+    bufs_[r].kind = "alias";
+    bufs_[r].base = dst;
+    bufs_[r].offset = 0;
+    for (Buffer& b : bufs_)
+      if (b.kind == "alias" && b.base == r) b.base = dst;
+    first[dst] = std::min(first[dst] < 0 ? w : first[dst], w);
+    last[dst] = std::max(last[dst], last[r]);
+    placed.insert(a.node);
+  }
+  return placed;
+}
+
 Status Lowerer::finish_state() {
+  const std::set<const Node*> in_place = write_assigns_in_place();
   // A source that is (a view of) a variable's own buffer is read before any assign lands: it is
   // copied aside first, so assigns between variables see the values from before the run.
   std::vector<std::pair<int, int>> copies;  // (src, dst)
   for (const Assign& a : assigns_) {
+    if (in_place.count(a.node)) continue;
     auto v = variables_.find(a.name);
     if (v == variables_.end()) return unsupported(*a.node, "no variable named '" + a.name + "' in this graph");
     const int dst = v->second;
