@@ -93,6 +93,16 @@ const Case kCases[] = {
   %s = reduce_sum(%az) {axes = [1, 2], keepdims = 0} : f32[3, 70]
   %t = reduce_min(%z) {axes = [0], keepdims = 0} : f32[5, 4, 70]
   return %g, %m, %n, %s, %t })"},
+    // Elementwise nodes only a reduction reads, computed on its loads: a global norm's sum of
+    // squares (split across blocks), an abs before a short max, a scaling before a middle-dim mean.
+    {"reduction prologues", R"(graph @g(%w: f32[600, 700], %h: bf16[300, 7], %x: f32[8, 64, 96], %s: f32[]) -> (f32[], bf16[300], f32[8, 96]) {
+  %sq = mul(%w, %w) : f32[600, 700]
+  %n = reduce_sum(%sq) {keepdims = 0} : f32[]
+  %a = abs(%h) : bf16[300, 7]
+  %m = reduce_max(%a) {axes = [1], keepdims = 0} : bf16[300]
+  %xs = mul(%x, %s) : f32[8, 64, 96]
+  %p = reduce_mean(%xs) {axes = [1], keepdims = 0} : f32[8, 96]
+  return %n, %m, %p })"},
     // Gather's transpose (an embedding's gradient): repeated and negative indices accumulate
     // through atomics; into zeros the output is cleared by a memset, not copied from a buffer.
     {"scatter-add", R"(graph @g(%gy: f32[4, 3, 8], %d: f32[6, 8], %h: bf16[2, 3, 5], %hd: bf16[2, 4, 5]) -> (f32[6, 8], f32[6, 8], bf16[2, 4, 5]) {

@@ -415,4 +415,34 @@ graph @g(%k: bf16[8, 8, 4, 512, 128], %x: f32[1000, 7]) -> (bf16[8, 8, 512, 128]
   CHECK(l.source.find("kiln_block_reduce(acc") == std::string::npos);
   compiles_everywhere(l);
 }
+
+TEST_CASE("an elementwise node only a reduction reads is computed on the reduction's loads (a sum of squares)") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%w: f32[4096, 1024], %h: bf16[300, 7], %x: f32[8, 64, 96], %s: f32[]) -> (f32[], bf16[300], f32[8, 96], f32[8, 64, 96]) {
+  %sq = mul(%w, %w) : f32[4096, 1024]
+  %n = reduce_sum(%sq) {keepdims = 0} : f32[]
+  %a = abs(%h) : bf16[300, 7]
+  %m = reduce_max(%a) {axes = [1], keepdims = 0} : bf16[300]
+  %xs = mul(%x, %s) : f32[8, 64, 96]
+  %p = reduce_mean(%xs) {axes = [1], keepdims = 0} : f32[8, 96]
+  %e = exp(%x) : f32[8, 64, 96]
+  %q = reduce_sum(%e) {axes = [1], keepdims = 0} : f32[8, 96]
+  return %n, %m, %p, %e
+}
+)");
+  INFO(l.source);
+  // The square, the abs and the scaling have no kernels and no buffers of their own; exp, also
+  // an output, keeps its kernel and %q reads its result.
+  for (const std::string& k : l.kernels) {
+    CAPTURE(k);
+    CHECK(k.find("_mul") == std::string::npos);
+    CHECK(k.find("_abs") == std::string::npos);
+  }
+  CHECK(count(l.plan, "_exp ") == 1);
+  CHECK(l.source.find("(p0[base + off] * p1[base + off])") != std::string::npos);
+  CHECK(l.source.find("fabsf(__bfloat162float(p0[base + off]))") != std::string::npos);
+  CHECK(l.source.find("p1[0]") != std::string::npos);
+  CHECK(l.plan.find("name=sq") == std::string::npos);
+  compiles_everywhere(l);
+}
 }  // namespace kiln::cuda

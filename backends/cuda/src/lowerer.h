@@ -302,6 +302,11 @@ class Lowerer {
     return strided_copy(n, in, out, out_shape, strides, base, contiguous_strides(out_shape), 0, out_shape);
   }
   Status reduce(const Node& n);
+  /// Whether elementwise node `n` becomes the prologue of the reduction that alone reads its
+  /// result (a gradient's square before a global norm's sum): the reduction computes it on its
+  /// loads, and no kernel writes the result. Records it in reduce_prologue_.
+  bool defer_to_reduce(const Node& n);
+  std::set<const Node*> reduce_prologue_;
   Status arg_reduce(const Node& n);
   Status softmax(const Node& n);
   /// attention (attention.cpp): one flash-attention kernel per node.

@@ -143,6 +143,9 @@ Status Lowerer::lower_node(const Node& n) {
   if (op == "scatter_add") return scatter_add(n);
   // A conv with a deferred prologue reads an activation, and its input has no buffer yet.
   bool all_weights = !prologue_.count(&n);
+  // A reduction whose input an elementwise prologue computes reads that node's operands instead.
+  if (n.num_operands() > 0 && n.operand(0)->producer() && reduce_prologue_.count(n.operand(0)->producer()))
+    all_weights = false;
   int64_t out_bytes = 0;
   for (const Value* v : n.operands())
     if (all_weights) all_weights = bufs_[root(buf(v))].kind == "weight";
@@ -159,6 +162,7 @@ Status Lowerer::lower_node(const Node& n) {
     return ok_status();
   }
   if (n.op()->has(kTraitElementwise)) {
+    if (defer_to_reduce(n)) return ok_status();
     std::vector<int> in_bufs;
     for (const Value* v : n.operands()) in_bufs.push_back(buf(v));
     const int out = activation_for(n.result());
@@ -508,6 +512,28 @@ constexpr int64_t kReduceBlocks = 264;
 /// Reductions over fewer elements than this take a thread per output.
 constexpr int64_t kShortReduction = 64;
 
+bool Lowerer::defer_to_reduce(const Node& n) {
+  if (n.num_results() != 1 || n.num_operands() == 0) return false;
+  const Value* r = n.result();
+  if (r->uses().size() != 1 || r->uses()[0].user == nullptr) return false;
+  const Node& u = *r->uses()[0].user;
+  static const std::set<std::string> kReductions = {"reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"};
+  if (!kReductions.count(u.op_name()) || u.operand(0) != r || u.num_regions() > 0) return false;
+  if (!storage_type(r->dtype()) || !reg_type(r->dtype())) return false;
+  // Operands of the result's size (the same layout) or one element; each read once per element.
+  const int64_t count = product(sizes_of(r));
+  std::vector<std::string> names;
+  for (const Value* v : n.operands()) {
+    const int64_t c = product(sizes_of(v));
+    if ((c != count && c != 1) || !storage_type(v->dtype()) || !reg_type(v->dtype())) return false;
+    if (!val_.count(v)) return false;
+    names.push_back("a" + std::to_string(names.size()));
+  }
+  if (!op_expr(n, names).ok()) return false;
+  reduce_prologue_.insert(&n);
+  return true;
+}
+
 /// The accumulator type of reductions over `t`: f32 for narrow floats, f64 for f64.
 std::string acc_type(DType t) {
   if (t == DType::kF64) return "double";
@@ -553,6 +579,37 @@ Status Lowerer::reduce(const Node& n) {
   }
   std::string fin = "acc";
   if (op == "reduce_mean") fin = "acc / (" + acc + ")" + int_literal(len);
+  // What the kernels read: x, or the operands of the elementwise node that computes x (its only
+  // reader is this reduction), computing x's element on each load.
+  std::string x_params;
+  std::vector<int> x_args;
+  std::function<std::string(const std::string&)> load;
+  const Node* pro = x->producer() && reduce_prologue_.count(x->producer()) ? x->producer() : nullptr;
+  if (pro == nullptr) {
+    x_params = "const " + st + "* __restrict__ x, ";
+    x_args = {buf(x)};
+    load = [&](const std::string& at) { return load_expr(t, "x[" + at + "]"); };
+  } else {
+    for (int k = 0; k < pro->num_operands(); ++k) {
+      const Value* v = pro->operand(k);
+      KILN_ASSIGN_OR_RETURN(std::string sk, storage(*pro, v->dtype()));
+      x_params += "const " + sk + "* __restrict__ p" + std::to_string(k) + ", ";
+      x_args.push_back(buf(v));
+    }
+    load = [&, pro](const std::string& at) {
+      std::vector<std::string> a;
+      for (int k = 0; k < pro->num_operands(); ++k) {
+        const Value* v = pro->operand(k);
+        const bool scalar = product(sizes_of(v)) == 1;
+        a.push_back(load_expr(v->dtype(), "p" + std::to_string(k) + "[" + (scalar ? std::string("0") : at) + "]"));
+      }
+      return round_expr(t, *op_expr(*pro, a));  // defer_to_reduce checked that op_expr succeeds
+    };
+  }
+  auto with_x = [&](std::vector<int> rest) {
+    rest.insert(rest.begin(), x_args.begin(), x_args.end());
+    return rest;
+  };
   const int out = activation_for(n.result());
   if (rows == 0) return ok_status();
   // Blocks that each reduce a chunk of R write f32/f64/i64 partials [splits, rows]; a second
@@ -561,8 +618,8 @@ Status Lowerer::reduce(const Node& n) {
     const DType pt = acc == "double" ? DType::kF64 : acc == "float" ? DType::kF32 : DType::kI64;
     const int partial = add_buffer("activation", pt, {splits, rows});
     const std::string name = kernel_name(op);
-    add_kernel(name, "const " + st + "* __restrict__ x, " + acc + "* __restrict__ partial", body);
-    launch(name, blocks, {buf(x), partial});
+    add_kernel(name, x_params + acc + "* __restrict__ partial", body);
+    launch(name, blocks, with_x({partial}));
     launch_elementwise(kernel_name(op + "_splits"), "const " + acc + "* __restrict__ partial, " + st + "* __restrict__ y",
                        rows,
                        "    auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n"
@@ -583,9 +640,8 @@ Status Lowerer::reduce(const Node& n) {
                                    "; };\n" + index_code("i", kd, {ks}, {"base"}) + "    " + acc + " acc = " + init +
                                    ";\n    for (long long j = 0; j < " + L + "; ++j) {\n" +
                                    index_code("j", rd, {rs}, {"off"}) + "      acc = comb(acc, (" + acc + ")" +
-                                   load_expr(t, "x[base + off]") + ");\n    }\n    y[i] = " + store_expr(t, fin) + ";\n";
-    launch_elementwise(kernel_name(op), "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", rows, short_body,
-                       {buf(x), out});
+                                   load("base + off") + ");\n    }\n    y[i] = " + store_expr(t, fin) + ";\n";
+    launch_elementwise(kernel_name(op), x_params + st + "* __restrict__ y", rows, short_body, with_x({out}));
     return ok_status();
   }
   // Reduced dims in one run with kept dims after them, x viewed as [O, R, I] (a channels-last
@@ -615,7 +671,7 @@ Status Lowerer::reduce(const Node& n) {
     body += "    " + acc + " acc = " + init + ";\n";
     body += "    if (i < " + I + ") {\n#pragma unroll 8\n";
     body += "      for (long long r = s * " + C + " + wrp; r < r1; r += " + std::to_string(warps) + ")\n";
-    body += "        acc = comb(acc, (" + acc + ")" + load_expr(t, "x[(o * " + L + " + r) * " + I + " + i]") + ");\n";
+    body += "        acc = comb(acc, (" + acc + ")" + load("(o * " + L + " + r) * " + I + " + i") + ");\n";
     body += "    }\n    part[wrp][lane] = acc;\n    __syncthreads();\n";
     body += "    if (wrp == 0 && i < " + I + ") {\n";
     body += "      for (int w = 1; w < " + std::to_string(warps) + "; ++w) acc = comb(acc, part[w][lane]);\n";
@@ -627,8 +683,8 @@ Status Lowerer::reduce(const Node& n) {
     body += "    __syncthreads();\n  }\n";
     if (splits == 1) {
       const std::string name = kernel_name(op);
-      add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
-      launch(name, outer * tiles, {buf(x), out});
+      add_kernel(name, x_params + st + "* __restrict__ y", body);
+      launch(name, outer * tiles, with_x({out}));
       return ok_status();
     }
     launch_split(body, outer * tiles * splits, splits);
@@ -652,13 +708,13 @@ Status Lowerer::reduce(const Node& n) {
   body += "    const long long j1 = min((s + 1) * " + int_literal(chunk) + ", " + int_literal(len) + ");\n";
   body += "#pragma unroll 4\n    for (long long j = s * " + int_literal(chunk) + " + threadIdx.x; j < j1; j += blockDim.x) {\n";
   body += index_code("j", rd, {rs}, {"off"});
-  body += "      acc = comb(acc, (" + acc + ")" + load_expr(t, "x[base + off]") + ");\n    }\n";
+  body += "      acc = comb(acc, (" + acc + ")" + load("base + off") + ");\n    }\n";
   body += "    acc = kiln_block_reduce(acc, (" + acc + ")" + init + ", comb);\n";
   if (splits == 1) {
     body += "    if (threadIdx.x == 0) y[row] = " + store_expr(t, fin) + ";\n  }\n";
     const std::string name = kernel_name(op);
-    add_kernel(name, "const " + st + "* __restrict__ x, " + st + "* __restrict__ y", body);
-    launch(name, rows, {buf(x), out});
+    add_kernel(name, x_params + st + "* __restrict__ y", body);
+    launch(name, rows, with_x({out}));
     return ok_status();
   }
   body += "    if (threadIdx.x == 0) partial[s * " + int_literal(rows) + " + row] = acc;\n  }\n";
