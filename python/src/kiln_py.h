@@ -58,7 +58,7 @@ struct TorchApi {
   PyTypeObject* tensor = nullptr;     ///< torch.Tensor
   PyTypeObject* parameter = nullptr;  ///< torch.nn.Parameter
   PyObject* dtypes[kNumDTypes] = {};  ///< the torch dtype of each Kiln dtype (null: none)
-  PyObject* empty = nullptr;          ///< torch.empty
+  PyObject* empty_strided = nullptr;  ///< torch.empty_strided
   PyObject* from_dlpack = nullptr;    ///< torch._C._from_dlpack (takes a capsule)
   PyObject* raw_stream = nullptr;     ///< torch._C._cuda_getCurrentRawStream; null without CUDA
   PyObject* empty_kwnames = nullptr;  ///< ("dtype", "device")
@@ -86,10 +86,13 @@ nb::object torch_from_tensor(const TorchApi& api, Tensor t);
 /// A host torch tensor owning `bytes`, of dtype `t` and shape dims[0..rank).
 nb::object torch_from_buffer(const TorchApi& api, std::unique_ptr<std::byte[]> bytes, DType t, const int64_t* dims,
                              int rank);
-/// The tuple (dims[0], ..., dims[rank - 1]), as torch.empty takes a size.
-nb::object torch_size(const int64_t* dims, int rank);
-/// torch.empty(size, dtype=t, device=device).
-nb::object torch_empty(const TorchApi& api, nb::handle size, DType t, nb::handle device);
+/// A row-major tensor's size and strides as tuples, for torch_empty.
+struct TorchLayout {
+  nb::object size, stride;
+};
+TorchLayout torch_layout(const int64_t* dims, int rank);
+/// A new row-major tensor: torch.empty_strided(size, stride, dtype=t, device=device).
+nb::object torch_empty(const TorchApi& api, const TorchLayout& layout, DType t, nb::handle device);
 /// tensor.data_ptr().
 void* torch_data_ptr(const TorchApi& api, nb::handle tensor);
 

@@ -31,8 +31,8 @@ struct PyModel {
   std::shared_ptr<kiln_model> m;
   int device = 0;
   std::vector<kiln_tensor_info> inputs, outputs;
-  // For torch CUDA outputs, made on first use: each output's size as a tuple, and the device.
-  std::vector<nb::object> torch_sizes;
+  // For torch CUDA outputs, made on first use: each output's size and strides, and the device.
+  std::vector<TorchLayout> torch_layouts;
   nb::object torch_device;
 };
 
@@ -139,7 +139,7 @@ void run_model_device(PyModel& pm, const std::vector<uintptr_t>& inputs, const s
 /// Model.run's fast path for torch tensors, all in host memory or all on the runtime's GPU,
 /// each dense and of the model's dtype and shape: their pointers go straight to kiln_model_run
 /// (outputs: new host tensors over buffers Kiln fills) or kiln_model_run_device on PyTorch's
-/// current stream (outputs: torch.empty), with no Python per input. None for anything else:
+/// current stream (outputs: torch.empty_strided), with no Python per input. None for anything else:
 /// the package's general path then converts, copies, or raises naming the input.
 nb::object run_model_torch(PyModel& pm, nb::handle xs) {
   const TorchApi* api = torch_api();
@@ -165,14 +165,14 @@ nb::object run_model_torch(PyModel& pm, nb::handle xs) {
   std::vector<nb::object> result(pm.outputs.size());
   if (device >= 0) {
     if (!api->raw_stream) return nb::none();
-    if (pm.torch_sizes.empty()) {
-      for (const kiln_tensor_info& o : pm.outputs) pm.torch_sizes.push_back(torch_size(o.dims, o.rank));
+    if (pm.torch_layouts.empty()) {
+      for (const kiln_tensor_info& o : pm.outputs) pm.torch_layouts.push_back(torch_layout(o.dims, o.rank));
       pm.torch_device = nb::module_::import_("torch").attr("device")("cuda", pm.device);
     }
     std::vector<kiln_device_tensor> ins(n), outs(result.size());
     for (size_t i = 0; i < n; ++i) ins[i] = {ptrs[i], pm.inputs[i].bytes};
     for (size_t i = 0; i < outs.size(); ++i) {
-      result[i] = torch_empty(*api, pm.torch_sizes[i], static_cast<DType>(pm.outputs[i].dtype), pm.torch_device);
+      result[i] = torch_empty(*api, pm.torch_layouts[i], static_cast<DType>(pm.outputs[i].dtype), pm.torch_device);
       outs[i] = {torch_data_ptr(*api, result[i]), pm.outputs[i].bytes};
     }
     nb::object index = nb::int_(pm.device);
