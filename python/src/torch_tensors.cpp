@@ -99,7 +99,11 @@ const TorchApi* torch_api() {
   // Only a loaded torch can have made a tensor: never import it here.
   PyObject* torch = PyDict_GetItemString(PySys_GetObject("modules"), "torch");
   if (!torch) return nullptr;
-  api = make_torch_api(nb::handle(torch));
+  try {
+    api = make_torch_api(nb::handle(torch));
+  } catch (const nb::python_error&) {
+    return nullptr;  // torch still being imported: the general paths serve until it is whole
+  }
   ready = true;
   return &api;
 }
