@@ -46,6 +46,9 @@ from gpt2_train import SideFileKir, write_weights  # noqa: E402
 SIZES = {
     "gpt2-small": dict(V=50257, T=512, B=8, D=768, H=12, LAYERS=12),
     "tiny": dict(V=64, T=16, B=2, D=32, H=2, LAYERS=2),
+    # GPT-2 small's proportions (T = D, 4 heads of 32, V ~ 16 D) at 1/6 of its width: CI's check of
+    # the remat memory ratio (--max-remat-ratio) in seconds.
+    "small": dict(V=2048, T=128, B=8, D=128, H=4, LAYERS=6),
 }
 
 
@@ -171,6 +174,8 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--out", help="JSON results")
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    ap.add_argument("--max-remat-ratio", type=float,
+                    help="exit 1 when remat=selective's plan arena is above this fraction of none's")
     a = ap.parse_args()
     if a.steps <= a.warmup:
         sys.exit("train_step: --steps must exceed --warmup")
@@ -219,6 +224,9 @@ def main():
         res["remat_selective_memory_ratio"] = mem
         line = f"remat=selective: {mem:.2f}x the memory of none (goal <= 0.7)"
         ok &= mem <= 0.7
+        if a.max_remat_ratio is not None and mem > a.max_remat_ratio:
+            print(line)
+            sys.exit(f"FAIL: remat=selective's plan arena is {mem:.3f}x of none's, above --max-remat-ratio {a.max_remat_ratio}")
         if a.run:
             tr = k["selective"]["step_ms"] / k["none"]["step_ms"]
             res["remat_selective_time_ratio"] = tr
