@@ -612,6 +612,8 @@ Status Lowerer::reduce(const Node& n) {
   };
   const int out = activation_for(n.result());
   if (rows == 0) return ok_status();
+  // Every kernel below combines two accumulators with this.
+  const std::string comb_fn = "auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n";
   // Blocks that each reduce a chunk of R write f32/f64/i64 partials [splits, rows]; a second
   // kernel combines a row's partials and finishes (mean's division, the store's rounding).
   auto launch_split = [&](const std::string& body, int64_t blocks, int64_t splits) {
@@ -622,22 +624,21 @@ Status Lowerer::reduce(const Node& n) {
     launch(name, blocks, with_x({partial}));
     launch_elementwise(kernel_name(op + "_splits"), "const " + acc + "* __restrict__ partial, " + st + "* __restrict__ y",
                        rows,
-                       "    auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n"
+                       "    " + comb_fn +
                        "    " + acc + " acc = partial[i];\n"
                        "    for (int s = 1; s < " + std::to_string(splits) + "; ++s) acc = comb(acc, partial[s * " +
                            int_literal(rows) + " + i]);\n"
                        "    y[i] = " + store_expr(t, fin) + ";\n",
                        {partial, out});
   };
-  std::string body = "  auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb + "; };\n";
+  std::string body = "  " + comb_fn;
   // Short reductions (a GQA key/value gradient summed over the [B, kv, rep, T, hd] repeat dim:
   // millions of rows of 4) take a thread per output, which walks its few elements itself;
   // neighbouring threads read neighbouring elements when the kept dims end x. A block per row
   // would run one block-wide reduction per handful of loads.
   if (len < kShortReduction) {
     const std::string L = int_literal(len);
-    const std::string short_body = "    auto comb = [](" + acc + " a, " + acc + " b) -> " + acc + " { return " + comb +
-                                   "; };\n" + index_code("i", kd, {ks}, {"base"}) + "    " + acc + " acc = " + init +
+    const std::string short_body = "    " + comb_fn + index_code("i", kd, {ks}, {"base"}) + "    " + acc + " acc = " + init +
                                    ";\n    for (long long j = 0; j < " + L + "; ++j) {\n" +
                                    index_code("j", rd, {rs}, {"off"}) + "      acc = comb(acc, (" + acc + ")" +
                                    load("base + off") + ");\n    }\n    y[i] = " + store_expr(t, fin) + ";\n";
