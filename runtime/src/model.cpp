@@ -8,6 +8,7 @@
 #include <thread>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 
 namespace kiln::rt {
@@ -321,17 +322,21 @@ kiln_status* launch(kiln_model* m) {
   return enqueue_output_copies(m);
 }
 
-/// Puts back the initial values of the weight-section buffers the plan writes (a model's state,
-/// written by copy steps at the end of the plan), after runs that must not count, such as the
-/// warm-up before graph capture.
+/// Puts back the initial values of the weight-section buffers the plan writes (a model's state:
+/// its variables, which kernels may update in place, and whatever copy steps write there),
+/// after runs that must not count, such as the warm-up before graph capture.
 kiln_status* reset_state(kiln_model* m) {
   const auto* base = static_cast<const unsigned char*>(m->weights);
   const uint64_t size = m->weights_bytes;
-  for (const kiln_model::Step& s : m->steps) {
-    const auto* dst = static_cast<const unsigned char*>(s.dst);
-    if (s.kind != PlanStep::Kind::kCopy || !s.bytes || !dst || dst < base || dst >= base + size) continue;
+  std::set<std::pair<const void*, uint64_t>> written;  // (device address, bytes)
+  for (const kiln_model::Binding& v : m->variables) written.insert({v.device, v.info.bytes});
+  for (const kiln_model::Step& s : m->steps)
+    if (s.kind == PlanStep::Kind::kCopy) written.insert({s.dst, s.bytes});
+  for (const auto& [ptr, bytes] : written) {
+    const auto* dst = static_cast<const unsigned char*>(ptr);
+    if (!bytes || !dst || dst < base || dst >= base + size) continue;
     const uint64_t offset = m->weight_layout.section_offset(static_cast<uint64_t>(dst - base));
-    KILN_CUDA_TRY(cudaMemcpy(s.dst, m->artifact->weights.data() + offset, s.bytes, cudaMemcpyHostToDevice));
+    KILN_CUDA_TRY(cudaMemcpy(const_cast<void*>(ptr), m->artifact->weights.data() + offset, bytes, cudaMemcpyHostToDevice));
   }
   return nullptr;
 }

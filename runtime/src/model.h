@@ -74,7 +74,7 @@ struct kiln_model {
   uint64_t workspace_bytes = 0;
   std::vector<kiln::rt::DeviceBuffer> buffers;  ///< by plan buffer id
   std::vector<Binding> inputs, outputs;
-  std::vector<Binding> variables;  ///< the plan's variables: weight buffers its copy steps write
+  std::vector<Binding> variables;  ///< the plan's variables: weight buffers it writes (copy steps or in place)
   unsigned char* staging = nullptr;  ///< pinned host memory for every input and output
   uint64_t staging_bytes = 0;
   cudaStream_t stream = nullptr;
