@@ -8,7 +8,7 @@
 # NVIDIA libraries that CPU tests do not need; only the four it links at load time come along.
 # Measured on the 2-core development machine: ~1.5 GB downloaded, 2.5-3 minutes, 2.1 GB in .venv.
 # KILN_PYTHON_TORCH=0 skips torch (the torch tests then skip, saying so); KILN_PYTHON_TRANSFORMERS=0
-# skips transformers.
+# skips transformers, KILN_PYTHON_ONNX=0 onnx (the ONNX path of bench/peer/torch_compile_kiln.py).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${KILN_VENV:-$root/.venv}
@@ -62,6 +62,13 @@ if [ "${KILN_PYTHON_TORCH:-1}" != 0 ] && [ "${KILN_PYTHON_TRANSFORMERS:-1}" != 0
   echo "setup-python: installing transformers" >&2
   "${pip[@]}" "transformers==${KILN_TRANSFORMERS_VERSION:-5.25.0}" >&2 ||
     echo "setup-python: transformers could not be installed; its tests will skip" >&2
+fi
+# onnx: bench/peer/torch_compile_kiln.py exports the models to time Kiln's ONNX path beside
+# torch.compile (PyTorch's TorchScript exporter writes through it); ~17 MB, a few seconds.
+if [ "${KILN_PYTHON_TORCH:-1}" != 0 ] && [ "${KILN_PYTHON_ONNX:-1}" != 0 ] &&
+  ! "$py" -c "import onnx" 2> /dev/null && "$py" -c "import torch" 2> /dev/null; then
+  echo "setup-python: installing onnx" >&2
+  "${pip[@]}" "onnx==${KILN_ONNX_VERSION:-1.23.2}" >&2 || echo "setup-python: onnx could not be installed; the ONNX bench path will skip" >&2
 fi
 echo "setup-python: ready in $(( $(date +%s) - start )) s: $("$py" -c 'import sys, numpy, nanobind; t = "absent"
 try:

@@ -158,6 +158,19 @@ def export(model, inputs, dyn, path, exporter):
             prog.save(path, external_data=True)
 
 
+def export_with_fallback(model, inputs, path):
+    """export() with the TorchScript exporter (opset 17, what Kiln's model tests import), else
+    with the dynamo one when that fails (the TorchScript exporter may be gone from a newer
+    PyTorch). Returns (the exporter used, the TorchScript failure's first 300 characters or None)."""
+    try:
+        export(model, inputs, None, path, "legacy")
+        return "legacy", None
+    except Exception as e:
+        legacy_error = f"{type(e).__name__}: {str(e)[:300]}"
+    export(model, inputs, None, path, "dynamo")
+    return "dynamo", legacy_error
+
+
 def run_onnxruntime(path, inputs):
     import onnxruntime as ort
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])

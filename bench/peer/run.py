@@ -218,12 +218,10 @@ def worker(a):
             import export as kexport
             exp_model = exp_model.to(dev)
             dev_inputs = {k: v.to(dev) for k, v in inputs.items()}
-            try:
-                kexport.export(exp_model, dev_inputs, None, os.path.join(work, "model.onnx"), "legacy")
-            except Exception as e:  # the TorchScript exporter may be gone: try the dynamo one
-                log(f"{name}: legacy ONNX export failed ({type(e).__name__}: {str(e)[:200]}); trying dynamo")
-                result["export_fallback"] = f"{type(e).__name__}: {str(e)[:300]}"
-                kexport.export(exp_model, dev_inputs, None, os.path.join(work, "model.onnx"), "dynamo")
+            exporter, legacy_error = kexport.export_with_fallback(exp_model, dev_inputs, os.path.join(work, "model.onnx"))
+            if legacy_error:  # the TorchScript exporter failed: the dynamo one wrote the file
+                log(f"{name}: legacy ONNX export failed ({legacy_error[:200]}); exported with {exporter}")
+                result["export_fallback"] = legacy_error
             result["export_s"] = round(time.time() - t0, 1)
             log(f"{name}: exported ONNX in {result['export_s']} s")
             signal("export.done", {"ok": True})
