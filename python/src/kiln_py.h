@@ -79,8 +79,8 @@ struct TorchTensorView {
 };
 /// Fills `out` for a torch.Tensor (or Parameter) of a Kiln dtype, C-contiguous, on the CPU or a
 /// CUDA device, of rank <= 8; false for anything else (the caller's general path then converts,
-/// copies or explains).
-bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out);
+/// copies or explains). `expect_cuda`: CUDA tensors are the likely ones (asked about first).
+bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out, bool expect_cuda = false);
 /// A host torch tensor viewing `t`'s bytes and keeping them alive (zero-copy); throws for i4.
 nb::object torch_from_tensor(const TorchApi& api, Tensor t);
 /// A host torch tensor owning `bytes`, of dtype `t` and shape dims[0..rank).

@@ -31,9 +31,10 @@ struct PyModel {
   std::shared_ptr<kiln_model> m;
   int device = 0;
   std::vector<kiln_tensor_info> inputs, outputs;
-  // For torch CUDA outputs, made on first use: each output's size and strides, and the device.
+  // For torch CUDA outputs, made on first use: each output's size and strides, the torch.device
+  // and its index as an int (the argument of the current-stream lookup).
   std::vector<TorchLayout> torch_layouts;
-  nb::object torch_device;
+  nb::object torch_device, device_index;
 };
 
 PyRuntime make_runtime(int device, bool cuda_graphs, uint64_t memory_limit) {
@@ -51,7 +52,7 @@ PyRuntime make_runtime(int device, bool cuda_graphs, uint64_t memory_limit) {
 }
 
 PyModel finish_load(const PyRuntime& r, kiln_model* m) {
-  PyModel pm{r.rt, std::shared_ptr<kiln_model>(m, kiln_model_release), r.device, {}, {}, {}, {}};
+  PyModel pm{r.rt, std::shared_ptr<kiln_model>(m, kiln_model_release), r.device, {}, {}, {}, {}, {}};
   for (size_t i = 0; i < kiln_model_num_inputs(m); ++i) {
     kiln_tensor_info info;
     check_rt(kiln_model_input_info(m, i, &info));
@@ -136,6 +137,14 @@ void run_model_device(PyModel& pm, const std::vector<uintptr_t>& inputs, const s
                                  reinterpret_cast<void*>(stream)));
 }
 
+/// A list holding `items` (moved in).
+nb::object list_of(std::vector<nb::object>& items) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(items.size()));
+  if (!list) throw nb::python_error();
+  for (size_t i = 0; i < items.size(); ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), items[i].release().ptr());
+  return nb::steal(list);
+}
+
 /// Model.run's fast path for torch tensors, all in host memory or all on the runtime's GPU,
 /// each dense and of the model's dtype and shape: their pointers go straight to kiln_model_run
 /// (outputs: new host tensors over buffers Kiln fills) or kiln_model_run_device on PyTorch's
@@ -150,7 +159,8 @@ nb::object run_model_torch(PyModel& pm, nb::handle xs) {
   std::vector<void*> ptrs(n);
   for (size_t i = 0; i < n; ++i) {
     TorchTensorView v;
-    if (!read_torch_tensor(*api, PyList_GET_ITEM(xs.ptr(), static_cast<Py_ssize_t>(i)), v)) return nb::none();
+    if (!read_torch_tensor(*api, PyList_GET_ITEM(xs.ptr(), static_cast<Py_ssize_t>(i)), v, /*expect_cuda=*/true))
+      return nb::none();
     const kiln_tensor_info& info = pm.inputs[i];
     if (static_cast<int>(v.dtype) != static_cast<int>(info.dtype) || v.rank != info.rank ||
         !std::equal(v.dims, v.dims + v.rank, info.dims))
@@ -168,6 +178,7 @@ nb::object run_model_torch(PyModel& pm, nb::handle xs) {
     if (pm.torch_layouts.empty()) {
       for (const kiln_tensor_info& o : pm.outputs) pm.torch_layouts.push_back(torch_layout(o.dims, o.rank));
       pm.torch_device = nb::module_::import_("torch").attr("device")("cuda", pm.device);
+      pm.device_index = nb::int_(pm.device);
     }
     std::vector<kiln_device_tensor> ins(n), outs(result.size());
     for (size_t i = 0; i < n; ++i) ins[i] = {ptrs[i], pm.inputs[i].bytes};
@@ -175,8 +186,7 @@ nb::object run_model_torch(PyModel& pm, nb::handle xs) {
       result[i] = torch_empty(*api, pm.torch_layouts[i], static_cast<DType>(pm.outputs[i].dtype), pm.torch_device);
       outs[i] = {torch_data_ptr(*api, result[i]), pm.outputs[i].bytes};
     }
-    nb::object index = nb::int_(pm.device);
-    PyObject* stream = PyObject_CallOneArg(api->raw_stream, index.ptr());
+    PyObject* stream = PyObject_CallOneArg(api->raw_stream, pm.device_index.ptr());
     if (!stream) throw nb::python_error();
     void* raw = PyLong_AsVoidPtr(stream);
     Py_DECREF(stream);
@@ -200,9 +210,7 @@ nb::object run_model_torch(PyModel& pm, nb::handle xs) {
       result[i] = torch_from_buffer(*api, std::move(bufs[i]), static_cast<DType>(o.dtype), o.dims, o.rank);
     }
   }
-  nb::list out;
-  for (nb::object& o : result) out.append(o);
-  return out;
+  return list_of(result);
 }
 
 }  // namespace

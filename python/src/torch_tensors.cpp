@@ -58,6 +58,13 @@ PyObject* get_attr(PyObject* o, PyObject* name) {
   return r;
 }
 
+/// Whether `o.name` is True (false when it raises).
+bool attr_is_true(PyObject* o, PyObject* name) {
+  PyObject* r = get_attr(o, name);
+  Py_XDECREF(r);  // only compared with True, which outlives it
+  return r == Py_True;
+}
+
 /// An unversioned DLPack tensor (what every torch version imports) owning its shape and the
 /// bytes it views (a Kiln tensor's storage or a buffer of ours).
 struct ManagedTensor {
@@ -108,7 +115,7 @@ const TorchApi* torch_api() {
   return &api;
 }
 
-bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out) {
+bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out, bool expect_cuda) {
   PyTypeObject* type = Py_TYPE(o);
   if (type != api.tensor && type != api.parameter) return false;  // subclasses may override anything
   nb::object dtype = nb::steal(get_attr(o, api.s_dtype));
@@ -131,12 +138,10 @@ bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out) {
     }
   }
 
-  nb::object is_cpu = nb::steal(get_attr(o, api.s_is_cpu));
-  if (is_cpu.ptr() == Py_True) {
-    out.device = -1;
-  } else {
-    nb::object is_cuda = nb::steal(get_attr(o, api.s_is_cuda));
-    if (is_cuda.ptr() != Py_True) return false;  // meta, lazy, other accelerators
+  // The device the caller expects is asked first: one attribute less per input on its device.
+  const bool on_cuda = expect_cuda ? attr_is_true(o, api.s_is_cuda) : !attr_is_true(o, api.s_is_cpu);
+  if (on_cuda) {
+    if (!expect_cuda && !attr_is_true(o, api.s_is_cuda)) return false;  // meta, lazy, other accelerators
     nb::object index = nb::steal(call_method(o, api.s_get_device));
     if (!index.is_valid()) return false;
     out.device = static_cast<int>(PyLong_AsLong(index.ptr()));
@@ -144,6 +149,9 @@ bool read_torch_tensor(const TorchApi& api, PyObject* o, TorchTensorView& out) {
       PyErr_Clear();
       return false;
     }
+  } else {
+    if (expect_cuda && !attr_is_true(o, api.s_is_cpu)) return false;
+    out.device = -1;
   }
 
   nb::object contiguous = nb::steal(call_method(o, api.s_is_contiguous));
