@@ -604,6 +604,54 @@ class TorchCompile(unittest.TestCase):
         with self.assertRaisesRegex(Exception, "unknown option 'backnd'"):
             torch.compile(mlp, backend="kiln", options={"backnd": "cpu"})(x)
 
+    def test_aot_wrapper_left_out_only_where_it_passes_through(self):
+        # Dynamo calls Kiln's forward directly when AOTAutograd's runtime wrapper would only pass
+        # arguments through; a graph that mutates an input or returns an alias keeps the wrapper,
+        # which copies the mutation back and rebuilds the alias.
+        class Mutates(nn.Module):
+            def forward(self, x):
+                x.mul_(2)
+                return torch.relu(x) + 1
+
+        class Aliases(nn.Module):
+            def forward(self, x):
+                return x, x.view(-1), torch.relu(x) * 3
+
+        mlp, x = MLP().eval(), torch.randn(2, 3, 32)
+        with torch.no_grad():
+            compiled = torch.compile(mlp, backend="kiln")
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), mlp(x), rtol=1e-4, atol=1e-4)
+            self.assertTrue(kiln.torch.kiln_backend.last_called_directly)
+
+            torch._dynamo.reset()
+            x = torch.randn(4, 8)
+            x_eager = x.clone()
+            want = Mutates()(x_eager)
+            got = torch.compile(Mutates(), backend="kiln")(x)
+            self.assertFalse(kiln.torch.kiln_backend.last_called_directly)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(x, x_eager)  # the input's mutation happened
+
+            torch._dynamo.reset()
+            got = torch.compile(Aliases(), backend="kiln")(x)
+            self.assertFalse(kiln.torch.kiln_backend.last_called_directly)
+            for g, w in zip(got, Aliases()(x)):
+                torch.testing.assert_close(g, w)
+            self.assertEqual(got[1].data_ptr(), x.data_ptr())  # a view of the input, as in eager
+
+            torch._dynamo.reset()
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # the wrapper switches autocast off
+                torch.testing.assert_close(torch.compile(mlp, backend="kiln")(x.view(1, 4, 8).repeat(1, 1, 4)),
+                                           mlp(x.view(1, 4, 8).repeat(1, 1, 4)), rtol=2e-2, atol=2e-2)
+            self.assertFalse(kiln.torch.kiln_backend.last_called_directly)
+
+        torch._dynamo.reset()
+        with torch.enable_grad():  # gradients on: the wrapper stays (it sets what outputs require)
+            torch.testing.assert_close(torch.compile(mlp.requires_grad_(False), backend="kiln")(x.view(1, 4, 8).repeat(1, 1, 4)),
+                                       mlp(x.view(1, 4, 8).repeat(1, 1, 4)), rtol=1e-4, atol=1e-4)
+        self.assertFalse(kiln.torch.kiln_backend.last_called_directly)
+
     def test_graphs_needing_gradients_stay_in_pytorch(self):
         mlp = MLP()
         x = torch.randn(2, 3, 32)
