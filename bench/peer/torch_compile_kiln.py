@@ -390,6 +390,13 @@ def host_overhead(a, torch):
     out["compile_module_call_host_us"] = 1e3 * timed(torch, lambda: fast(xt), 2000, 200, False)
     (part,) = fast.kiln_parts()
     out["kiln_part_call_us"] = 1e3 * timed(torch, lambda: part(xt), 2000, 200, False)
+    # torch.compile(backend="kiln")'s own per-call cost (dynamo's guards, AOTAutograd's wrapper),
+    # host time: what the Kiln column pays per call beyond Model.run.
+    torch._dynamo.reset()
+    compiled = torch.compile(relu, backend="kiln", options=_kiln_options(a))
+    with torch.no_grad():
+        compiled(xt)
+        out["torch_compile_call_host_us"] = 1e3 * timed(torch, lambda: compiled(xt), 2000, 200, False)
     if a.device == "cuda":
         torch.cuda.synchronize()
     out = {k: round(v, 2) for k, v in out.items()}
@@ -427,6 +434,11 @@ def _c_api_model(lib, data):
     lib.kiln_model_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
     _c_api_model.keep = (rt, model)
     return model
+
+
+def _kiln_options(a):
+    """torch.compile's options for Kiln on the run's device."""
+    return {"targets": [a.target]} if a.device == "cuda" else {"backend": "cpu"}
 
 
 # The modes' columns: JSON key -> heading.
@@ -513,7 +525,7 @@ def main():
     import kiln
     import kiln.torch  # registers backend="kiln" when not installed as a package
 
-    kiln_options = {"targets": [a.target]} if a.device == "cuda" else {"backend": "cpu"}
+    kiln_options = _kiln_options(a)
     result = {"device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
               "torch": torch.__version__, "kiln": kiln.__version__, "smoke": a.smoke,
               "kiln_options": kiln_options, "noise": a.noise, "models": [], "host_overhead": None, "missed": []}
