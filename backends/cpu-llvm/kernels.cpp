@@ -417,30 +417,45 @@ std::vector<float> decode_f8(ThreadPool& tp, const Tensor& q) {
 
 }  // namespace
 
-bool run_scaled_matmul(ThreadPool& tp, std::span<const Tensor> in, Tensor& y) {
-  const Tensor &a = in[0], &b = in[1];
-  const Tensor* bias = in.size() > 4 ? &in[4] : nullptr;
-  if (!is_f8(a.dtype()) || !is_f8(b.dtype()) || !is_f32(y) || !is_f32(in[2]) || !is_f32(in[3]) ||
-      (bias && !is_f32(*bias)) || !have_blas())
-    return false;
+namespace {
+
+/// y [rows, n] f32 = (a * sa) @ (b * sb)^T + bias: f8 products are exact in f32, and the sum
+/// accumulates in f32 as on an FP8 tensor core; the scales apply once to the sum, as the
+/// reference's and cuBLASLt's alpha.
+void scaled_matmul_f32(ThreadPool& tp, const Tensor& a, const Tensor& b, float scale, const float* bp, float* yp,
+                       int64_t rows) {
   const int64_t n = b.shape()[0], k = b.shape()[1];
-  const int64_t rows = n == 0 ? 0 : y.numel() / n;
-  float* yp = out_as<float>(y);
-  if (rows == 0 || n == 0) return true;
-  // f8 products are exact in f32, and the sum accumulates in f32 as on an FP8 tensor core;
-  // the scales apply once to the sum, as the reference's and cuBLASLt's alpha.
-  const float scale = in[2].data_as<float>()[0] * in[3].data_as<float>()[0];
+  if (rows == 0 || n == 0) return;
   if (k == 0) {
     std::fill(yp, yp + rows * n, 0.0f);
   } else {
     const std::vector<float> af = decode_f8(tp, a), bf = decode_f8(tp, b);
     gemm(tp, true, rows, n, k, af.data(), k, bf.data(), k, 0.0f, yp, n);
   }
-  const float* bp = bias ? bias->data_as<float>() : nullptr;
   tp.parallel_for(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t o = 0; o < n; ++o) yp[r * n + o] = yp[r * n + o] * scale + (bp ? bp[o] : 0.0f);
   });
+}
+
+}  // namespace
+
+bool run_scaled_matmul(ThreadPool& tp, std::span<const Tensor> in, Tensor& y) {
+  const Tensor &a = in[0], &b = in[1];
+  const Tensor* bias = in.size() > 4 ? &in[4] : nullptr;
+  if (!is_f8(a.dtype()) || !is_f8(b.dtype()) || !is_f32(in[2]) || !is_f32(in[3]) || !have_blas()) return false;
+  const float scale = in[2].data_as<float>()[0] * in[3].data_as<float>()[0];
+  const int64_t n = b.shape()[0], rows = n == 0 ? 0 : y.numel() / n;
+  if (is_f32(y) && (!bias || is_f32(*bias))) {
+    scaled_matmul_f32(tp, a, b, scale, bias ? bias->data_as<float>() : nullptr, out_as<float>(y), rows);
+    return true;
+  }
+  // A bf16 result (autocast's FP8 GEMMs): the f32 result rounded once, as cuBLASLt's epilogue.
+  if (!is_bf16(y) || (bias && !is_bf16(*bias))) return false;
+  Tensor f(DType::kF32, y.shape());
+  const Tensor fb = bias ? bf16_to_f32(tp, *bias) : Tensor();
+  scaled_matmul_f32(tp, a, b, scale, bias ? fb.data_as<float>() : nullptr, f.mutable_data_as<float>(), rows);
+  f32_to_bf16(tp, f, y);
   return true;
 }
 

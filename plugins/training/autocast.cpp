@@ -3,7 +3,8 @@
 // cast to bf16 (or f16) and give their result back as float32; every other op (softmax, norms,
 // losses, reductions, pointwise math) keeps computing in float32. Run it before autodiff: the
 // gradients of those ops then run in low precision too, while the weights, their gradients and
-// the optimizer state stay float32 (master weights).
+// the optimizer state stay float32 (master weights). fp8-training's FP8 GEMMs (scaled_matmul) keep
+// their f8 operands and write their result in the low precision.
 #include <set>
 
 #include "autodiff.h"
@@ -23,9 +24,19 @@ class Autocast final : public Pass {
         if (!ops_.count(n->op_name()) || n->num_results() != 1 || n->result()->dtype() != DType::kF32) continue;
         b.set_insertion_point(n);
         b.set_loc(n->loc());
+        // An FP8 GEMM (fp8-training's scaled_matmul) keeps its f8 operands and f32 scales and
+        // gives its result (and takes its bias) in the low dtype, as Transformer Engine's FP8
+        // GEMMs write the activation dtype: half the bytes of an f32 result to write and read.
+        const bool fp8_gemm = n->op_name() == "scaled_matmul";
+        AttrMap attrs = n->attrs();
+        if (fp8_gemm) attrs["dtype"] = Attribute(low_);
         std::vector<Value*> operands;
-        for (Value* v : n->operands()) operands.push_back(v->dtype() == DType::kF32 ? b.cast(v, low_) : v);
-        Value* low = b.op(n->op_name(), operands, n->attrs());
+        for (int i = 0; i < n->num_operands(); ++i) {
+          Value* v = n->operand(i);
+          const bool cast = v->dtype() == DType::kF32 && (!fp8_gemm || i == 4);
+          operands.push_back(cast ? b.cast(v, low_) : v);
+        }
+        Value* low = b.op(n->op_name(), operands, attrs);
         Value* back = b.cast(low, DType::kF32);
         back->set_name(n->result()->name());
         n->result()->set_name("");
@@ -53,8 +64,10 @@ PassInfo autocast_pass_info() {
   info.summary = "mixed precision: contractions compute in bf16/f16 from f32 operands, everything else stays f32";
   info.options = {
       {"dtype", OptionType::kString, std::string("bf16"), "the low precision: bf16 or f16"},
-      {"ops", OptionType::kStringList, std::vector<std::string>{"matmul", "linear", "conv", "attention"},
-       "ops computed in low precision (PyTorch's autocast list for these ops)"},
+      {"ops", OptionType::kStringList,
+       std::vector<std::string>{"matmul", "linear", "conv", "attention", "scaled_matmul"},
+       "ops computed in low precision (PyTorch's autocast list for these ops; scaled_matmul, fp8-training's FP8 "
+       "GEMM, only gives its result in it)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     const std::string d = o.get_string("dtype");

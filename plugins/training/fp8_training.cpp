@@ -131,7 +131,12 @@ std::vector<Value*> scaled_matmul_rule(GradContext& c) {
   const int64_t m = k == 0 ? 0 : num_elements(a->shape()) / k;
   // The gradient as f8 (with its scale) when quantize_grad's rule made it, so that both backward
   // GEMMs are FP8 GEMMs; otherwise they run on dequantized operands in the gradient's dtype.
+  // (After autocast the GEMM's result is bf16 or f16, and its gradient that dequantized f32
+  // gradient cast down.)
   const Node* dq = g->producer();
+  if (dq != nullptr && dq->op_name() == "cast" && dq->operand(0)->producer() != nullptr &&
+      dq->operand(0)->producer()->op_name() == "dequantize")
+    dq = dq->operand(0)->producer();
   const bool fp8 = dq != nullptr && dq->op_name() == "dequantize" && dq->operand(0)->producer() != nullptr &&
                    dq->operand(0)->producer()->op_name() == "quantize";
   Value* unquantized = fp8 ? dq->operand(0)->producer()->operand(0) : g;
@@ -140,13 +145,15 @@ std::vector<Value*> scaled_matmul_rule(GradContext& c) {
   // Both backward GEMMs sum over long dims (dw over every token of the batch), so their running
   // sums are promoted to f32 rather than left in the tensor cores' fast FP8 accumulator, as
   // Transformer Engine does for dgrad and wgrad (its forward GEMM keeps the fast mode).
-  auto f32_matmul = [&](Value* lhs, Value* rhs_nk, Value* ls, Value* rs) {
+  auto f32_matmul = [&](Value* lhs, Value* rhs_nk, Value* ls, Value* rs, DType result = DType::kF32) {
     return b.op("scaled_matmul", {lhs, rhs_nk, ls, rs},
-                {{"dtype", Attribute(DType::kF32)}, {"fast_accumulation", Attribute(int64_t{0})}});
+                {{"dtype", Attribute(result)}, {"fast_accumulation", Attribute(int64_t{0})}});
   };
   std::vector<Value*> out(static_cast<size_t>(c.node.num_operands()), nullptr);
   if (c.wants(0)) {  // da [.., K] = dy [.., N] @ w [N, K]
-    out[0] = fp8 ? f32_matmul(dq->operand(0), b.transpose(w, {1, 0}), dq->operand(1), sw)
+    // A forward GEMM in bf16 or f16 (autocast) has its input gradient written in that dtype too
+    // (bf16 autocast's dgrad GEMMs are bf16) and read back as f32: half the bytes of an f32 one.
+    out[0] = fp8 ? b.cast(f32_matmul(dq->operand(0), b.transpose(w, {1, 0}), dq->operand(1), sw, t), DType::kF32)
                  : b.cast(b.matmul(g, deq(w, sw)), DType::kF32);
   }
   if (c.wants(1)) {  // dw [N, K] = dy2ᵀ [N, M] @ a2 [M, K], every leading dim a row
@@ -160,7 +167,7 @@ std::vector<Value*> scaled_matmul_rule(GradContext& c) {
     }
   }
   // The bias gradient from the gradient before quantization, as Transformer Engine's.
-  if (c.node.num_operands() == 5 && c.wants(4)) out[4] = b.sum_to(unquantized, c.x(4)->shape());
+  if (c.node.num_operands() == 5 && c.wants(4)) out[4] = b.cast(b.sum_to(unquantized, c.x(4)->shape()), c.x(4)->dtype());
   return out;
 }
 

@@ -248,7 +248,7 @@ TEST_CASE("cpu: contractions split across the pool match the reference") {
 TEST_CASE("cpu: FP8 quantize is bit for bit the reference's, scaled_matmul and bf16 contractions close to it") {
   // quantize: an f32 quotient rounded to nearest even, saturating (x / 0.004 reaches past 448);
   // scaled_matmul sums exact f8 products in f32 (the reference in f64), then scales and adds bias.
-  const std::string kir = R"(graph @g(%x: f32[40, 48], %w: f32[24, 48], %b: f32[24], %g: f32[40, 24]) -> (f8e4m3fn[40, 48], f8e5m2[40, 24], f32[40, 24], f32[24, 48]) {
+  const std::string kir = R"(graph @g(%x: f32[40, 48], %w: f32[24, 48], %b: f32[24], %g: f32[40, 24]) -> (f8e4m3fn[40, 48], f8e5m2[40, 24], f32[40, 24], f32[24, 48], bf16[40, 24]) {
   %sx = constant() {value = dense<f32[]>[0.004]} : f32[]
   %sw = constant() {value = dense<f32[]>[0.0123]} : f32[]
   %sg = constant() {value = dense<f32[]>[3e-5]} : f32[]
@@ -259,7 +259,9 @@ TEST_CASE("cpu: FP8 quantize is bit for bit the reference's, scaled_matmul and b
   %gt = transpose(%gq) {perm = [1, 0]} : f8e5m2[24, 40]
   %xt = transpose(%xq) {perm = [1, 0]} : f8e4m3fn[48, 40]
   %dw = scaled_matmul(%gt, %xt, %sg, %sx) {fast_accumulation = 0} : f32[24, 48]
-  return %xq, %gq, %y, %dw
+  %bb = cast(%b) {to = bf16} : bf16[24]
+  %yb = scaled_matmul(%xq, %wq, %sx, %sw, %bb) {dtype = bf16} : bf16[40, 24]
+  return %xq, %gq, %y, %dw, %yb
 })";
   auto g = parse_graph(kir);
   REQUIRE_MESSAGE(g.ok(), g.status().message());
@@ -274,6 +276,7 @@ TEST_CASE("cpu: FP8 quantize is bit for bit the reference's, scaled_matmul and b
   }
   check_close((*got)[2], want[2], "scaled_matmul with bias", true);
   check_close((*got)[3], want[3], "scaled_matmul e5m2 x e4m3", true);
+  check_close((*got)[4], want[4], "scaled_matmul to bf16 (autocast's FP8 GEMM)", true);
   // autocast's bf16 contractions: f32 sums, one rounding to bf16.
   check_graph(R"(graph @g(%a: bf16[3, 17, 33], %b: bf16[33, 20], %x: bf16[5, 40], %w: bf16[24, 40], %c: bf16[24]) -> (bf16[3, 17, 20], bf16[5, 24]) {
   %m = matmul(%a, %b) : bf16[3, 17, 20]

@@ -62,17 +62,26 @@ Tensor random(std::vector<int64_t> shape, double sd, std::mt19937& rng) {
   return t;
 }
 
-/// The linear graph with weight w and bias b, through fp8-training (if `fp8`) and autodiff.
-std::unique_ptr<Graph> joint(const Tensor& w, const Tensor& b, bool fp8, std::map<std::string, OptionValue> opts = {}) {
+void run_pass(Graph& g, StatusOr<std::unique_ptr<Pass>> pass) {
+  REQUIRE_MESSAGE(pass.ok(), pass.status().message());
+  auto changed = (*pass)->run(g);
+  REQUIRE_MESSAGE(changed.ok(), changed.status().message());
+  CHECK(*changed);
+}
+
+/// The linear graph with weight w and bias b, through fp8-training (if `fp8`), autocast to bf16
+/// (if `autocast`) and autodiff.
+std::unique_ptr<Graph> joint(const Tensor& w, const Tensor& b, bool fp8, std::map<std::string, OptionValue> opts = {},
+                             bool autocast = false) {
   auto g = parse(kLinear);
   for (const auto& n : g->nodes())
     if (n->op_name() == "constant") n->set_attr("value", Attribute(n->result()->name() == "w" ? w : b));
-  if (fp8) {
-    auto pass = make_fp8(std::move(opts));
-    REQUIRE_MESSAGE(pass.ok(), pass.status().message());
-    auto changed = (*pass)->run(*g);
-    REQUIRE_MESSAGE(changed.ok(), changed.status().message());
-    CHECK(*changed);
+  if (fp8) run_pass(*g, make_fp8(std::move(opts)));
+  if (autocast) {
+    const PassInfo info = autocast_pass_info();
+    auto o = resolve_options(info.options, {}, "pass 'autocast'");
+    REQUIRE(o.ok());
+    run_pass(*g, info.create(*o));
   }
   AutodiffConfig c;
   c.params = {"x", "w", "b"};
@@ -167,6 +176,43 @@ TEST_CASE("fp8-training: the first and a warm step's output and gradients agains
         doctest::Approx(fp8.variable_value("w.amax_history")->get_f64(0) / 448).epsilon(1e-6));
   CHECK(fp8.variable_value("y.grad.fp8_scale")->get_f64(0) ==
         doctest::Approx(fp8.variable_value("y.grad.amax_history")->get_f64(0) / 57344).epsilon(1e-6));
+}
+
+TEST_CASE("fp8-training then autocast: the FP8 GEMMs write bf16 (dw f32), both backward ones stay FP8, close to f64") {
+  std::mt19937 rng(3);
+  const Tensor w = random({kN, kK}, 0.05, rng), b = random({kN}, 0.1, rng);
+  auto g = joint(w, b, true, {}, true);
+  // The forward GEMM and dx write bf16 (half an f32 result's bytes, as bf16 autocast's GEMMs);
+  // dw, the master weight's gradient, stays f32. No operand was cast: f8 in, f32 scales.
+  CHECK(count_ops(*g, "scaled_matmul") == 3);
+  CHECK(count_ops(*g, "scaled_matmul", DType::kBF16) == 2);
+  CHECK(count_ops(*g, "quantize", DType::kF8E5M2) == 1);
+  CHECK(count_ops(*g, "matmul") == 0);
+  for (const auto& n : g->nodes())
+    if (n->op_name() == "scaled_matmul") {
+      CHECK((n->operand(0)->dtype() == DType::kF8E4M3FN || n->operand(0)->dtype() == DType::kF8E5M2));
+      CHECK(n->operand(2)->dtype() == DType::kF32);
+      CHECK(n->operand(3)->dtype() == DType::kF32);
+      if (n->num_operands() == 5) CHECK(n->operand(4)->dtype() == DType::kBF16);  // the bias
+    }
+  CHECK(g->output(1)->dtype() == DType::kF32);  // x.grad
+  CHECK(g->output(2)->dtype() == DType::kF32);  // w.grad
+  const Tensor x = random({4, 8, kK}, 1.0, rng), r = random({4, 8, kN}, 1e-6, rng);
+  const std::vector<Tensor> in = {x, r};
+  auto exact = joint(w, b, false);
+  Interpreter ref, fp8;
+  auto want = ref.run(*exact, in);
+  REQUIRE(want.ok());
+  for (int step = 0; step < 2; ++step) {  // the just-in-time first step and a warm one
+    auto got = fp8.run(*g, in);
+    REQUIRE_MESSAGE(got.ok(), got.status().message());
+    const double floors[] = {30, 20, 20};
+    for (size_t i = 0; i < 3; ++i) {
+      CAPTURE(step);
+      CAPTURE(i);
+      CHECK(sqnr((*want)[i], (*got)[i]) >= floors[i]);
+    }
+  }
 }
 
 TEST_CASE("scaled_matmul's rule without quantize_grad: straight-through gradients of the dequantized operands") {
