@@ -100,11 +100,13 @@ std::string host_cpu_description();
 // the caller falls back to the reference kernel.
 bool run_matmul(ThreadPool& tp, const Tensor& a, const Tensor& b, Tensor& y);
 bool run_linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
-/// scaled_matmul (f8 a [.., k] and b [n, k], f32 scales and result): the f8 values decoded to
-/// f32, one sgemm accumulating in f32, then the scales and bias.
+/// scaled_matmul (f8 a [.., k] and b [n, k], f32 scales, f32 or bf16 result): the f8 values
+/// decoded to f32, one sgemm accumulating in f32, then the scales and bias (and one rounding).
 bool run_scaled_matmul(ThreadPool& tp, std::span<const Tensor> in, Tensor& y);
 /// quantize of f32 to f8, rounded exactly as the reference kernel rounds.
 bool run_quantize(ThreadPool& tp, const Tensor& x, const Tensor& scale, Tensor& q);
+/// requantize (x, q, q_scale, scale): q copied when the scales are equal, else run_quantize.
+bool run_requantize(ThreadPool& tp, std::span<const Tensor> in, Tensor& q);
 /// Memory a step's kernel keeps across runs: transformed constant weights, and the weights'
 /// address they came from.
 struct StepCache {

@@ -60,7 +60,8 @@ bool has_native(const std::string& op) {
                                      "softmax", "log_softmax", "layer_norm", "rms_norm",
                                      "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
                                      "reduce_prod", "transpose", "slice", "expand", "concat",
-                                     "split", "gather", "attention", "scaled_matmul", "quantize"};
+                                     "split", "gather", "attention", "scaled_matmul", "quantize",
+                                     "requantize"};
   for (const char* o : kOps)
     if (op == o) return true;
   return false;
@@ -348,6 +349,7 @@ Status CpuExecutable::run_native(const Step& s, std::vector<Tensor>& in, std::ve
   else if (o == "attention") done = run_attention(pool_, n, in, out[0]);
   else if (o == "scaled_matmul") done = run_scaled_matmul(pool_, in, out[0]);
   else if (o == "quantize") done = run_quantize(pool_, in[0], in[1], out[0]);
+  else if (o == "requantize") done = run_requantize(pool_, in, out[0]);
   else if (o == "gather") {
     KILN_ASSIGN_OR_RETURN(done, run_gather(pool_, n, in[0], in[1], out[0]));
   }

@@ -475,6 +475,17 @@ bool run_quantize(ThreadPool& tp, const Tensor& x, const Tensor& s, Tensor& q) {
   return true;
 }
 
+bool run_requantize(ThreadPool& tp, std::span<const Tensor> in, Tensor& q) {
+  const Tensor &x = in[0], &qd = in[1], &qd_scale = in[2], &scale = in[3];
+  if (!is_f32(qd_scale) || !is_f32(scale) || qd.dtype() != q.dtype()) return false;
+  // q already holds x quantized with this scale (every step after a just-in-time first one).
+  if (std::memcmp(qd_scale.data(), scale.data(), sizeof(float)) == 0) {
+    std::memcpy(out_as<uint8_t>(q), qd.data(), q.nbytes());
+    return true;
+  }
+  return run_quantize(tp, x, scale, q);
+}
+
 namespace {
 
 /// Window attributes of a 2-D conv or pool, with defaults.

@@ -702,6 +702,7 @@ class Partitioner {
     }
     // FP8 casts by a per-tensor scale: elementwise in x.
     if ((op == "quantize" || op == "dequantize") && num_elements(n.operand(1)->shape()) == 1) return pointwise(n);
+    if (op == "requantize") return pointwise(n);  // x and its quantized q alike; the scales one element
     if (op == "softmax" || op == "log_softmax") return reduction(n, {norm_axis(n.get_int("axis"))}, true, std::nullopt, false);
     if (op == "argmax" || op == "argmin")
       return reduction(n, {norm_axis(n.get_int("axis"))}, n.get_int("keepdims", 1) != 0, std::nullopt, false);

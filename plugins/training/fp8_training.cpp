@@ -60,6 +60,15 @@ Value* delayed_scale_update(Builder& b, Value* x, Value* scale, const std::strin
   return *next;
 }
 
+Value* delayed_quantize(Builder& b, Value* x, Value* delayed, Value* now, DType format, const std::string& name) {
+  if (now == delayed) return b.op("quantize", {x, delayed}, {{"dtype", Attribute(format)}}, name);
+  // The quantize with the delayed scale waits for no amax, so it can be stored by the kernel
+  // that computes x; requantize redoes it with the just-in-time scale only where the two differ
+  // (the first step), and is free on every later step.
+  Value* q = b.op("quantize", {x, delayed}, {{"dtype", Attribute(format)}}, name + ".delayed");
+  return b.op("requantize", {x, q, delayed, now}, {}, name);
+}
+
 // --- the quantize_grad op ----------------------------------------------------------------
 
 Status register_fp8_training_ops() {
@@ -114,12 +123,17 @@ std::vector<Value*> quantize_grad_rule(GradContext& c) {
   recipe.current_until_history = n.get_int("current_until_history", 0) != 0;
   // This step's gradient is quantized with the scale from earlier steps' amaxes (delayed).
   Value* scale = delayed_scale_update(b, g, c.x(1), n.get_string("state") + ".amax_history", recipe, fmt);
-  Value* q = b.op("quantize", {g, scale}, {{"dtype", Attribute(fmt)}}, n.get_string("state") + ".fp8");
+  Value* q = delayed_quantize(b, g, c.x(1), scale, fmt, n.get_string("state") + ".fp8");
   Value* dq = b.op("dequantize", {q, scale}, {{"dtype", Attribute(g->dtype())}});
   return {dq, nullptr};
 }
 
 std::vector<Value*> quantize_rule(GradContext& c) { return {c.b.cast(c.g(), c.x(0)->dtype()), nullptr}; }
+
+// Straight through to x alone: q is x quantized already, not a second path to it.
+std::vector<Value*> requantize_rule(GradContext& c) {
+  return {c.b.cast(c.g(), c.x(0)->dtype()), nullptr, nullptr, nullptr};
+}
 
 std::vector<Value*> dequantize_rule(GradContext& c) { return {c.b.cast(c.g(), DType::kF32), nullptr}; }
 
@@ -138,7 +152,8 @@ std::vector<Value*> scaled_matmul_rule(GradContext& c) {
       dq->operand(0)->producer()->op_name() == "dequantize")
     dq = dq->operand(0)->producer();
   const bool fp8 = dq != nullptr && dq->op_name() == "dequantize" && dq->operand(0)->producer() != nullptr &&
-                   dq->operand(0)->producer()->op_name() == "quantize";
+                   (dq->operand(0)->producer()->op_name() == "quantize" ||
+                    dq->operand(0)->producer()->op_name() == "requantize");
   Value* unquantized = fp8 ? dq->operand(0)->producer()->operand(0) : g;
   const DType t = g->dtype();
   auto deq = [&](Value* q, Value* s) { return b.op("dequantize", {q, s}, {{"dtype", Attribute(t)}}); };
@@ -239,9 +254,10 @@ class Fp8Training final : public Pass {
     auto it = quantized_.find(key);
     if (it != quantized_.end()) return it->second;
     const std::string state = fresh(x->name().empty() ? fallback_name : x->name());
-    Value* scale = delayed_scale_update(b, x, scale_variable(b, state), state + ".amax_history", c_.recipe, c_.forward);
+    Value* delayed = scale_variable(b, state);
+    Value* scale = delayed_scale_update(b, x, delayed, state + ".amax_history", c_.recipe, c_.forward);
     Value* src = transposed ? b.transpose(x, {1, 0}) : x;
-    Value* q = b.op("quantize", {src, scale}, {{"dtype", Attribute(c_.forward)}}, state + ".fp8");
+    Value* q = delayed_quantize(b, src, delayed, scale, c_.forward, state + ".fp8");
     return quantized_[key] = {q, scale};
   }
 

@@ -26,6 +26,7 @@ Value* delayed_scale_update(Builder& b, Value* x, Value* scale, const std::strin
 
 std::vector<Value*> quantize_grad_rule(GradContext& c);
 std::vector<Value*> quantize_rule(GradContext& c);
+std::vector<Value*> requantize_rule(GradContext& c);
 std::vector<Value*> dequantize_rule(GradContext& c);
 std::vector<Value*> scaled_matmul_rule(GradContext& c);
 

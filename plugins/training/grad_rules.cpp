@@ -624,6 +624,7 @@ std::map<std::string, RuleEntry> build_table() {
   refuse("max_pool", "no gradient rule yet (max pooling backward is not implemented)");
   // FP8 (fp8-training): an f8 value's gradient is that of the real number it stands for, in f32.
   rule("quantize", quantize_rule);
+  rule("requantize", requantize_rule);
   rule("dequantize", dequantize_rule);
   rule("scaled_matmul", scaled_matmul_rule);
   rule(kQuantizeGradOp, quantize_grad_rule);

@@ -9,8 +9,10 @@
 
 #include "kiln/cuda/lowering.h"
 #include "kiln/cuda/nvrtc.h"
+#include "kiln/ir/interpreter.h"
 #include "kiln/ir/text.h"
 #include "lowering_test_util.h"
+#include "state_graphs.h"
 
 namespace kiln::cuda {
 namespace {
@@ -198,6 +200,51 @@ TEST_CASE("fp8: an amax ending a fused group is reduced by that group's kernel (
   CHECK(has(l.source, "atomicMax(out0, "));
   CHECK(has(l.source, "__float_as_uint(fabsf((float)"));
   compiles_everywhere(l);
+}
+
+TEST_CASE("fp8: delayed scaling with a just-in-time first step: quantize stored by x's kernel, requantize in place") {
+  const std::string text = jit_delayed_quantize_graph();
+  const LoweredGraph l = lower(text);
+  INFO(l.plan);
+  // y's group stores y, amax(y) and y quantized with its delayed scale; the weight's amax and
+  // quantize are one kernel; no standalone amax or quantize is left.
+  int fused = 0, requantize = 0, quantize_amax = 0, other_fp8 = 0;
+  for (const std::string& k : l.kernels) {
+    fused += has(k, "_fused");
+    requantize += has(k, "_requantize");
+    quantize_amax += has(k, "_quantize_amax");
+    other_fp8 += has(k, "_amax") + has(k, "_quantize");
+  }
+  CHECK(fused >= 1);
+  CHECK(requantize == 2);
+  CHECK(quantize_amax == 1);
+  CHECK(other_fp8 == 2 * quantize_amax);  // its "_quantize" and "_amax"
+  // Each requantize writes over the f8 tensor its delayed quantize made (a view of it; the
+  // graph's output is a copy), and returns at once while the run's scale is the delayed one.
+  auto bufs = named_buffers(l.plan);
+  for (const char* t : {"y", "w"}) {
+    CAPTURE(t);
+    const std::string qd = bufs[std::string(t) + ".qd"].second;
+    CHECK(has(qd, " kind=activation "));
+    const std::string view = " kind=alias dtype=f8e4m3fn ";
+    const std::string base = " base=" + bufs[std::string(t) + ".qd"].first.substr(1) + " name=" + t + ".q";
+    int views = 0;
+    for (const std::string& line : plan_lines(l.plan, "buffer ")) views += has(line, view) && has(line, base);
+    CHECK(views == 1);
+  }
+  CHECK(has(l.source, "if (__float_as_uint(unless[0]) == __float_as_uint(s[0])) return;"));
+  CHECK(has(l.source, "atomicMax(amax, "));
+  compiles_everywhere(l);
+  // The graph itself: the reference runs it (the GPU test compares against these runs).
+  auto g = parse_graph(text);
+  REQUIRE(g.ok());
+  Interpreter ref;
+  Tensor x(DType::kF32, {64, 256});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set_f64(i, 0.01 * static_cast<double>(i % 23) - 0.1);
+  auto first = ref.run(**g, {&x, 1});
+  REQUIRE_MESSAGE(first.ok(), first.status().message());
+  CHECK((*first)[2].get_f64(0) == doctest::Approx(3 * 0.12));
+  CHECK(ref.variable_value("y.scale")->get_f64(0) == doctest::Approx(3 * 0.12 / 448));
 }
 
 TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target") {

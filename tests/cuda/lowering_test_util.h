@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -57,5 +58,16 @@ inline std::vector<std::string> launches(const std::string& plan) { return plan_
 
 /// Every plan step.
 inline std::vector<std::string> steps(const std::string& plan) { return plan_lines(plan, "step "); }
+
+/// The plan's named buffers: name -> ("bID", its buffer line).
+inline std::map<std::string, std::pair<std::string, std::string>> named_buffers(const std::string& plan) {
+  std::map<std::string, std::pair<std::string, std::string>> out;
+  for (const std::string& line : plan_lines(plan, "buffer ")) {
+    const size_t at = line.find(" name=");
+    if (at == std::string::npos) continue;
+    out[line.substr(at + 6)] = {"b" + line.substr(7, line.find(' ', 7) - 7), line};
+  }
+  return out;
+}
 
 }  // namespace kiln::cuda

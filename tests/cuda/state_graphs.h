@@ -41,4 +41,57 @@ inline std::string in_place_update_graph(int n) {
          "  return %g, %y\n}\n";
 }
 
+
+/// FP8 delayed scaling with a just-in-time first step, as fp8-training builds it (after
+/// fuse-pointwise): y = 3 x in a fused group that also reduces amax(y) and stores y quantized
+/// with its delayed scale; a weight variable w (growing 1.5x a run) read by a standalone amax and
+/// quantize; each then requantized with the scale the run uses (its own amax's while its history
+/// is empty, else the delayed one). Returns both f8 tensors and both amaxes.
+inline std::string jit_delayed_quantize_graph() {
+  std::string w = "dense<f32[32, 256]>[";
+  for (int i = 0; i < 32 * 256; ++i) w += (i ? ", " : "") + std::to_string(((i * 37) % 101 - 50) * 0.004);
+  w += "]";
+  auto state = [](const std::string& t, const std::string& a, const std::string& x) {
+    // t's history roll, next scale and the scale this run uses (`t`.now); x its tensor, a its amax.
+    return "  %" + t + ".seen = reduce_max(%" + t + ".hist) {keepdims = 0} : f32[]\n"
+           "  %" + t + ".warm = greater(%" + t + ".seen, %zero) : bool[]\n"
+           "  %" + t + ".own = mul(%" + a + ", %factor) : f32[]\n"
+           "  %" + t + ".now = where(%" + t + ".warm, %" + t + ".scale, %" + t + ".own) : f32[]\n"
+           "  %" + t + ".q = requantize(%" + x + ", %" + t + ".qd, %" + t + ".scale, %" + t + ".now) : f8e4m3fn\n"
+           "  %" + t + ".r = reshape(%" + a + ") {shape = [1]} : f32[1]\n"
+           "  %" + t + ".k = slice(%" + t + ".hist) {starts = [0], ends = [3]} : f32[3]\n"
+           "  %" + t + ".h2 = concat(%" + t + ".r, %" + t + ".k) {axis = 0} : f32[4]\n"
+           "  assign(%" + t + ".h2) {name = \"" + t + ".hist\"}\n"
+           "  %" + t + ".m = reduce_max(%" + t + ".h2) {keepdims = 0} : f32[]\n"
+           "  %" + t + ".s2 = mul(%" + t + ".m, %factor) : f32[]\n"
+           "  assign(%" + t + ".s2) {name = \"" + t + ".scale\"}\n";
+  };
+  auto vars = [](const std::string& t) {
+    return "  %" + t + ".scale = variable() {init = dense<f32[]>[1.0], name = \"" + t + ".scale\"} : f32[]\n"
+           "  %" + t + ".hist = variable() {init = dense<f32[4]>[0.0, 0.0, 0.0, 0.0], name = \"" + t + ".hist\"} : f32[4]\n";
+  };
+  std::string y = state("y", "y.amax", "y"), ws = state("w", "w.amax", "w");
+  y.replace(y.find(": f8e4m3fn\n"), 11, ": f8e4m3fn[64, 256]\n");
+  ws.replace(ws.find(": f8e4m3fn\n"), 11, ": f8e4m3fn[32, 256]\n");
+  return "graph @jit(%x: f32[64, 256]) -> (f8e4m3fn[64, 256], f8e4m3fn[32, 256], f32[], f32[]) {\n"
+         "  %w = variable() {init = " + w + ", name = \"w\"} : f32[32, 256]\n" + vars("y") + vars("w") +
+         "  %factor = constant() {value = dense<f32[]>[0.002232142857142857]} : f32[]\n"
+         "  %zero = constant() {value = dense<f32[]>[0.0]} : f32[]\n"
+         "  %grow = constant() {value = dense<f32[]>[1.5]} : f32[]\n"
+         "  %y, %y.amax, %y.qd = fused(%x, %y.scale) : f32[64, 256], f32[], f8e4m3fn[64, 256] {\n"
+         "    graph @fused(%x: f32[64, 256], %s: f32[]) -> (f32[64, 256], f32[], f8e4m3fn[64, 256]) {\n"
+         "      %c = constant() {value = dense<f32[]>[3.0]} : f32[]\n"
+         "      %y = mul(%x, %c) : f32[64, 256]\n"
+         "      %a = amax(%y) : f32[]\n"
+         "      %q = quantize(%y, %s) {dtype = f8e4m3fn} : f8e4m3fn[64, 256]\n"
+         "      return %y, %a, %q\n"
+         "    }\n"
+         "  }\n" + y +
+         "  %w.amax = amax(%w) : f32[]\n"
+         "  %w.qd = quantize(%w, %w.scale) {dtype = f8e4m3fn} : f8e4m3fn[32, 256]\n" + ws +
+         "  %w2 = mul(%w, %grow) : f32[32, 256]\n"
+         "  assign(%w2) {name = \"w\"}\n"
+         "  return %y.q, %w.q, %y.amax, %w.amax\n}\n";
+}
+
 }  // namespace kiln

@@ -27,16 +27,6 @@ std::string read_text(const std::string& path) {
 }
 
 /// "buffer N kind=... name=NAME" lines by name: the buffer id and the whole line.
-std::map<std::string, std::pair<std::string, std::string>> named_buffers(const std::string& plan) {
-  std::map<std::string, std::pair<std::string, std::string>> out;
-  for (const std::string& line : plan_lines(plan, "buffer ")) {
-    const size_t at = line.find(" name=");
-    if (at == std::string::npos) continue;
-    out[line.substr(at + 6)] = {"b" + line.substr(7, line.find(' ', 7) - 7), line};
-  }
-  return out;
-}
-
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 /// The integer after "key=" in a plan line.

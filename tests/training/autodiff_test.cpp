@@ -220,7 +220,7 @@ TEST_CASE("every op with a gradient rule has a finite-difference case") {
   for (const Case& c : cases()) tested.insert(c.op());
   // The FP8 ops pass gradients straight through rounding, which finite differences cannot see:
   // fp8_training_test.cpp checks them against closed forms instead.
-  for (const char* op : {"quantize", "dequantize", "scaled_matmul", "quantize_grad"}) tested.insert(op);
+  for (const char* op : {"quantize", "requantize", "dequantize", "scaled_matmul", "quantize_grad"}) tested.insert(op);
   for (const auto& [op, entry] : rule_table())
     if (entry.kind == RuleKind::kRule) CHECK_MESSAGE(tested.count(op), "gradient rule of '" << op << "' has no finite-difference case");
 }

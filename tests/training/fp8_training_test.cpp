@@ -116,6 +116,12 @@ TEST_CASE("fp8-training: forward and both backward GEMMs are FP8 GEMMs, gradient
   CHECK(count_ops(*g, kQuantizeGradOp) == 0);
   CHECK(count_ops(*g, "quantize", DType::kF8E4M3FN) == 2);  // x and w
   CHECK(count_ops(*g, "quantize", DType::kF8E5M2) == 1);    // dy
+  // Each quantized with its delayed scale, then requantized with the just-in-time scale of the
+  // first step (a no-op on the GPU on later steps); with initial-scale=one the quantize alone.
+  CHECK(count_ops(*g, "requantize") == 3);
+  std::mt19937 rng1(1);
+  const Tensor w1 = random({kN, kK}, 0.05, rng1), b1 = random({kN}, 0.1, rng1);
+  CHECK(count_ops(*joint(w1, b1, true, {{"initial-scale", std::string("one")}}), "requantize") == 0);
   CHECK(count_ops(*g, "matmul") == 0);
   CHECK(count_ops(*g, "linear") == 0);
   // The forward GEMM may accumulate in the tensor cores' fast mode; dx and dw (sums over the

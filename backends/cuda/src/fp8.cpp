@@ -1,5 +1,6 @@
 // CUDA lowering of the FP8 ops: quantize/dequantize as elementwise kernels (cuda_fp8.h
-// conversions), scaled_matmul as one cuBLASLt FP8 GEMM step with scale pointers, or, on a
+// conversions; a quantize also reduces a standalone amax of its input, and requantize works in
+// place, returning at once when its scales agree), scaled_matmul as one cuBLASLt FP8 GEMM step with scale pointers, or, on a
 // target without FP8 that the graph allows to fall back, a GEMM on dequantized operands.
 #include <cstring>
 
@@ -12,6 +13,8 @@ std::string interp(DType t) { return t == DType::kF8E4M3FN ? "__NV_E4M3" : "__NV
 
 
 std::string num(int64_t v) { return std::to_string(v); }
+
+bool is_f8(DType t) { return t == DType::kF8E4M3FN || t == DType::kF8E5M2; }
 
 }  // namespace
 
@@ -58,41 +61,109 @@ StatusOr<int> Lowerer::dequant_kernel(const Node& n, int q, DType qt, int scale,
   return out;
 }
 
-Status Lowerer::quantize(const Node& n) {
-  const DType xt = n.operand(0)->dtype(), qt = n.result()->dtype();
-  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, xt));
+Status Lowerer::quantize_kernel(const Node& n, const QuantizeKernel& k) {
+  KILN_ASSIGN_OR_RETURN(std::string st, storage(n, k.xt));
   need_fp8();
-  const int out = activation_for(n.result()), in = buf(n.operand(0));
-  const int64_t count = product(sizes_of(n.result()));
-  if (count == 0) return ok_status();
-  const std::string params =
-      "const " + st + "* __restrict__ x, const float* __restrict__ s, unsigned char* __restrict__ q";
+  if (k.amax >= 0) steps_.push_back({"step memset dst=b" + std::to_string(k.amax) + " bytes=4", {k.amax}});
+  if (k.count == 0) return ok_status();
+  std::string params = "const " + st + "* __restrict__ x, const float* __restrict__ s, unsigned char* __restrict__ q";
+  std::vector<int> args = {k.x, k.scale, k.q};
+  std::string prologue, epilogue;
+  int64_t max_blocks = 0;
+  if (k.amax >= 0) {  // max |x| folded in as x goes by (state.cpp's amax): one atomic per block
+    params += ", unsigned* __restrict__ amax";
+    args.push_back(k.amax);
+    prologue = "  unsigned m = 0u;\n";
+    epilogue = amax_combine("m", "amax");
+    max_blocks = 1024;
+  }
+  if (k.unless_scale >= 0) {  // requantize: nothing to do while q already has this scale
+    params += ", const float* __restrict__ unless";
+    args.push_back(k.unless_scale);
+    prologue = "  if (__float_as_uint(unless[0]) == __float_as_uint(s[0])) return;\n";
+    max_blocks = 1024;  // so that the usual early exit costs few blocks
+  }
+  const std::string fold = k.amax >= 0 ? "      " + amax_fold("m", "v[j]") + "\n" : "";
   // An f32 division, not a reciprocal multiply: the reference divides in f32, and so must this
   // (store_expr: the saturating conversion a fused group's quantize epilogue stores with too).
-  auto cvt = [&](const std::string& v) {
-    return store_expr(qt, quantize_quotient(xt, v, "s[0]"));
-  };
+  auto cvt = [&](const std::string& v) { return store_expr(k.qt, quantize_quotient(k.xt, v, "s[0]")); };
   // Eight elements a thread with 16-byte loads and an 8-byte store where sizes and alignment
   // allow: this is a pure bandwidth kernel, and one element a thread reaches a third of it.
-  const int64_t es = dtype_storage_bytes(xt, 1);
-  const bool aligned = root(in) == in || (bufs_[in].offset % 16) == 0;
-  if (count % 8 == 0 && aligned && (es == 2 || xt == DType::kF32)) {
-    std::string body = xt == DType::kF32
+  const int64_t es = dtype_storage_bytes(k.xt, 1);
+  if (k.count % 8 == 0 && aligned16(k.x) && (es == 2 || k.xt == DType::kF32)) {
+    std::string body = k.xt == DType::kF32
         ? "    const float4 a0 = reinterpret_cast<const float4*>(x)[2 * i], a1 = reinterpret_cast<const float4*>(x)[2 * i + 1];\n"
           "    const float v[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};\n"
         : "    const uint4 raw = reinterpret_cast<const uint4*>(x)[i];\n"
           "    const " + st + "* h = reinterpret_cast<const " + st + "*>(&raw);\n"
           "    float v[8];\n"
-          "    for (int j = 0; j < 8; ++j) v[j] = " + load_expr(xt, "h[j]") + ";\n";
+          "    for (int j = 0; j < 8; ++j) v[j] = " + load_expr(k.xt, "h[j]") + ";\n";
     body += "    unsigned long long o = 0;\n"
-            "    for (int j = 0; j < 8; ++j) o |= (unsigned long long)" + cvt("v[j]") + " << (8 * j);\n"
+            "    for (int j = 0; j < 8; ++j) {\n      o |= (unsigned long long)" + cvt("v[j]") + " << (8 * j);\n" + fold +
+            "    }\n"
             "    reinterpret_cast<unsigned long long*>(q)[i] = o;\n";
-    launch_elementwise(kernel_name("quantize"), params, count / 8, body, {in, buf(n.operand(1)), out});
+    launch_elementwise(kernel_name(k.name), params, k.count / 8, body, args, prologue, epilogue, max_blocks);
     return ok_status();
   }
-  launch_elementwise(kernel_name("quantize"), params, count,
-                     "    q[i] = " + cvt(load_expr(xt, "x[i]")) + ";\n", {in, buf(n.operand(1)), out});
+  std::string body = "    q[i] = " + cvt(load_expr(k.xt, "x[i]")) + ";\n";
+  if (k.amax >= 0) body += "    " + amax_fold("m", load_expr(k.xt, "x[i]")) + "\n";
+  launch_elementwise(kernel_name(k.name), params, k.count, body, args, prologue, epilogue, max_blocks);
   return ok_status();
+}
+
+const Node* Lowerer::standalone_partner(const Node& n, const std::string& op) const {
+  const Value* x = n.operand(0);
+  for (const Use& u : x->uses()) {
+    const Node* m = u.user;
+    if (m == nullptr || m == &n || m->op_name() != op || u.index != 0 || val_.count(m->result()) ||
+        absorbed_.count(m) || m->graph() != n.graph() || bufs_[root(buf(x))].kind == "weight")
+      continue;
+    if (op == "quantize" && (m->num_operands() != 2 || !val_.count(m->operand(1)))) continue;  // its scale not yet made
+    return m;
+  }
+  return nullptr;
+}
+
+Status Lowerer::quantize(const Node& n) {
+  QuantizeKernel k;
+  k.xt = n.operand(0)->dtype();
+  k.qt = n.result()->dtype();
+  k.x = buf(n.operand(0));
+  k.scale = buf(n.operand(1));
+  k.q = activation_for(n.result());
+  k.count = product(sizes_of(n.result()));
+  // A standalone amax of the same tensor (a weight's, FP8 delayed scaling) is folded in: one
+  // read of x instead of two.
+  if (const Node* a = standalone_partner(n, "amax"); a != nullptr && !is_f8(k.xt)) {
+    absorbed_.insert(a);
+    k.amax = activation_for(a->result());
+    k.name = "quantize_amax";
+  }
+  return quantize_kernel(n, k);
+}
+
+Status Lowerer::requantize(const Node& n) {
+  const Value* qd = n.operand(1);
+  QuantizeKernel k;
+  k.name = "requantize";
+  k.xt = n.operand(0)->dtype();
+  k.qt = n.result()->dtype();
+  k.x = buf(n.operand(0));
+  k.scale = buf(n.operand(3));
+  k.count = product(sizes_of(n.result()));
+  const int from = buf(qd);
+  // In place over q when nothing else reads it: then the usual step (scale == q_scale) is one
+  // launch that returns at once, and only a just-in-time first step quantizes again.
+  if (qd->uses().size() == 1 && bufs_[root(from)].kind == "activation" && whole_root(from)) {
+    k.q = add_buffer("alias", k.qt, sizes_of(n.result()), n.result()->name());
+    bufs_[k.q].base = root(from);
+    val_[n.result()] = k.q;
+    k.unless_scale = buf(n.operand(2));
+    return quantize_kernel(n, k);
+  }
+  // Otherwise a plain quantize with the scale the step uses.
+  k.q = activation_for(n.result());
+  return quantize_kernel(n, k);
 }
 
 Status Lowerer::dequantize(const Node& n) {

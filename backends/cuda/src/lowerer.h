@@ -413,7 +413,21 @@ class Lowerer {
   const Node* spatial_pool_of(const Value* v) const;
   /// FP8 (fp8.cpp): quantize/dequantize kernels and scaled_matmul as a cuBLASLt FP8 GEMM.
   Status quantize(const Node& n);
+  Status requantize(const Node& n);
   Status dequantize(const Node& n);
+  /// One quantize kernel: f8 q (dtype qt) = x (dtype xt) / scale, count elements; with `amax` it
+  /// also folds max |x| into that f32 buffer (zeroed by a memset step first); with
+  /// `unless_scale` every thread returns at once while that scale's bits equal scale's.
+  struct QuantizeKernel {
+    std::string name = "quantize";
+    DType xt = DType::kF32, qt = DType::kF8E4M3FN;
+    int x = -1, scale = -1, q = -1, amax = -1, unless_scale = -1;
+    int64_t count = 0;
+  };
+  Status quantize_kernel(const Node& n, const QuantizeKernel& k);
+  /// A top-level `op` node (amax, quantize) of n's graph reading n's operand 0 as its own
+  /// operand 0, not lowered yet, whose other operands are made already: one kernel can do both.
+  const Node* standalone_partner(const Node& n, const std::string& op) const;
   Status scaled_matmul(const Node& n);
   /// matmul_int4 (int4.cpp): GEMV for M <= 8, mma.sync for M <= 64, else dequantize + gemm.
   Status matmul_int4(const Node& n);

@@ -177,6 +177,7 @@ Status Lowerer::lower_node(const Node& n) {
   if (op == "matmul") return matmul(n);
   if (op == "linear") return linear(n);
   if (op == "quantize") return quantize(n);
+  if (op == "requantize") return requantize(n);
   if (op == "dequantize") return dequantize(n);
   if (op == "scaled_matmul") return scaled_matmul(n);
   if (op == "matmul_int4") return matmul_int4(n);

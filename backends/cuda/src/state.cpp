@@ -44,6 +44,21 @@ Status Lowerer::amax(const Node& n) {
   const DType t = x->dtype();
   KILN_ASSIGN_OR_RETURN(std::string st, storage(n, t));
   if (t == DType::kF8E4M3FN || t == DType::kF8E5M2) return unsupported_dtype(n, t);
+  // A quantize of the same tensor whose scale is at hand (FP8 delayed scaling's, a weight's)
+  // reduces this amax as it goes: fp8.cpp.
+  if (const Node* q = standalone_partner(n, "quantize")) {
+    absorbed_.insert(q);
+    QuantizeKernel k;
+    k.name = "quantize_amax";
+    k.xt = t;
+    k.qt = q->result()->dtype();
+    k.x = buf(x);
+    k.scale = buf(q->operand(1));
+    k.q = activation_for(q->result());
+    k.amax = activation_for(n.result());
+    k.count = product(sizes_of(x));
+    return quantize_kernel(*q, k);
+  }
   const int out = activation_for(n.result());
   const int64_t count = product(sizes_of(x));
   // |x| as f32 bits: non-negative floats order like their bit patterns, and every nan (its

@@ -1,4 +1,5 @@
-// FP8 quantization ops: quantize, dequantize, scaled_matmul (one node per FP8 GEMM) and amax.
+// FP8 quantization ops: quantize, requantize, dequantize, scaled_matmul (one node per FP8 GEMM)
+// and amax.
 #include <cmath>
 #include <limits>
 
@@ -58,14 +59,30 @@ Status quantize_infer(InferContext& ctx) {
 // The quotient is an f32 division, as on the GPU (and in PyTorch's (x / scale).to(f8)): a
 // division in f64 rounds differently wherever x / scale lies within an f32 ulp of a tie
 // between two f8 values, which "round" scales such as 0.01 make common (~1% of bf16 inputs).
-Status quantize_kernel(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
-  const float scale = static_cast<float>(ctx.input(1).get_f64(0));
-  Tensor& y = ctx.output();
+Status quantize_into(const Tensor& x, const Tensor& scale_tensor, Tensor& y) {
+  const float scale = static_cast<float>(scale_tensor.get_f64(0));
   for (int64_t i = 0; i < x.numel(); ++i)
     y.set_f64(i, to_f8(y.dtype(), static_cast<float>(x.get_f64(i)) / scale));
   return ok_status();
 }
+
+Status quantize_kernel(KernelContext& ctx) { return quantize_into(ctx.input(0), ctx.input(1), ctx.output()); }
+
+Status requantize_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_dtype(ctx, 0, kFloatDTypes));
+  if (is_f8(ctx.operand(0).dtype)) return ctx.error("operand 'x' is already " + ctx.operand(0).str());
+  KILN_RETURN_IF_ERROR(require_f8(ctx, 1));
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 2));
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 3));
+  if (ctx.operand(1).shape != ctx.operand(0).shape)
+    return ctx.error("operand 'q' must have the shape of x " + ctx.operand(0).str() + ", got " + ctx.operand(1).str());
+  ctx.results = {TensorType{ctx.operand(1).dtype, ctx.operand(0).shape}};
+  return ok_status();
+}
+
+// quantize(x, scale) into q's dtype: q (quantize(x, q_scale)) only lets a backend skip the work
+// when scale == q_scale, so the reference never reads it.
+Status requantize_kernel(KernelContext& ctx) { return quantize_into(ctx.input(0), ctx.input(3), ctx.output()); }
 
 Status dequantize_infer(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(require_f8(ctx, 0));
@@ -166,6 +183,17 @@ void register_quant_ops(OpRegistry& r) {
                     .num_regions = 0,
                     .infer = quantize_infer,
                     .reference = quantize_kernel});
+  add_op_or_die(r, {.name = "requantize",
+                    .summary = "quantize(x, scale) where q is quantize(x, q_scale): backends may return q when the "
+                               "scales are equal (FP8 delayed scaling with a just-in-time first step)",
+                    .traits = kTraitNone,
+                    .inputs = {"x", "q", "q_scale", "scale"},
+                    .outputs = {"y"},
+                    .result_rule = "dtype of q, shape of x",
+                    .attrs = {},
+                    .num_regions = 0,
+                    .infer = requantize_infer,
+                    .reference = requantize_kernel});
   add_op_or_die(r, {.name = "dequantize",
                     .summary = "y = q * scale (an f32 product), from an f8 dtype to f32, bf16 or f16",
                     .traits = kTraitNone,
