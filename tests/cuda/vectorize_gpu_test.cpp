@@ -1,7 +1,8 @@
 // GPU check of the vectorized memory-bound kernels (vectorize.cpp, pointwise(),
 // indexed_pointwise) against the reference interpreter: f32/f16/bf16, element counts that are
 // and are not multiples of the vector width, broadcast inputs, an unaligned view, transposes
-// keeping and permuting the innermost dim, and RoPE-like indexed groups. Exits 77 without a GPU.
+// keeping and permuting the innermost dim (f8 ones too), and RoPE-like indexed groups. Exits 77
+// without a GPU.
 #include <cstdio>
 #include <string>
 
@@ -68,6 +69,20 @@ int main() {
     run("transpose with rows of 6 " + d, one_op(d + "[5, 7, 6]", "transpose(%x) {perm = [1, 0, 2]}", d + "[7, 5, 6]"));
     run("rope " + d + " head dim 32", rope(d, 32));
     run("rope " + d + " head dim 12 (scalar)", rope(d, 12));
+  }
+  // f8 transposes (64x64 tiles of 4-byte words where both dims are multiples of 64, one of them
+  // batched; else 32x32 tiles of bytes), compared through an exact dequantize.
+  struct F8Transpose {
+    const char *in, *out, *perm;
+  };
+  for (const F8Transpose& c : {F8Transpose{"[2, 128, 192]", "[2, 192, 128]", " {perm = [0, 2, 1]}"},
+                               F8Transpose{"[256, 64]", "[64, 256]", ""}, F8Transpose{"[40, 72]", "[72, 40]", ""}}) {
+    const std::string in = c.in, out = c.out;
+    run("f8 transpose " + in, "graph @g(%x: f32" + in + ") -> (f32" + out + ") {\n"
+        "  %s = constant() {value = dense<f32[]>[0.01]} : f32[]\n"
+        "  %q = quantize(%x, %s) {dtype = f8e4m3fn} : f8e4m3fn" + in + "\n"
+        "  %t = transpose(%q)" + c.perm + " : f8e4m3fn" + out + "\n"
+        "  %y = dequantize(%t, %s) : f32" + out + "\n  return %y\n}\n");
   }
   run("bias row and scalar broadcast, bf16 -> f32", kBiasScalarBroadcast);
   run("column broadcast bf16", R"(

@@ -92,6 +92,20 @@ graph @g(%x: f32[3, 40, 72]) -> (f32[3, 72, 40]) {
   CHECK(swap.plan.find("grid=18,1,1 block=256,1,1") != std::string::npos);  // 3 * ceil(40/32) * ceil(72/32) tiles
   compiles_everywhere(swap);
 
+  // f8 (the operands FP8 GEMMs take transposed): 4 bytes a thread through a 64x64 tile where
+  // both dims are multiples of 64, else the 32x32 tile of single bytes.
+  const LoweredGraph f8 = lower_text(R"(
+graph @g(%x: f8e4m3fn[2, 128, 192], %z: f8e5m2[40, 72]) -> (f8e4m3fn[2, 192, 128], f8e5m2[72, 40]) {
+  %y = transpose(%x) {perm = [0, 2, 1]} : f8e4m3fn[2, 192, 128]
+  %w = transpose(%z) : f8e5m2[72, 40]
+  return %y, %w
+})");
+  CAPTURE(f8.source);
+  CHECK(has(f8, "__shared__ unsigned tile[64][17];"));
+  CHECK(has(f8, "__shared__ unsigned char tile[32][33];"));
+  CHECK(f8.plan.find("grid=12,1,1 block=256,1,1") != std::string::npos);  // 2 * (128/64) * (192/64) tiles
+  compiles_everywhere(f8);
+
   // A row of 6 bf16 cannot be split into 16- or 8-byte pieces at every offset: 4-byte pieces.
   const LoweredGraph odd = lower_text(R"(
 graph @g(%x: bf16[5, 7, 6]) -> (bf16[7, 5, 6]) {

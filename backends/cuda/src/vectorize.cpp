@@ -71,11 +71,48 @@ StatusOr<bool> Lowerer::vector_copy(const Node& n, int in, int out, Sizes iter, 
   Sizes rest, rest_in, rest_out;
   for (size_t d = 0; d < r; ++d)
     if (d != p) rest.push_back(it[d]), rest_in.push_back(is[d]), rest_out.push_back(os[d]);
-  const int64_t tp = (it[p] + 31) / 32, tl = (it[r] + 31) / 32, tiles = tp * tl * product(rest);
+  // Bytes (the f8 operands FP8 GEMMs take transposed) move 4 to a thread through a 64x64 tile:
+  // one byte a thread leaves the copy bound by instructions, not by memory.
+  bool bytes = es == 1 && it[p] % 64 == 0 && it[r] % 64 == 0 && is[r] % 4 == 0 && os[p] % 4 == 0 && in_base % 4 == 0 &&
+               out_base % 4 == 0 && aligned16(in) && aligned16(out);
+  for (size_t d = 0; d < rest.size(); ++d) bytes &= rest_in[d] % 4 == 0 && rest_out[d] % 4 == 0;
+  const int64_t edge = bytes ? 64 : 32;
+  const int64_t tp = (it[p] + edge - 1) / edge, tl = (it[r] + edge - 1) / edge, tiles = tp * tl * product(rest);
   const bool narrow = tiles <= int64_t{0x7fffffff};
   const std::string T = narrow ? "unsigned" : "long long";
   auto num = [&](int64_t v) { return narrow ? std::to_string(v) + "u" : int_literal(v); };
   const std::string name = kernel_name(n.op_name());
+  if (bytes) {
+    // Tile rows are the input's strided dim l, 64 bytes of its contiguous dim p each, as 16
+    // words (+1: fewer bank conflicts); a thread then packs 4 bytes of one output row.
+    add_kernel_text(name, "extern \"C\" __global__ void __launch_bounds__(256) " + name + "(" + params + ") {\n" +
+                              "  __shared__ unsigned tile[64][17];\n"
+                              "  const unsigned c = threadIdx.x & 15u, r0 = threadIdx.x >> 4;\n"
+                              "  for (" + T + " t = blockIdx.x; t < " + num(tiles) + "; t += gridDim.x) {\n"
+                              "    const long long l0 = (long long)(t % " + num(tl) + ") * 64, p0 = (long long)(t / " +
+                              num(tl) + " % " + num(tp) + ") * 64;\n    " +
+                              index_code("t / " + num(tl * tp), rest, {rest_in, rest_out}, {"src", "dst"},
+                                         {in_base, out_base}) +
+                              "    #pragma unroll\n"
+                              "    for (unsigned k = 0; k < 64u; k += 16u)\n"
+                              "      tile[r0 + k][c] = *reinterpret_cast<const unsigned*>(x + src + p0 + 4 * c + (l0 + r0 + k) * " +
+                              int_literal(is[r]) + ");\n"
+                              "    __syncthreads();\n"
+                              "    #pragma unroll\n"
+                              "    for (unsigned k = 0; k < 64u; k += 16u) {\n"
+                              "      const unsigned pr = r0 + k;\n"
+                              "      unsigned o = 0u;\n"
+                              "      #pragma unroll\n"
+                              "      for (unsigned j = 0; j < 4u; ++j)\n"
+                              "        o |= ((tile[4u * c + j][pr >> 2] >> (8u * (pr & 3u))) & 0xffu) << (8u * j);\n"
+                              "      *reinterpret_cast<unsigned*>(y + dst + (p0 + pr) * " + int_literal(os[p]) +
+                              " + l0 + 4 * c) = o;\n"
+                              "    }\n"
+                              "    __syncthreads();\n"
+                              "  }\n}");
+    launch_grid(name, {std::min(tiles, kMaxGrid)}, 256, 0, {in, out});
+    return true;
+  }
   add_kernel_text(name, "extern \"C\" __global__ void __launch_bounds__(256) " + name + "(" + params + ") {\n" +
                             "  __shared__ " + vector_type(es) + " tile[32][33];  // +1 column: no bank conflicts\n"
                             "  const unsigned tx = threadIdx.x & 31u, ty = threadIdx.x >> 5;\n"
