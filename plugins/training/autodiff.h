@@ -85,5 +85,6 @@ PassInfo remat_pass_info();
 PassInfo decompose_losses_pass_info();
 PassInfo chunk_cross_entropy_pass_info();
 PassInfo fp8_training_pass_info();
+PassInfo accumulate_gemm_pass_info();
 
 }  // namespace kiln::training

@@ -106,6 +106,18 @@ Grads matmul_rule(GradContext& c) {
   return out;
 }
 
+/// y = c + a @ b: c's gradient is g; a's and b's are matmul's, in their own dtype.
+Grads matmul_acc_rule(GradContext& c) {
+  Builder& b = c.b;
+  Value *a = c.x(0), *bm = c.x(1);
+  Value* g = c.g()->dtype() == a->dtype() ? c.g() : b.cast(c.g(), a->dtype());
+  Grads out(3, nullptr);
+  if (c.wants(0)) out[0] = b.matmul(g, b.transpose_last2(bm));
+  if (c.wants(1)) out[1] = b.matmul(b.transpose_last2(a), g);
+  if (c.wants(2)) out[2] = c.g();
+  return out;
+}
+
 Grads linear_rule(GradContext& c) {
   Builder& b = c.b;
   Value *x = c.x(0), *w = c.x(1), *g = c.g();
@@ -574,6 +586,7 @@ std::map<std::string, RuleEntry> build_table() {
   // Contractions.
   rule("matmul", matmul_rule);
   rule("linear", linear_rule);
+  rule("matmul_acc", matmul_acc_rule);
   rule("attention", attention_rule);
 
   // Data movement.

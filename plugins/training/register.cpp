@@ -1,4 +1,4 @@
-// Entry point of the kiln-training plugin: registers the training passes (chunk-cross-entropy, autocast, fp8-training, autodiff, remat, optimizer, decompose-losses).
+// Entry point of the kiln-training plugin: registers the training passes (chunk-cross-entropy, autocast, fp8-training, autodiff, accumulate-gemm, remat, optimizer, decompose-losses).
 #include "autodiff.h"
 #include "fp8_training.h"
 #include "kiln/plugin.h"
@@ -9,6 +9,7 @@ kiln::Status register_training(kiln::Registry& r) {
   KILN_RETURN_IF_ERROR(kiln::training::register_fp8_training_ops());
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::autocast_pass_info()));
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::autodiff_pass_info()));
+  KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::accumulate_gemm_pass_info()));
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::remat_pass_info()));
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::decompose_losses_pass_info()));
   KILN_RETURN_IF_ERROR(r.add_pass(kiln::training::chunk_cross_entropy_pass_info()));

@@ -650,9 +650,18 @@ class PlanParser {
   /// compute type and a 16/32-bit d; scales and amax_d are f32 buffers.
   bool fp8_gemm(Attrs& a) {
     for (const char* key : {"a_dtype", "b_dtype"})
-      if (a.count(key) && a[key] != a["dtype"] && a[key] != "f8e4m3fn" && a[key] != "f8e5m2")
-        return fail("gemm: " + std::string(key) + "='" + a[key] + "' is not allowed (the gemm's dtype, f8e4m3fn or f8e5m2)");
+      if (a.count(key) && a[key] != a["dtype"] && a[key] != "f8e4m3fn" && a[key] != "f8e5m2" &&
+          !(a["dtype"] == "f32" && (a[key] == "bf16" || a[key] == "f16")))
+        return fail("gemm: " + std::string(key) + "='" + a[key] +
+                    "' is not allowed (the gemm's dtype, f8e4m3fn or f8e5m2; bf16 or f16 into an f32 d)");
     const auto f8 = [&](const char* key) { return a.count(key) && a[key].starts_with("f8"); };
+    const auto narrow = [&](const char* key) { return a.count(key) && a[key] != a["dtype"] && !f8(key); };
+    if (narrow("a_dtype") || narrow("b_dtype")) {
+      // bf16/f16 products summed into an f32 d (a gradient accumulated with beta 1).
+      if (a["a_dtype"] != a["b_dtype"]) return fail("gemm: a bf16/f16 a_dtype needs the same b_dtype");
+      if (a["compute"] != "f32") return fail("gemm: bf16/f16 operands into an f32 d need compute=f32");
+      if (a.count("bias") || a["epilogue"] != "none") return fail("gemm: bf16/f16 operands into an f32 d take no epilogue");
+    }
     if (!f8("a_dtype") && !f8("b_dtype")) {
       for (const char* key : {"a_scale", "b_scale", "amax_d", "fast_accum"})
         if (a.count(key)) return fail("gemm: " + std::string(key) + "= is only for fp8 operands (a_dtype/b_dtype)");

@@ -145,7 +145,10 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
     if (name == dt) *type = data_type, *size = es;
     else if (name == "f8e4m3fn") *type = CUDA_R_8F_E4M3, *size = 1;
     else if (name == "f8e5m2") *type = CUDA_R_8F_E5M2, *size = 1;
-    else return at.fail("operand dtype '" + name + "' is not " + dt + ", f8e4m3fn or f8e5m2");
+    // bf16/f16 products into an f32 c and d (CUBLAS_COMPUTE_32F): an f32 gradient sum.
+    else if (name == "bf16" && dt == "f32") *type = CUDA_R_16BF, *size = 2;
+    else if (name == "f16" && dt == "f32") *type = CUDA_R_16F, *size = 2;
+    else return at.fail("operand dtype '" + name + "' is not " + dt + ", f8e4m3fn or f8e5m2 (or bf16/f16 into f32)");
     return nullptr;
   };
   cudaDataType_t a_type, b_type;
@@ -153,6 +156,9 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   KILN_RT_TRY(operand_type(a_dt, &a_type, &a_es));
   KILN_RT_TRY(operand_type(b_dt, &b_type, &b_es));
   const bool fp8 = a_es == 1 || b_es == 1;
+  if (!fp8 && a_type != b_type) return at.fail("a_dtype and b_dtype differ (" + a_dt + ", " + b_dt + ")");
+  if (!fp8 && a_type != data_type && (ep != "none" || ct != "f32"))
+    return at.fail("bf16/f16 operands into an f32 d take compute f32 and no epilogue");
   int ia_scale, ib_scale, iamax;
   KILN_RT_TRY(at.buffer("a_scale", false, &ia_scale));
   KILN_RT_TRY(at.buffer("b_scale", false, &ib_scale));

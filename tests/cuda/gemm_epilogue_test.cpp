@@ -143,5 +143,36 @@ graph @g(%q: f32[2, 80, 16], %k: f32[2, 80, 16], %a: f32[32, 96], %b: f32[96, 24
   CHECK(l.kernels == std::vector<std::string>{"k0_transpose"});
 }
 
+TEST_CASE("matmul_acc: bf16 products into an f32 sum, one GEMM with beta 1 in the sum's buffer") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%g: bf16[96, 40], %x: bf16[96, 24], %s: f32[40, 24]) -> (f32[40, 24]) {
+  %gt = transpose(%g) : bf16[40, 96]
+  %e = exp(%s) : f32[40, 24]
+  %a = matmul_acc(%gt, %x, %e) : f32[40, 24]
+  return %a
+})");
+  CHECK(l.kernels == std::vector<std::string>{"k0_exp"});  // the transpose is read through trans_a
+  const auto g = gemm_steps(l);
+  REQUIRE(g.size() == 1);
+  CHECK(g[0] == "step gemm a=b0 b=b1 d=b3 c=b3 ldc=24 m=40 n=24 k=96 batch=1 trans_a=1 trans_b=0 lda=40 ldb=24 "
+               "ldd=24 stride_a=0 stride_b=0 stride_d=0 dtype=f32 a_dtype=bf16 b_dtype=bf16 compute=f32 alpha=1 "
+               "beta=1 epilogue=none");
+}
+
+TEST_CASE("matmul_acc: a sum read elsewhere, an input or a returned value is not overwritten") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%h: f32[16, 24], %y: f32[24, 8], %t: f32[16, 8]) -> (f32[16, 8], f32[16, 8]) {
+  %a2 = matmul_acc(%h, %y, %t) : f32[16, 8]
+  %a3 = matmul_acc(%h, %y, %a2) : f32[16, 8]
+  return %a2, %a3
+})");
+  const auto g = gemm_steps(l);
+  REQUIRE(g.size() == 2);
+  CHECK(g[0].find(" d=b3 c=b2 ") != std::string::npos);
+  CHECK(g[1].find(" d=b4 c=b3 ") != std::string::npos);
+  CHECK(g[1].find(" stride_d=0 dtype=f32 compute=") != std::string::npos);  // no a_dtype: one dtype
+  CHECK(g[1].find(" beta=1 epilogue=none") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace kiln::cuda

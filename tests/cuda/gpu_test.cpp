@@ -256,6 +256,15 @@ const Case kCases[] = {
   %at = transpose(%a) : f32[96, 32]
   %b2 = matmul(%at, %a) : f32[96, 96]
   return %s, %b2 })"},
+    // matmul_acc: bf16 products summed into an f32 c (a transposed a read in place, c
+    // overwritten in place), an f32 one into an input c and into a returned sum (new buffers).
+    {"gemm-accumulate", R"(graph @g(%g: bf16[96, 40], %x: bf16[96, 24], %s: f32[40, 24], %h: f32[16, 24], %y: f32[24, 8], %t: f32[16, 8]) -> (f32[40, 24], f32[16, 8], f32[16, 8]) {
+  %gt = transpose(%g) : bf16[40, 96]
+  %e = exp(%s) : f32[40, 24]
+  %a1 = matmul_acc(%gt, %x, %e) : f32[40, 24]
+  %a2 = matmul_acc(%h, %y, %t) : f32[16, 8]
+  %a3 = matmul_acc(%h, %y, %a2) : f32[16, 8]
+  return %a1, %a2, %a3 })"},
     // Pointwise groups holding data-movement ops, one kernel each (pointwise_index.cpp): the
     // Llama RoPE (view, head transpose, rotate-half slices, neg, concat, cos/sin mul/add).
     {"fused-rope-bf16", R"(graph @g(%q: bf16[2, 16, 128], %cos: bf16[1, 1, 16, 32], %sin: bf16[1, 1, 16, 32]) -> (bf16[2, 4, 16, 32]) {

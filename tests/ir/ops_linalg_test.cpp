@@ -22,7 +22,7 @@ const Tensor kX3x3 = f32({1, 1, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9});
 }  // namespace
 
 TEST_CASE("linalg: ops are registered with the contraction and reduction traits") {
-  for (const char* name : {"matmul", "linear", "conv"}) {
+  for (const char* name : {"matmul", "matmul_acc", "linear", "conv"}) {
     const OpDef* def = OpRegistry::global().find(name);
     REQUIRE(def != nullptr);
     CHECK(def->has(kTraitContraction));
@@ -92,6 +92,33 @@ TEST_CASE("linalg: matmul errors") {
         std::string::npos);
   CHECK(error_of(infer_op("matmul", {{DType::kBool, {2}}, {DType::kBool, {2}}}))
             .find("operand 'a' must be float or integer, got bool") != std::string::npos);
+}
+
+TEST_CASE("linalg: matmul_acc adds a @ b to c, rounding once to c's dtype") {
+  check_values(run1("matmul_acc", {f32({2, 3}, {1, 2, 3, 4, 5, 6}), f32({3, 2}, {7, 8, 9, 10, 11, 12}),
+                                   f32({2, 2}, {1, -1, 0.5, 0})}),
+               {2, 2}, {59, 63, 139.5, 154});
+  // 1 + 1/256 is not a bf16 (a bf16 matmul would round it to 1): the f32 sum keeps it.
+  const double a[] = {1, 1}, b[] = {1, 1.0 / 256};
+  Tensor y = run1("matmul_acc", {Tensor::from_f64(DType::kBF16, {1, 2}, a), Tensor::from_f64(DType::kBF16, {2, 1}, b),
+                                 f32({1, 1}, {0.5})});
+  CHECK(y.dtype() == DType::kF32);
+  check_values(y, {1, 1}, {1.50390625});
+}
+
+TEST_CASE("linalg: matmul_acc errors") {
+  CHECK(error_of(infer_op("matmul_acc", {{DType::kF32, {2, 3}}, {DType::kF32, {2, 2}}, {DType::kF32, {2, 2}}}))
+            .find("contraction dims differ") != std::string::npos);
+  CHECK(error_of(infer_op("matmul_acc", {{DType::kF32, {2, 2, 3}}, {DType::kF32, {3, 2}}, {DType::kF32, {2, 2}}}))
+            .find("operands 'a' and 'b' must be matrices") != std::string::npos);
+  CHECK(error_of(infer_op("matmul_acc", {{DType::kF32, {2, 3}}, {DType::kF32, {3, 4}}, {DType::kF32, {2, 5}}}))
+            .find("operand 'c' must be [2, 4], got f32[2, 5]") != std::string::npos);
+  CHECK(error_of(infer_op("matmul_acc", {{DType::kBF16, {2, 3}}, {DType::kBF16, {3, 4}}, {DType::kF16, {2, 4}}}))
+            .find("operand 'c' must be bf16 (the dtype of a and b) or f32, got f16[2, 4]") != std::string::npos);
+  CHECK(error_of(infer_op("matmul_acc", {{DType::kBF16, {2, 3}}, {DType::kF16, {3, 4}}, {DType::kF32, {2, 4}}}))
+            .find("same dtype") != std::string::npos);
+  CHECK(error_of(infer_op("matmul_acc", {{DType::kI32, {2, 3}}, {DType::kI32, {3, 4}}, {DType::kI32, {2, 4}}}))
+            .find("must be float") != std::string::npos);
 }
 
 TEST_CASE("linalg: linear with and without bias") {

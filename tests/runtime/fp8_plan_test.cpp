@@ -1,5 +1,5 @@
-// The plan parser on FP8 gemm steps (a_dtype/b_dtype, a_scale/b_scale, amax_d): what it accepts
-// and each refusal's message.
+// The plan parser on gemm steps whose operands are narrower than d: FP8 (a_dtype/b_dtype,
+// a_scale/b_scale, amax_d) and bf16/f16 into an f32 d; what it accepts and each refusal's message.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -60,7 +60,7 @@ TEST_CASE("fp8 gemm steps: each malformed one is refused, naming the line and th
        "plan:11: gemm: fp8 needs both a_dtype and b_dtype to be f8e4m3fn or f8e5m2"},
       {fp8_step(" a_dtype=f8e5m2 b_dtype=f8e5m2" + scales), "plan:11: gemm: fp8 cannot multiply f8e5m2 by f8e5m2"},
       {fp8_step(" a_dtype=i8 b_dtype=f8e4m3fn" + scales),
-       "plan:11: gemm: a_dtype='i8' is not allowed (the gemm's dtype, f8e4m3fn or f8e5m2)"},
+       "plan:11: gemm: a_dtype='i8' is not allowed (the gemm's dtype, f8e4m3fn or f8e5m2; bf16 or f16 into an f32 d)"},
       {fp8_step(" a_dtype=f8e4m3fn b_dtype=f8e4m3fn" + scales, "trans_a=0 trans_b=0", "lda=64 ldb=16"),
        "plan:11: gemm: fp8 needs trans_a=0 trans_b=1 (cuBLASLt's TN layout)"},
       {fp8_step(" a_dtype=f8e4m3fn b_dtype=f8e4m3fn" + scales, "trans_a=0 trans_b=1", "lda=72 ldb=65"),
@@ -76,4 +76,34 @@ TEST_CASE("fp8 gemm steps: each malformed one is refused, naming the line and th
     CAPTURE(text);
     CHECK(plan_error(text) == message);
   }
+}
+
+namespace {
+
+// a bf16[32, 64], b bf16[64, 16], c/d f32[32, 16]: a bf16 gradient GEMM accumulated into f32.
+std::string mixed_step(const std::string& types, const std::string& tail = "compute=f32 alpha=1 beta=1 epilogue=none") {
+  return "kiln-plan 1\narena bytes=8192\nworkspace bytes=0\n"
+         "buffer 0 kind=input dtype=bf16 shape=32x64 bytes=4096 offset=0\n"
+         "buffer 1 kind=input dtype=bf16 shape=64x16 bytes=2048 offset=4096\n"
+         "buffer 2 kind=output dtype=f32 shape=32x16 bytes=2048 offset=6144\n"
+         "step gemm a=b0 b=b1 d=b2 c=b2 ldc=16 m=32 n=16 k=64 batch=1 trans_a=0 trans_b=0 lda=64 ldb=16 ldd=16 "
+         "stride_a=0 stride_b=0 stride_d=0 " + types + " " + tail + "\n";
+}
+
+}  // namespace
+
+TEST_CASE("gemm steps: bf16/f16 operands into an f32 d are accepted; other mixes are refused") {
+  Plan p;
+  std::string error;
+  REQUIRE_MESSAGE(parse_plan(mixed_step("dtype=f32 a_dtype=bf16 b_dtype=bf16"), &p, &error), error);
+  CHECK(p.steps[0].attrs.at("a_dtype") == "bf16");
+  CHECK_MESSAGE(parse_plan(mixed_step("dtype=f32 a_dtype=f16 b_dtype=f16"), &p, &error), error);
+  CHECK(plan_error(mixed_step("dtype=f32 a_dtype=bf16 b_dtype=f16")) ==
+        "plan:7: gemm: a bf16/f16 a_dtype needs the same b_dtype");
+  CHECK(plan_error(mixed_step("dtype=f32 a_dtype=bf16 b_dtype=bf16", "compute=tf32 alpha=1 beta=1 epilogue=none")) ==
+        "plan:7: gemm: bf16/f16 operands into an f32 d need compute=f32");
+  CHECK(plan_error(mixed_step("dtype=f32 a_dtype=bf16 b_dtype=bf16", "compute=f32 alpha=1 beta=1 epilogue=relu")) ==
+        "plan:7: gemm: bf16/f16 operands into an f32 d take no epilogue");
+  CHECK(plan_error(mixed_step("dtype=bf16 a_dtype=f16 b_dtype=f16")) ==
+        "plan:7: gemm: a_dtype='f16' is not allowed (the gemm's dtype, f8e4m3fn or f8e5m2; bf16 or f16 into an f32 d)");
 }

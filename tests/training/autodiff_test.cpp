@@ -73,6 +73,7 @@ std::vector<Case> cases() {
       {"batch_norm", {in({2, 3, 2}), in({3}), in({3}), in({3}), pos({3})}},
       {"matmul", {in({2, 3, 4}), in({4, 5})}}, {"matmul:batch", {in({2, 1, 3, 4}), in({3, 4, 2})}},
       {"matmul:vec", {in({4}), in({2, 4, 3})}}, {"matmul:mat_vec", {in({3, 4}), in({4})}},
+      {"matmul_acc", {in({3, 4}), in({4, 5}), in({3, 5})}},
       {"linear", {in({2, 3, 4}), in({5, 4}), in({5})}}, {"linear:nobias", {in({4}), in({5, 4})}},
       {"attention", {in({1, 2, 3, 4}), in({1, 2, 3, 4}), in({1, 2, 3, 2})}, {{"scale", Attribute(0.5)}}},
       {"attention:gqa_causal_mask",
@@ -675,6 +676,113 @@ TEST_CASE("chunk-cross-entropy leaves heads it cannot chunk, and checks its opti
   auto bad = resolve_options(info.options, {{"chunks", int64_t{0}}}, "pass 'chunk-cross-entropy'");
   REQUIRE(bad.ok());
   CHECK(info.create(*bad).status().message() == "chunk-cross-entropy: option 'chunks' must be in [1, 4096], got 0");
+}
+
+}  // namespace
+}  // namespace kiln::training
+
+namespace kiln::training {
+namespace {
+
+/// A tied weight: %w is the head of two row chunks and an embedding table, so its gradient is a
+/// sum of two GEMM contributions and a scatter (what chunk-cross-entropy makes of a GPT's head).
+const char* kTiedHead = R"(graph @g(%x1: f32[3, 4], %x2: f32[2, 4], %ids: i64[3]) -> (%loss: f32[]) {
+  %w = constant() {value = dense<f32[5, 4]>[0.1, -0.2, 0.3, 0.4, 0.5, -0.6, 0.7, 0.05, -0.15, 0.25, 0.35, -0.45, 0.55, 0.65, -0.75, 0.2, 0.3, -0.1, 0.45, 0.6]} : f32[5, 4]
+  %e = gather(%w, %ids) {axis = 0} : f32[3, 4]
+  %x = add(%x1, %e) : f32[3, 4]
+  %h1 = linear(%x, %w) : f32[3, 5]
+  %h2 = linear(%x2, %w) : f32[2, 5]
+  %s1 = mul(%h1, %h1) : f32[3, 5]
+  %l1 = reduce_sum(%s1) {axes = [0, 1], keepdims = 0} : f32[]
+  %t2 = tanh(%h2) : f32[2, 5]
+  %l2 = reduce_sum(%t2) {axes = [0, 1], keepdims = 0} : f32[]
+  %loss = add(%l1, %l2) : f32[]
+  return %loss
+})";
+
+std::unique_ptr<Pass> make_pass(const PassInfo& info, std::map<std::string, OptionValue> options = {}) {
+  auto o = resolve_options(info.options, options, "pass '" + info.name + "'");
+  REQUIRE(o.ok());
+  auto pass = info.create(*o);
+  REQUIRE(pass.ok());
+  return std::move(*pass);
+}
+
+/// The joint graph of kTiedHead (autocast to `autocast` first unless empty) with and without
+/// accumulate-gemm, run on the same inputs: {plain, accumulated} outputs and the pass's graph.
+std::tuple<std::vector<Tensor>, std::vector<Tensor>, std::unique_ptr<Graph>> tied_head(const std::string& autocast) {
+  auto plain = parse(kTiedHead);
+  if (!autocast.empty()) REQUIRE(make_pass(autocast_pass_info(), {{"dtype", autocast}})->run(*plain).ok());
+  REQUIRE(differentiate(*plain, {}).ok());
+  auto acc = plain->clone();
+  auto changed = make_pass(accumulate_gemm_pass_info())->run(*acc);
+  REQUIRE_MESSAGE(changed.ok(), changed.status().message());
+  CHECK(*changed);
+  REQUIRE_MESSAGE(verify(*acc).ok(), verify(*acc).message());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> real(-1, 1);
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < plain->num_inputs(); ++i) {
+    Tensor t(plain->input(i)->dtype(), static_sizes(plain->input(i)->shape()));
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      if (is_float(t.dtype())) t.set_f64(k, real(rng));
+      else t.set_i64(k, (k * 2 + 1) % 5);
+    }
+    inputs.push_back(t);
+  }
+  auto want = Interpreter().run(*plain, inputs);
+  auto got = Interpreter().run(*acc, inputs);
+  REQUIRE(want.ok());
+  REQUIRE(got.ok());
+  return {std::move(*want), std::move(*got), std::move(acc)};
+}
+
+TEST_CASE("accumulate-gemm: a tied weight's GEMM contributions accumulate into its f32 sum") {
+  for (const char* autocast : {"", "bf16"}) {
+    CAPTURE(autocast);
+    auto [want, got, g] = tied_head(autocast);
+    int acc = 0, casts_to_f32 = 0;
+    for (const auto& n : g->nodes()) {
+      if (n->op_name() != "matmul_acc") continue;
+      ++acc;
+      CHECK(n->result()->dtype() == DType::kF32);
+      CHECK(n->operand(0)->dtype() == (*autocast ? DType::kBF16 : DType::kF32));
+    }
+    int gemms = 0;
+    for (const auto& n : g->nodes())
+      gemms += n->op_name() == "matmul" && n->result()->shape() == Shape{5, 4};
+    // Two GEMM contributions and the embedding's scatter (no GEMM, an add): whichever starts
+    // the sum, every other GEMM accumulates into it, and no [5, 4] product is cast to f32.
+    CHECK(acc >= 1);
+    CHECK(acc + gemms == 2);
+    for (const auto& n : g->nodes())
+      casts_to_f32 += n->op_name() == "cast" && n->result()->type() == TensorType{DType::kF32, {5, 4}};
+    CHECK(casts_to_f32 == (*autocast && gemms ? 1 : 0));
+    REQUIRE(got.size() == want.size());
+    // f32 throughout: the same sums in another order. bf16: one rounding less than the plain
+    // graph's bf16 product, within bf16's tolerance.
+    const double tol = *autocast ? 1.6e-2 : 1e-5;
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      const std::vector<double> a = want[i].to_f64(), c = got[i].to_f64();
+      REQUIRE(a.size() == c.size());
+      for (size_t k = 0; k < a.size(); ++k) CHECK(std::abs(c[k] - a[k]) <= tol * (1e-3 + std::abs(a[k])) + 1e-5);
+    }
+  }
+}
+
+TEST_CASE("accumulate-gemm leaves a contribution read elsewhere and sums that are not a weight's") {
+  // %p is read twice (its own output too): the GEMM must stay.
+  auto g = parse(R"(graph @g(%a: f32[4, 3], %b: f32[3, 2], %c: f32[4, 2]) -> (f32[4, 2], f32[4, 2], f32[4, 2]) {
+  %p = matmul(%a, %b) : f32[4, 2]
+  %s = add(%c, %p) {_accumulate = 1} : f32[4, 2]
+  %q = matmul(%a, %b) : f32[4, 2]
+  %t = add(%c, %q) : f32[4, 2]
+  return %s, %p, %t
+})");
+  auto changed = make_pass(accumulate_gemm_pass_info())->run(*g);
+  REQUIRE(changed.ok());
+  CHECK_FALSE(*changed);
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
                       parallel=None, backend="reference", targets=(), loss_chunks=None, schedule_lookahead=None):
     """A training pipeline's TOML: [chunk-cross-entropy in `loss_chunks` row chunks,] [fp8-training
     `fp8` (its options),] [autocast,] autodiff
-    [with dynamic loss scaling from `loss_scale`,] [remat `remat`,] the optimizer (`optimizer`,
+    [with dynamic loss scaling from `loss_scale`,] accumulate-gemm, [remat `remat`,] the optimizer (`optimizer`,
     its options), [decompose-losses, which the CUDA backends need,] Kiln's standard passes
     (schedule-memory looking `schedule_lookahead` nodes ahead when given), then `parallel` (the
     lines of a [parallel] section) and the backend."""
@@ -41,6 +41,7 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
     t += '\n[[passes]]\nname = "autodiff"\n'
     if loss_scale:
         t += f'options = {{ loss-scale = "dynamic", init-scale = {loss_scale} }}\n'
+    t += '\n[[passes]]\nname = "accumulate-gemm"\n'
     if remat:
         t += f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat}" }}\n'
     t += f'\n[[passes]]\nname = "optimizer"\noptions = {optimizer}\n'

@@ -67,6 +67,8 @@ bool Lowerer::fold_transpose(const Node& n) {
   }
   const int64_t batch = product(Sizes(xs.begin(), xs.end() - 2));
   for (const Use& u : n.result()->uses()) {
+    // matmul_acc reads its a and b (2-D) transposed as well, never its accumulator c.
+    if (u.user && u.user->op_name() == "matmul_acc" && u.index < 2 && r == 2) continue;
     if (!u.user || u.user->op_name() != "matmul" || absorbed_.count(u.user)) return false;
     const DType t = u.user->result()->dtype();
     if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) return false;

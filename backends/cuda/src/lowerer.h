@@ -321,6 +321,9 @@ class Lowerer {
   Status batch_norm(const Node& n);
   Status matmul(const Node& n);
   Status linear(const Node& n);
+  /// c + a @ b as one GEMM with beta 1 (bf16/f16 a and b into an f32 c: mixed dtypes), in place
+  /// in c's buffer when nothing else reads c.
+  Status matmul_acc(const Node& n);
   /// linear/matmul with at most 16 rows as one generated GEMV kernel (gemv.cpp); false when
   /// the node is not eligible and should go to cuBLASLt.
   StatusOr<bool> small_m_gemm(const Node& n);

@@ -176,6 +176,7 @@ Status Lowerer::lower_node(const Node& n) {
   if (op == "batch_norm") return batch_norm(n);
   if (op == "matmul") return matmul(n);
   if (op == "linear") return linear(n);
+  if (op == "matmul_acc") return matmul_acc(n);
   if (op == "quantize") return quantize(n);
   if (op == "requantize") return requantize(n);
   if (op == "dequantize") return dequantize(n);
@@ -1003,6 +1004,53 @@ Status Lowerer::linear(const Node& n) {
           std::to_string(m * nn) + " dtype=" + dname(t) + " compute=" + compute + " alpha=" + fmt_float(1) +
           " beta=" + fmt_float(ep.beta) + " epilogue=" + epilogue;
   steps_.push_back({text, used});
+  return ok_status();
+}
+
+Status Lowerer::matmul_acc(const Node& n) {
+  const Value *a = n.operand(0), *b = n.operand(1), *c = n.operand(2);
+  const DType t = n.result()->dtype(), ab = a->dtype();
+  for (DType d : {t, ab})
+    if (d != DType::kF32 && d != DType::kF16 && d != DType::kBF16) return unsupported_dtype(n, d);
+  const Sizes as = sizes_of(a), bs = sizes_of(b);
+  const bool ta = transposed_.count(a) > 0, tb = transposed_.count(b) > 0;
+  const int64_t m = as[0], k = as[1], nn = bs[1];
+  note_dtype(t);
+  note_dtype(ab);
+  // In place: cuBLASLt takes D = C when they share a layout, so a sum nothing else reads is
+  // overwritten instead of held next to its successor.
+  const int cid = buf(c);
+  const std::vector<Value*>& outs = c->producer() ? c->producer()->graph()->outputs() : std::vector<Value*>{};
+  const bool in_place = c->uses().size() == 1 && bufs_[cid].kind == "activation" && !transposed_.count(c) &&
+                        std::find(outs.begin(), outs.end(), c) == outs.end();
+  int out;
+  if (in_place) {
+    out = cid;
+    val_[n.result()] = out;
+    if (!n.result()->name().empty()) bufs_[out].name = n.result()->name();
+  } else {
+    out = activation_for(n.result());
+  }
+  if (m * nn == 0) return ok_status();
+  if (k == 0) {
+    if (!in_place)
+      steps_.push_back({"step copy src=b" + std::to_string(cid) + " dst=b" + std::to_string(out) + " bytes=" +
+                            std::to_string(bufs_[out].bytes),
+                        {cid, out}});
+    return ok_status();
+  }
+  gemm_ = true;
+  const int a_id = buf(a), b_id = buf(b);
+  const std::string mixed = ab == t ? "" : " a_dtype=" + dname(ab) + " b_dtype=" + dname(ab);
+  steps_.push_back({"step gemm a=b" + std::to_string(a_id) + " b=b" + std::to_string(b_id) + " d=b" + std::to_string(out) +
+                        " c=b" + std::to_string(cid) + " ldc=" + std::to_string(nn) + " m=" + std::to_string(m) +
+                        " n=" + std::to_string(nn) + " k=" + std::to_string(k) + " batch=1 trans_a=" + (ta ? "1" : "0") +
+                        " trans_b=" + (tb ? "1" : "0") + " lda=" + std::to_string(ta ? m : k) +
+                        " ldb=" + std::to_string(tb ? k : nn) + " ldd=" + std::to_string(nn) +
+                        " stride_a=0 stride_b=0 stride_d=0 dtype=" + dname(t) + mixed +
+                        " compute=" + (ab == DType::kF32 && opts_.allow_tf32 ? "tf32" : "f32") +
+                        " alpha=1 beta=1 epilogue=none",
+                    {a_id, b_id, out, cid}});
   return ok_status();
 }
 

@@ -137,6 +137,50 @@ Status matmul_kernel(KernelContext& ctx) {
 }
 
 // ---------------------------------------------------------------------------------------
+// matmul_acc
+
+Status infer_matmul_acc(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_same_dtype(ctx, 0, 1));
+  KILN_RETURN_IF_ERROR(require_dtype(ctx, 0, kFloatDTypes));
+  KILN_RETURN_IF_ERROR(require_dtype(ctx, 2, kFloatDTypes));
+  const TensorType &a = ctx.operand(0), &b = ctx.operand(1), &c = ctx.operand(2);
+  if (c.dtype != a.dtype && c.dtype != DType::kF32)
+    return ctx.error("operand 'c' must be " + std::string(dtype_name(a.dtype)) + " (the dtype of a and b) or f32, got " +
+                     c.str());  // only reached for a non-f32 a
+  if (a.rank() != 2 || b.rank() != 2)
+    return ctx.error("operands 'a' and 'b' must be matrices, got " + a.str() + " and " + b.str());
+  if (dims_conflict(a.shape[1], b.shape[0])) return ctx.error("contraction dims differ: " + a.str() + " @ " + b.str());
+  if (c.rank() != 2 || dims_conflict(c.shape[0], a.shape[0]) || dims_conflict(c.shape[1], b.shape[1]))
+    return ctx.error("operand 'c' must be [" + a.shape[0].str() + ", " + b.shape[1].str() + "], got " + c.str());
+  ctx.results = {c};
+  return ok_status();
+}
+
+/// c + a @ b: each sum of products in f64, then c added and the result rounded once (as a GEMM
+/// with beta = 1 does in its f32 accumulator).
+Status matmul_acc_reference(KernelContext& ctx) {
+  const Tensor &a = ctx.input(0), &b = ctx.input(1), &c = ctx.input(2);
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  if (b.shape()[0] != k) return invalid_argument("matmul_acc: contraction dims differ at run time");
+  const std::vector<double> av = a.to_f64(), bv = b.to_f64(), cv = c.to_f64();
+  Tensor& y = ctx.output();
+  y.mutable_data();  // copy on write happens here, once, not in the threads below
+  parallel_ranges(m, n * k, [&](int64_t begin, int64_t end) {
+    std::vector<double> acc(static_cast<size_t>(n));
+    for (int64_t i = begin; i < end; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t p = 0; p < k; ++p) {
+        const double a_ip = av[static_cast<size_t>(i * k + p)];
+        const double* b_row = bv.data() + p * n;
+        for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += a_ip * b_row[j];
+      }
+      for (int64_t j = 0; j < n; ++j) y.set_f64(i * n + j, cv[static_cast<size_t>(i * n + j)] + acc[static_cast<size_t>(j)]);
+    }
+  });
+  return ok_status();
+}
+
+// ---------------------------------------------------------------------------------------
 // linear
 
 Status infer_linear(InferContext& ctx) {
@@ -520,6 +564,17 @@ void register_linalg_ops(OpRegistry& r) {
                     .num_regions = 0,
                     .infer = infer_matmul,
                     .reference = matmul_reference});
+  add_op_or_die(r, {.name = "matmul_acc",
+                    .summary = "y = c + a @ b, a GEMM accumulating into c (beta = 1): a gradient summed in f32 "
+                               "from bf16/f16 products without a rounded product in between",
+                    .traits = kTraitContraction,
+                    .inputs = {"a", "b", "c"},
+                    .outputs = {"y"},
+                    .result_rule = "type of c[M, N], from a[M, K] and b[K, N] of one float dtype; c of that dtype or f32",
+                    .attrs = {},
+                    .num_regions = 0,
+                    .infer = infer_matmul_acc,
+                    .reference = matmul_acc_reference});
   add_op_or_die(r, {.name = "linear",
                     .summary = "y = x @ w^T + bias with w of shape [out_features, in_features]",
                     .traits = kTraitContraction,
