@@ -1381,6 +1381,78 @@ Status Lowerer::pad(const Node& n) {
   return ok_status();
 }
 
+namespace {
+
+/// One arena buffer to place: its aligned size and the steps it is live over (inclusive).
+struct Interval {
+  int id;
+  int64_t size;
+  int first, last;
+};
+
+/// First fit in allocation order: each buffer, as its first step comes, at the lowest offset
+/// free at that moment. Returns the arena size; `offset` gets each buffer's offset.
+int64_t first_fit(const std::vector<Interval>& bufs, int steps, std::vector<int64_t>& offset) {
+  std::vector<std::vector<size_t>> alloc_at(static_cast<size_t>(steps + 2)), free_at(static_cast<size_t>(steps + 2));
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    alloc_at[static_cast<size_t>(bufs[i].first + 1)].push_back(i);
+    free_at[static_cast<size_t>(bufs[i].last + 1)].push_back(i);
+  }
+  std::vector<std::pair<int64_t, int64_t>> live;  // (offset, size), sorted by offset
+  int64_t arena = 0;
+  for (size_t t = 0; t < alloc_at.size(); ++t) {
+    for (size_t i : alloc_at[t]) {
+      const int64_t size = bufs[i].size;
+      int64_t at = 0;
+      auto it = live.begin();
+      for (; it != live.end(); ++it) {
+        if (it->first - at >= size) break;
+        at = std::max(at, align_up(it->first + it->second));
+      }
+      offset[i] = at;
+      if (size > 0) live.insert(it, {at, size});
+      arena = std::max(arena, at + size);
+    }
+    for (size_t i : free_at[t]) {
+      auto it = std::find_if(live.begin(), live.end(), [&](const auto& p) { return p.first == offset[i] && p.second > 0; });
+      if (bufs[i].size > 0 && it != live.end()) live.erase(it);
+    }
+  }
+  return arena;
+}
+
+/// Greedy by size (TFLite's arena planner): the largest buffers first, each in the smallest gap
+/// between the buffers already placed whose lifetimes overlap its own. Usually closer to the
+/// peak of live bytes than first fit when a few large buffers come and go.
+int64_t greedy_by_size(const std::vector<Interval>& bufs, std::vector<int64_t>& offset) {
+  std::vector<size_t> order(bufs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return bufs[a].size != bufs[b].size ? bufs[a].size > bufs[b].size : bufs[a].first < bufs[b].first;
+  });
+  std::vector<size_t> placed;
+  int64_t arena = 0;
+  std::vector<std::pair<int64_t, int64_t>> busy;
+  for (size_t i : order) {
+    const Interval& b = bufs[i];
+    busy.clear();
+    for (size_t j : placed)
+      if (bufs[j].first <= b.last && b.first <= bufs[j].last) busy.push_back({offset[j], bufs[j].size});
+    std::sort(busy.begin(), busy.end());
+    int64_t at = 0, best = -1, best_gap = std::numeric_limits<int64_t>::max();
+    for (const auto& [off, size] : busy) {
+      if (off - at >= b.size && off - at < best_gap) best = at, best_gap = off - at;
+      at = std::max(at, align_up(off + size));
+    }
+    offset[i] = best >= 0 ? best : at;
+    arena = std::max(arena, offset[i] + b.size);
+    if (b.size > 0) placed.push_back(i);
+  }
+  return arena;
+}
+
+}  // namespace
+
 int64_t Lowerer::plan_memory() {
   const int last_step = static_cast<int>(steps_.size());
   std::vector<int> first(bufs_.size(), std::numeric_limits<int>::max()), last(bufs_.size(), -2);
@@ -1390,7 +1462,7 @@ int64_t Lowerer::plan_memory() {
       first[r] = std::min(first[r], s);
       last[r] = std::max(last[r], s);
     }
-  std::vector<std::vector<int>> alloc_at(static_cast<size_t>(last_step + 2)), free_at(static_cast<size_t>(last_step + 2));
+  std::vector<Interval> arena_bufs;
   for (size_t b = 0; b < bufs_.size(); ++b) {
     const std::string& k = bufs_[b].kind;
     if (k != "input" && k != "output" && k != "activation") continue;
@@ -1398,31 +1470,15 @@ int64_t Lowerer::plan_memory() {
     int l = k == "output" ? last_step : last[b];
     if (f == std::numeric_limits<int>::max()) f = -1;
     l = std::max(l, f);
-    alloc_at[static_cast<size_t>(f + 1)].push_back(static_cast<int>(b));
-    free_at[static_cast<size_t>(l + 1)].push_back(static_cast<int>(b));
+    arena_bufs.push_back({static_cast<int>(b), align_up(bufs_[b].bytes), f, l});
   }
-  std::vector<std::pair<int64_t, int64_t>> live;  // (offset, size), sorted by offset
-  int64_t arena = 0;
-  for (size_t t = 0; t < alloc_at.size(); ++t) {
-    for (int b : alloc_at[t]) {
-      const int64_t size = align_up(bufs_[static_cast<size_t>(b)].bytes);
-      int64_t at = 0;
-      auto it = live.begin();
-      for (; it != live.end(); ++it) {
-        if (it->first - at >= size) break;
-        at = std::max(at, align_up(it->first + it->second));
-      }
-      bufs_[static_cast<size_t>(b)].offset = at;
-      if (size > 0) live.insert(it, {at, size});
-      arena = std::max(arena, at + size);
-    }
-    for (int b : free_at[t]) {
-      const int64_t off = bufs_[static_cast<size_t>(b)].offset;
-      auto it = std::find_if(live.begin(), live.end(), [&](const auto& p) { return p.first == off && p.second > 0; });
-      if (align_up(bufs_[static_cast<size_t>(b)].bytes) > 0 && it != live.end()) live.erase(it);
-    }
-  }
-  return arena;
+  // Both placements, the smaller arena wins (first fit on a tie: the plans before stay as they were).
+  std::vector<int64_t> fit(arena_bufs.size()), greedy(arena_bufs.size());
+  const int64_t by_fit = first_fit(arena_bufs, last_step, fit);
+  const int64_t by_size = greedy_by_size(arena_bufs, greedy);
+  const std::vector<int64_t>& offset = by_size < by_fit ? greedy : fit;
+  for (size_t i = 0; i < arena_bufs.size(); ++i) bufs_[static_cast<size_t>(arena_bufs[i].id)].offset = offset[i];
+  return std::min(by_fit, by_size);
 }
 
 void Lowerer::drop_unread_weights() {
