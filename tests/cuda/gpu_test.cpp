@@ -70,6 +70,14 @@ const Case kCases[] = {
   %zx = reduce_max(%z) {axes = [1, 2], keepdims = 1} : f32[2, 1, 1, 36]
   %hm = reduce_mean(%h) {axes = [1, 2], keepdims = 0} : bf16[2, 70]
   return %m, %n, %s, %t, %zm, %zx, %hm })"},
+    // Reduced dims between kept ones and a kept last dim (RoPE's table gradient over batch and
+    // heads), with the product on the loads; %h's 6 x 9 tiles split its rows across blocks.
+    {"interleaved reductions", R"(graph @g(%dy: f32[8, 20, 10, 288], %r: f32[8, 20, 10, 288], %h: bf16[16, 6, 8, 7, 40]) -> (f32[1, 20, 1, 288], bf16[6, 7, 40], f32[20, 288]) {
+  %p = mul(%dy, %r) : f32[8, 20, 10, 288]
+  %g = reduce_sum(%p) {axes = [0, 2], keepdims = 1} : f32[1, 20, 1, 288]
+  %s = reduce_max(%h) {axes = [0, 2], keepdims = 0} : bf16[6, 7, 40]
+  %u = reduce_mean(%dy) {axes = [0, 2], keepdims = 0} : f32[20, 288]
+  return %g, %s, %u })"},
     // Few long rows split into chunks, a block each, then a combining kernel: a global norm's
     // sum over a whole tensor, 3 rows of 70000, kept dims between reduced ones. abs() keeps the f32
     // sums free of cancellation, so f32 accumulation in any order stays within assert_close.

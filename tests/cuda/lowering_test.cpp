@@ -400,6 +400,23 @@ graph @g(%x: f32[16, 56, 56, 96], %y: f32[4, 300]) -> (f32[16, 96], f32[1, 300])
   compiles_everywhere(l);
 }
 
+TEST_CASE("a reduction over interleaved dims with a kept last dim reads along it (RoPE's table gradient)") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%dy: f32[8, 512, 32, 128], %r: f32[8, 512, 32, 128]) -> (f32[1, 512, 1, 128]) {
+  %p = mul(%dy, %r) : f32[8, 512, 32, 128]
+  %g = reduce_sum(%p) {axes = [0, 2], keepdims = 1} : f32[1, 512, 1, 128]
+  return %g
+})");
+  INFO(l.source);
+  REQUIRE(l.kernels.size() == 1);
+  // 512 positions x 4 tiles of 32 lanes, each warp reading 32 neighbouring floats of a head,
+  // not 65536 blocks each gathering 256 floats 512 bytes apart.
+  CHECK(l.plan.find("kernel=" + l.kernels[0] + " grid=2048,1,1") != std::string::npos);
+  CHECK(l.source.find("part[wrp][lane]") != std::string::npos);
+  CHECK(l.source.find("p0[base + off + i] * p1[base + off + i]") != std::string::npos);
+  compiles_everywhere(l);
+}
+
 TEST_CASE("short reductions take a thread per output (a GQA key gradient summed over its repeat dim)") {
   const LoweredGraph l = lower_text(R"(
 graph @g(%k: bf16[8, 8, 4, 512, 128], %x: f32[1000, 7]) -> (bf16[8, 8, 512, 128], f32[1000]) {

@@ -647,17 +647,19 @@ Status Lowerer::reduce(const Node& n) {
     launch_elementwise(kernel_name(op), x_params + st + "* __restrict__ y", rows, short_body, with_x({out}));
     return ok_status();
   }
-  // Reduced dims in one run with kept dims after them, x viewed as [O, R, I] (a channels-last
-  // global pool: [N, H*W, C]): a warp reads 32 neighbours along I for a row r, the block's 8
-  // warps take every 8th r, and shared memory combines them. A row per block would read I-strided
-  // single elements.
+  // Kept dims after the last reduced one, x viewed as [O, R, I] (a channels-last global pool:
+  // [N, H*W, C]; RoPE's table gradient [B, T, heads, hd] summed over B and heads): a warp reads
+  // 32 neighbours along I for a row r, the block's 8 warps take every 8th r, and shared memory
+  // combines them. A row per block would read I-strided single elements. O and R may interleave
+  // (reduced dims between kept ones); then their offsets come from index arithmetic.
   size_t first = xs.size(), last = 0;
   for (size_t d = 0; d < xs.size(); ++d)
     if (mask[d]) first = std::min(first, d), last = d;
-  bool middle = first < xs.size() && last + 1 < xs.size();
-  for (size_t d = first; middle && d <= last; ++d) middle = mask[d];
-  const int64_t inner = middle ? product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(last) + 1, xs.end())) : 1;
-  if (middle && inner >= 8 && len >= 64) {
+  const bool kept_inner = first < xs.size() && last + 1 < xs.size();
+  bool contiguous = kept_inner;
+  for (size_t d = first; contiguous && d <= last; ++d) contiguous = mask[d];
+  const int64_t inner = kept_inner ? product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(last) + 1, xs.end())) : 1;
+  if (kept_inner && inner >= 8 && len >= 64) {
     const int64_t outer = rows / inner, tiles = (inner + 31) / 32, warps = kBlock / 32;
     // Few outputs (a squeeze-excite pool over [16, 112*112, 32] has 16 tiles) would leave most
     // of the GPU idle with each warp walking thousands of rows: split R into chunks, one block
@@ -672,9 +674,19 @@ Status Lowerer::reduce(const Node& n) {
     body += "    const long long o = ot / " + int_literal(tiles) + ", i = (ot % " + int_literal(tiles) + ") * 32 + lane;\n";
     body += "    const long long r1 = min((s + 1) * " + C + ", " + L + ");\n";
     body += "    " + acc + " acc = " + init + ";\n";
-    body += "    if (i < " + I + ") {\n#pragma unroll 8\n";
-    body += "      for (long long r = s * " + C + " + wrp; r < r1; r += " + std::to_string(warps) + ")\n";
-    body += "        acc = comb(acc, (" + acc + ")" + load("(o * " + L + " + r) * " + I + " + i") + ");\n";
+    body += "    if (i < " + I + ") {\n";
+    if (contiguous) {
+      body += "#pragma unroll 8\n      for (long long r = s * " + C + " + wrp; r < r1; r += " + std::to_string(warps) + ")\n";
+      body += "        acc = comb(acc, (" + acc + ")" + load("(o * " + L + " + r) * " + I + " + i") + ");\n";
+    } else {
+      Sizes od, os;  // the kept dims before the last reduced one, and their strides in x
+      for (size_t d = 0; d < last; ++d)
+        if (!mask[d]) od.push_back(xs[d]), os.push_back(cs[d]);
+      body += "      " + index_code("o", od, {os}, {"base"});
+      body += "#pragma unroll 8\n      for (long long r = s * " + C + " + wrp; r < r1; r += " + std::to_string(warps) + ") {\n";
+      body += "        " + index_code("r", rd, {rs}, {"off"});
+      body += "        acc = comb(acc, (" + acc + ")" + load("base + off + i") + ");\n      }\n";
+    }
     body += "    }\n    part[wrp][lane] = acc;\n    __syncthreads();\n";
     body += "    if (wrp == 0 && i < " + I + ") {\n";
     body += "      for (int w = 1; w < " + std::to_string(warps) + "; ++w) acc = comb(acc, part[w][lane]);\n";
