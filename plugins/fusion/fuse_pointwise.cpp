@@ -446,6 +446,44 @@ StatusOr<bool> split_to_slices(Graph& g) {
   return changed;
 }
 
+/// Gives the users of a widening cast (a bf16 weight gradient widened to f32, which the global
+/// norm's sum of squares and the optimizer's update both read) that sit in other groups than
+/// the cast a cast of their own: each group then reads the narrow value and widens it in
+/// registers, and the wide copy is never written and read back. `group_of` maps the nodes of
+/// a first grouping to their group. Casts whose wide value is stored anyway (a graph output, a
+/// non-elementwise user, a user of another shape) are left alone.
+StatusOr<bool> widening_cast_per_group(Graph& g, const std::unordered_map<const Node*, int>& group_of) {
+  auto group = [&](const Node* n) {
+    auto it = group_of.find(n);
+    return it == group_of.end() ? -1 : it->second;
+  };
+  bool changed = false;
+  for (Node* n : g.node_list()) {
+    if (n->op_name() != "cast" || !is_member_candidate(*n)) continue;
+    const DType from = n->operand(0)->dtype(), to = n->result()->dtype();
+    if (from == DType::kF8E4M3FN || from == DType::kF8E5M2 || dtype_bits(from) >= dtype_bits(to)) continue;
+    const int mine = group(n);
+    std::vector<Node*> outside;
+    bool stored = false, inside = false;
+    for (const Use& u : n->result()->uses()) {
+      if (!u.user || !is_member_candidate(*u.user) || u.user->result()->shape() != n->result()->shape()) stored = true;
+      else if (mine >= 0 && group(u.user) == mine) inside = true;
+      else if (std::find(outside.begin(), outside.end(), u.user) == outside.end()) outside.push_back(u.user);
+    }
+    // A cast no user shares a group with keeps its first user.
+    const size_t first = inside ? 0 : 1;
+    if (stored || outside.size() <= first) continue;
+    for (size_t k = first; k < outside.size(); ++k) {
+      KILN_ASSIGN_OR_RETURN(Node * copy, g.create_node("cast", {n->operand(0)}, {n->result()->type()}, n->attrs(), n));
+      copy->set_loc(n->loc());
+      for (int i = 0; i < outside[k]->num_operands(); ++i)
+        if (outside[k]->operand(i) == n->result()) outside[k]->set_operand(i, copy->result());
+      changed = true;
+    }
+  }
+  return changed;
+}
+
 class FusePointwise final : public Pass {
  public:
   FusePointwise(int64_t max_size, int64_t min_size) : max_size_(max_size), min_size_(min_size) {}
@@ -466,14 +504,26 @@ class FusePointwise final : public Pass {
   /// Fuses the nodes of `g` itself (not those nested in its regions).
   StatusOr<bool> fuse_graph(Graph& g) {
     KILN_ASSIGN_OR_RETURN(bool changed, split_to_slices(g));
+    std::vector<std::vector<Node*>> groups = group_nodes(g);
+    std::unordered_map<const Node*, int> group_of;
+    for (size_t gid = 0; gid < groups.size(); ++gid)
+      for (const Node* n : groups[gid]) group_of[n] = static_cast<int>(gid);
+    KILN_ASSIGN_OR_RETURN(bool recast, widening_cast_per_group(g, group_of));
+    if (recast) groups = group_nodes(g);  // each new cast joins its user's group
+    changed |= recast;
+    KILN_ASSIGN_OR_RETURN(bool fused_any, fuse_groups(g, groups, min_size_));
+    return changed || fused_any;
+  }
+
+  std::vector<std::vector<Node*>> group_nodes(Graph& g) const {
     Grouper grouper(g, max_size_);
     std::vector<std::vector<Node*>> groups;
     for (const std::vector<int>& group : grouper.run()) {
+      if (group.empty()) continue;
       groups.emplace_back();
       for (int i : group) groups.back().push_back(grouper.order()[static_cast<size_t>(i)]);
     }
-    KILN_ASSIGN_OR_RETURN(bool fused_any, fuse_groups(g, groups, min_size_));
-    return changed || fused_any;
+    return groups;
   }
 
   int64_t max_size_, min_size_;

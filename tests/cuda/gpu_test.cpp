@@ -111,6 +111,28 @@ const Case kCases[] = {
   %xs = mul(%x, %s) : f32[8, 64, 96]
   %p = reduce_mean(%xs) {axes = [1], keepdims = 0} : f32[8, 96]
   return %n, %m, %p })"},
+    // Fused pointwise nodes only a reduction reads, computed on its loads: a bf16 gradient widened
+    // and squared before a split sum, a scaled exponential plus a constant before a middle mean.
+    {"fused reduction prologues", R"(graph @g(%g16: bf16[600, 700], %x: f32[8, 64, 96], %s: f32[]) -> (f32[], f32[8, 96]) {
+  %sq = fused(%g16) : f32[600, 700] {
+    graph @fused(%a: bf16[600, 700]) -> (f32[600, 700]) {
+      %g = cast(%a) {to = f32} : f32[600, 700]
+      %q = mul(%g, %g) : f32[600, 700]
+      return %q
+    }
+  }
+  %n = reduce_sum(%sq) {keepdims = 0} : f32[]
+  %xs = fused(%x, %s) : f32[8, 64, 96] {
+    graph @fused(%b: f32[8, 64, 96], %c: f32[]) -> (f32[8, 64, 96]) {
+      %h = constant() {value = dense<f32[]>[0.5]} : f32[]
+      %e = exp(%b) : f32[8, 64, 96]
+      %m = mul(%e, %c) : f32[8, 64, 96]
+      %r = add(%m, %h) : f32[8, 64, 96]
+      return %r
+    }
+  }
+  %p = reduce_mean(%xs) {axes = [1], keepdims = 0} : f32[8, 96]
+  return %n, %p })"},
     // Gather's transpose (an embedding's gradient): repeated and negative indices accumulate
     // through atomics; into zeros the output is cleared by a memset, not copied from a buffer.
     {"scatter-add", R"(graph @g(%gy: f32[4, 3, 8], %d: f32[6, 8], %h: bf16[2, 3, 5], %hd: bf16[2, 4, 5]) -> (f32[6, 8], f32[6, 8], bf16[2, 4, 5]) {

@@ -462,4 +462,42 @@ graph @g(%w: f32[4096, 1024], %h: bf16[300, 7], %x: f32[8, 64, 96], %s: f32[]) -
   CHECK(l.plan.find("name=sq") == std::string::npos);
   compiles_everywhere(l);
 }
+
+TEST_CASE("a fused pointwise node only a reduction reads is computed on its loads (a bf16 gradient's sum of squares)") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%g16: bf16[4096, 1024], %h: f32[300, 7]) -> (f32[], f32[300]) {
+  %sq = fused(%g16) : f32[4096, 1024] {
+    graph @fused(%a: bf16[4096, 1024]) -> (f32[4096, 1024]) {
+      %g = cast(%a) {to = f32} : f32[4096, 1024]
+      %q = mul(%g, %g) : f32[4096, 1024]
+      return %q
+    }
+  }
+  %n = reduce_sum(%sq) {keepdims = 0} : f32[]
+  %ah = fused(%h) : f32[300, 7] {
+    graph @fused(%b: f32[300, 7]) -> (f32[300, 7]) {
+      %two = constant() {value = dense<f32[]>[2.0]} : f32[]
+      %t = mul(%b, %two) : f32[300, 7]
+      %u = abs(%t) : f32[300, 7]
+      return %u
+    }
+  }
+  %m = reduce_max(%ah) {axes = [1], keepdims = 0} : f32[300]
+  return %n, %m
+}
+)");
+  INFO(l.source);
+  // No kernel writes the f32 squares or the scaled magnitudes: the reductions read the bf16
+  // gradient and h themselves.
+  for (const std::string& k : l.kernels) {
+    CAPTURE(k);
+    CHECK(k.find("fused") == std::string::npos);
+  }
+  CHECK(l.source.find("const __nv_bfloat16* __restrict__ p0, float* __restrict__ partial") != std::string::npos);
+  CHECK(l.source.find("__bfloat162float(p0[base + off])") != std::string::npos);
+  CHECK(l.source.find("fabsf(((float)(p0[base + off] * ((float)(2.0f)))))") != std::string::npos);
+  CHECK(l.plan.find("shape=4096x1024 bytes=16777216") == std::string::npos);
+  compiles_everywhere(l);
+}
+
 }  // namespace kiln::cuda

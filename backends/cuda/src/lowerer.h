@@ -295,6 +295,12 @@ class Lowerer {
                    const std::vector<const Value*>& inputs, const std::vector<const Value*>& outputs,
                    const std::vector<int>& in_bufs, const std::vector<int>& out_bufs);
   StatusOr<std::string> op_expr(const Node& n, const std::vector<std::string>& a);
+  /// The expression of fused-body member `n` (a scalar constant, an identity or an elementwise
+  /// op) from its operands' expressions in `var`.
+  StatusOr<std::string> member_expr(const Node& n, const std::unordered_map<const Value*, std::string>& var);
+  /// One expression for the single result of pure pointwise fused node `n` (elementwise ops,
+  /// identities and scalar constants only) from its operands' expressions `a`.
+  StatusOr<std::string> fused_expr(const Node& n, const std::vector<std::string>& a);
   Status strided_copy(const Node& n, int in, int out, const Sizes& out_shape, const Sizes& in_strides,
                       int64_t in_base, const Sizes& out_strides, int64_t out_base, const Sizes& iter);
   Status gather_view(const Node& n, int in, int out, const Sizes& out_shape, const Sizes& strides,
@@ -302,9 +308,10 @@ class Lowerer {
     return strided_copy(n, in, out, out_shape, strides, base, contiguous_strides(out_shape), 0, out_shape);
   }
   Status reduce(const Node& n);
-  /// Whether elementwise node `n` becomes the prologue of the reduction that alone reads its
-  /// result (a gradient's square before a global norm's sum): the reduction computes it on its
-  /// loads, and no kernel writes the result. Records it in reduce_prologue_.
+  /// Whether elementwise node `n` (or a pure pointwise fused node of one result) becomes the
+  /// prologue of the reduction that alone reads its result (a gradient's square before a global
+  /// norm's sum, its bf16 -> f32 cast included): the reduction computes it on its loads, and no
+  /// kernel writes the result. Records it in reduce_prologue_.
   bool defer_to_reduce(const Node& n);
   std::set<const Node*> reduce_prologue_;
   Status arg_reduce(const Node& n);

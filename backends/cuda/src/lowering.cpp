@@ -117,6 +117,7 @@ Status Lowerer::lower_node(const Node& n) {
   if (op == "variable" || op == "assign" || op == "amax") return state_op(n);  // state.cpp
   if (op == "fused") {
     const Graph& body = n.region(0);
+    if (pure_pointwise(n) && defer_to_reduce(n)) return ok_status();
     if (pure_pointwise(n)) {
       std::vector<const Node*> nodes;
       for (const auto& m : body.nodes()) nodes.push_back(m.get());
@@ -345,6 +346,44 @@ StatusOr<std::string> Lowerer::op_expr(const Node& n, const std::vector<std::str
   return unsupported(n, "no kernel for dtype " + dname(in));
 }
 
+StatusOr<std::string> Lowerer::member_expr(const Node& n, const std::unordered_map<const Value*, std::string>& var) {
+  if (n.op_name() == "constant") {
+    const Tensor& t = n.attr("value")->as_tensor();
+    if (t.numel() != 1) return unsupported(n, "not a scalar constant");
+    if (is_integer(t.dtype())) return int_literal(t.get_i64(0));
+    return literal(t.dtype(), is_float(t.dtype()) ? t.get_f64(0) : static_cast<double>(t.get_i64(0)));
+  }
+  if (n.op_name() == "identity") return var.at(n.operand(0));
+  std::vector<std::string> a;
+  for (const Value* v : n.operands()) {
+    KILN_RETURN_IF_ERROR(reg(n, v->dtype()).status());
+    a.push_back(var.at(v));
+  }
+  return op_expr(n, a);
+}
+
+StatusOr<std::string> Lowerer::fused_expr(const Node& n, const std::vector<std::string>& a) {
+  // Longest expression inlined: operands used twice are repeated, so deep bodies could blow up.
+  constexpr size_t kMaxExpr = 4096;
+  const Graph& body = n.region(0);
+  if (n.num_results() != 1 || body.num_outputs() != 1 || body.num_inputs() != static_cast<int>(a.size()))
+    return unsupported(n, "not a one-result fused node");
+  std::unordered_map<const Value*, std::string> var;
+  for (int k = 0; k < body.num_inputs(); ++k) var[body.input(k)] = a[static_cast<size_t>(k)];
+  for (const auto& m : body.nodes()) {
+    if (m->num_results() != 1) return unsupported(*m, "not one result");
+    const std::string& op = m->op_name();
+    if (op == "quantize" || op == "amax" || (op != "constant" && op != "identity" && !m->op()->has(kTraitElementwise)))
+      return unsupported(*m, "not elementwise");
+    KILN_ASSIGN_OR_RETURN(std::string e, member_expr(*m, var));
+    KILN_ASSIGN_OR_RETURN(std::string rt, reg(*m, m->result()->dtype()));
+    e = "((" + rt + ")" + round_expr(m->result()->dtype(), e) + ")";
+    if (e.size() > kMaxExpr) return unsupported(*m, "expression too long to inline");
+    var[m->result()] = std::move(e);
+  }
+  return var.at(body.output(0));
+}
+
 Status Lowerer::pointwise(const std::string& label, const std::vector<const Node*>& nodes,
                           const std::vector<const Value*>& inputs, const std::vector<const Value*>& outputs,
                           const std::vector<int>& in_bufs, const std::vector<int>& out_bufs) {
@@ -433,19 +472,8 @@ Status Lowerer::pointwise(const std::string& label, const std::vector<const Node
     if (to_f8) {
       need_fp8();
       e = "(" + quantize_quotient(n->operand(0)->dtype(), var.at(n->operand(0)), var.at(n->operand(1))) + ")";
-    } else if (n->op_name() == "constant") {
-      const Tensor& t = n->attr("value")->as_tensor();
-      e = is_float(t.dtype()) ? literal(t.dtype(), t.get_f64(0)) : literal(t.dtype(), static_cast<double>(t.get_i64(0)));
-      if (is_integer(t.dtype())) e = int_literal(t.get_i64(0));
-    } else if (n->op_name() == "identity") {
-      e = var.at(n->operand(0));
     } else {
-      std::vector<std::string> a;
-      for (const Value* v : n->operands()) {
-        KILN_RETURN_IF_ERROR(reg(*n, v->dtype()).status());
-        a.push_back(var.at(v));
-      }
-      KILN_ASSIGN_OR_RETURN(e, op_expr(*n, a));
+      KILN_ASSIGN_OR_RETURN(e, member_expr(*n, var));
     }
     const std::string name = "v" + std::to_string(next++);
     body += "    const " + rt + " " + name + " = " + (to_f8 ? e : round_expr(r->dtype(), e)) + ";\n";
@@ -531,7 +559,7 @@ bool Lowerer::defer_to_reduce(const Node& n) {
     if (!val_.count(v)) return false;
     names.push_back("a" + std::to_string(names.size()));
   }
-  if (!op_expr(n, names).ok()) return false;
+  if (!(n.op_name() == "fused" ? fused_expr(n, names) : op_expr(n, names)).ok()) return false;
   reduce_prologue_.insert(&n);
   return true;
 }
@@ -605,7 +633,8 @@ Status Lowerer::reduce(const Node& n) {
         const bool scalar = product(sizes_of(v)) == 1;
         a.push_back(load_expr(v->dtype(), "p" + std::to_string(k) + "[" + (scalar ? std::string("0") : at) + "]"));
       }
-      return round_expr(t, *op_expr(*pro, a));  // defer_to_reduce checked that op_expr succeeds
+      // defer_to_reduce checked that the expression builds
+      return round_expr(t, pro->op_name() == "fused" ? *fused_expr(*pro, a) : *op_expr(*pro, a));
     };
   }
   auto with_x = [&](std::vector<int> rest) {
