@@ -99,6 +99,8 @@ std::string host_cpu_description();
 // Native kernels (f32 unless noted). Each returns false when its case is not handled, so
 // the caller falls back to the reference kernel.
 bool run_matmul(ThreadPool& tp, const Tensor& a, const Tensor& b, Tensor& y);
+/// matmul_acc: y = c + a @ b with f32 c and y, f32 or bf16 2-D a and b (one sgemm, beta 1).
+bool run_matmul_acc(ThreadPool& tp, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& y);
 bool run_linear(ThreadPool& tp, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 /// scaled_matmul (f8 a [.., k] and b [n, k], f32 scales, f32 or bf16 result): the f8 values
 /// decoded to f32, one sgemm accumulating in f32, then the scales and bias (and one rounding).

@@ -56,7 +56,7 @@ struct Plan {
 /// Ops the native kernels cover (see cpu.h); anything else without a JIT lowering runs
 /// through its reference kernel.
 bool has_native(const std::string& op) {
-  static const char* const kOps[] = {"matmul", "linear", "conv", "max_pool", "avg_pool",
+  static const char* const kOps[] = {"matmul", "matmul_acc", "linear", "conv", "max_pool", "avg_pool",
                                      "softmax", "log_softmax", "layer_norm", "rms_norm",
                                      "reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
                                      "reduce_prod", "transpose", "slice", "expand", "concat",
@@ -333,6 +333,7 @@ Status CpuExecutable::run_native(const Step& s, std::vector<Tensor>& in, std::ve
   const std::string& o = n.op_name();
   const Tensor* bias = in.size() > 2 ? &in[2] : nullptr;
   if (o == "matmul") done = run_matmul(pool_, in[0], in[1], out[0]);
+  else if (o == "matmul_acc") done = run_matmul_acc(pool_, in[0], in[1], in[2], out[0]);
   else if (o == "linear") done = run_linear(pool_, in[0], in[1], bias, out[0]);
   else if (o == "conv")
     done = run_conv(pool_, n, in[0], in[1], bias, out[0], s.const_weights ? &s.cache : nullptr,

@@ -297,6 +297,18 @@ bool is_bf16(const Tensor& t) { return t.dtype() == DType::kBF16; }
 
 }  // namespace
 
+bool run_matmul_acc(ThreadPool& tp, const Tensor& a, const Tensor& b, const Tensor& c, Tensor& y) {
+  // c + a @ b into an f32 sum (accumulate-gemm's gradient sums): bf16 operands widen exactly.
+  if (!is_f32(c) || !is_f32(y) || !have_blas()) return false;
+  if (is_bf16(a) && is_bf16(b)) return run_matmul_acc(tp, bf16_to_f32(tp, a), bf16_to_f32(tp, b), c, y);
+  if (!is_f32(a) || !is_f32(b) || a.shape().size() != 2 || b.shape().size() != 2) return false;
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  float* yp = out_as<float>(y);
+  std::memmove(yp, c.data_as<float>(), static_cast<size_t>(m * n) * sizeof(float));
+  if (m * n > 0 && k > 0) gemm(tp, false, m, n, k, a.data_as<float>(), k, b.data_as<float>(), n, 1.0f, yp, n);
+  return true;
+}
+
 bool run_matmul(ThreadPool& tp, const Tensor& a, const Tensor& b, Tensor& y) {
   // bf16 (autocast's contractions): f32 products and sums as on a tensor core, one rounding.
   if (is_bf16(a) && is_bf16(b) && is_bf16(y) && have_blas()) {

@@ -283,6 +283,14 @@ TEST_CASE("cpu: FP8 quantize is bit for bit the reference's, scaled_matmul and b
   %y = linear(%x, %w, %c) : bf16[5, 24]
   return %m, %y
 })", 2, true);
+  // accumulate-gemm's sums: bf16 or f32 products added to an f32 c in one sgemm (beta 1).
+  check_graph(R"(graph @g(%a: bf16[40, 33], %b: bf16[33, 20], %c: f32[40, 20], %x: f32[7, 90], %w: f32[90, 30], %s: f32[7, 30]) -> (f32[40, 20], f32[7, 30]) {
+  %at = transpose(%a) {perm = [1, 0]} : bf16[33, 40]
+  %a2 = transpose(%at) {perm = [1, 0]} : bf16[40, 33]
+  %y = matmul_acc(%a2, %b, %c) : f32[40, 20]
+  %z = matmul_acc(%x, %w, %s) : f32[7, 30]
+  return %y, %z
+})", 2, true);
 }
 
 TEST_CASE("cpu: 3x3 convolutions by Winograd match the reference") {
