@@ -77,6 +77,11 @@ TEST_CASE("state: the FP8 delayed-scaling graph lowers to weight-section state u
       CHECK((has(s, " a_scale=" + bufs["x.scale"].first) || has(s, " a_scale=" + bufs["a.scale"].first)));
     }
   CHECK(gemms == 2);
+  // Each history roll (a concat of 1 and 3 elements) is one kernel, not a copy per input.
+  int concats = 0;
+  for (const std::string& k : l.kernels) concats += has(k, "_concat");
+  CHECK(concats == 2);
+  CHECK(has(l.source, "if (a >= 1LL && a < 4LL) y[i] = x1[(o * 3LL + a - 1LL) * 1LL + e];"));
   // amax: a memset of the f32 result, then its kernel.
   int amax = 0;
   for (const std::string& k : l.kernels) amax += has(k, "_amax");

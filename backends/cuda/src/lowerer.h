@@ -20,6 +20,8 @@ namespace kiln::cuda::detail {
 constexpr int64_t kAlign = 256;
 constexpr int kBlock = 256;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;
+/// Concats of at most this many elements are one kernel rather than a copy per input.
+constexpr int64_t kSmallConcat = 4096;
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 constexpr int64_t kFoldLimitBytes = int64_t{64} << 20;
 /// Largest im2col buffer a conv may take; larger ones use the direct kernel.

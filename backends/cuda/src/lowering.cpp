@@ -227,6 +227,29 @@ Status Lowerer::lower_node(const Node& n) {
     const Sizes os = sizes_of(n.result());
     const int64_t axis = norm_axis(n.get_int("axis"), static_cast<int64_t>(os.size()));
     const Sizes ost = contiguous_strides(os);
+    // A small concat (FP8 delayed scaling's amax history roll: 1 + 15 elements) is one kernel
+    // picking each element's input: its cost is launches, one per input otherwise.
+    if (product(os) <= kSmallConcat && n.num_operands() > 1) {
+      KILN_ASSIGN_OR_RETURN(std::string st, storage(n, n.result()->dtype()));
+      const int64_t inner = ost[static_cast<size_t>(axis)], len = os[static_cast<size_t>(axis)];
+      std::string params, body = "    const long long a = i / " + int_literal(inner) + " % " + int_literal(len) +
+                                 ", o = i / " + int_literal(inner * len) + ", e = i % " + int_literal(inner) + ";\n";
+      std::vector<int> args;
+      int64_t at = 0;
+      for (int k = 0; k < n.num_operands(); ++k) {
+        const int64_t lk = sizes_of(n.operand(k))[static_cast<size_t>(axis)];
+        const std::string x = "x" + std::to_string(k);
+        params += "const " + st + "* __restrict__ " + x + ", ";
+        args.push_back(buf(n.operand(k)));
+        if (lk > 0)
+          body += "    if (a >= " + int_literal(at) + " && a < " + int_literal(at + lk) + ") y[i] = " + x + "[(o * " +
+                  int_literal(lk) + " + a - " + int_literal(at) + ") * " + int_literal(inner) + " + e];\n";
+        at += lk;
+      }
+      args.push_back(out);
+      if (product(os) > 0) launch_elementwise(kernel_name("concat"), params + st + "* __restrict__ y", product(os), body, args);
+      return ok_status();
+    }
     int64_t at = 0;
     for (const Value* v : n.operands()) {
       const Sizes vs = sizes_of(v);
