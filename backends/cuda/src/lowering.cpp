@@ -117,8 +117,8 @@ Status Lowerer::lower_node(const Node& n) {
   if (op == "variable" || op == "assign" || op == "amax") return state_op(n);  // state.cpp
   if (op == "fused") {
     const Graph& body = n.region(0);
-    if (pure_pointwise(n) && defer_to_reduce(n)) return ok_status();
     if (pure_pointwise(n)) {
+      if (defer_to_reduce(n)) return ok_status();  // computed on its one reduction's loads
       std::vector<const Node*> nodes;
       for (const auto& m : body.nodes()) nodes.push_back(m.get());
       std::vector<int> in_bufs, out_bufs;
