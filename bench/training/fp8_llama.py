@@ -23,6 +23,10 @@ least 1.3x faster, its curve within 2% of bf16's over 200 steps.
   # FP8 curve falling behind when the first step quantizes with scale 1 (its gradients flush)
   python3 bench/training/fp8_llama.py --kiln build/bin/kiln --backend cpu --size mid --steps 8 --warmup 2
 
+  # --f32-baseline trains a third time in f32 and prints f32 vs bf16 the same way: how far a
+  # change of precision alone moves this task's curve, to read the FP8 gap against
+  python3 bench/training/fp8_llama.py --kiln KILN --backend cuda-sm90 --steps 200 --f32-baseline
+
 Exit status 1 when a run fails, or (with --check) when a goal is missed.
 """
 import argparse
@@ -165,11 +169,11 @@ def write_data(workdir, s, steps, seed=1):
     return data
 
 
-def write_pipeline(workdir, name, backend, fp8_options, lr=LR):
+def write_pipeline(workdir, name, backend, fp8_options, lr=LR, autocast="bf16"):
     path = os.path.join(workdir, f"{name}.toml")
     optimizer = f'{{ algorithm = "adamw", lr = {lr}, weight-decay = {WD}, max-grad-norm = {CLIP} }}'
     with open(path, "w") as f:
-        f.write(training_pipeline(optimizer, fp8=fp8_options, autocast="bf16", decompose_losses=backend.startswith("cuda"),
+        f.write(training_pipeline(optimizer, fp8=fp8_options, autocast=autocast, decompose_losses=backend.startswith("cuda"),
                                   backend=backend))
     return path
 
@@ -192,6 +196,19 @@ def smooth(a, w=10):
     return np.convolve(a, np.ones(w) / w, "valid") if len(a) >= w else a
 
 
+def curve_gap(other, base):
+    """How far `other`'s loss curve is from `base`'s: worst step (and which), mean, worst 10-step mean."""
+    rel = np.abs(other - base) / np.abs(base)
+    rel10 = np.abs(smooth(other) - smooth(base)) / np.abs(smooth(base))
+    return {"worst": float(rel.max()), "worst_step": int(rel.argmax()) + 1, "mean": float(rel.mean()),
+            "worst_10": float(rel10.max()), "mean_signed": float(np.mean((other - base) / np.abs(base)))}
+
+
+def describe_gap(g):
+    return (f"worst step {g['worst']:.2%} (step {g['worst_step']}), mean {g['mean']:.2%}, "
+            f"worst 10-step mean {g['worst_10']:.2%}, mean signed {g['mean_signed']:+.2%}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", required=True)
@@ -206,6 +223,9 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--json", help="write the numbers here")
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    ap.add_argument("--f32-baseline", action="store_true",
+                    help="also train in f32 (no autocast) and report its curve against bf16's: how far a change "
+                         "of precision alone moves this task's loss curve, for scale")
     ap.add_argument("--compile-only", metavar="TARGET",
                     help="only build both training steps for a CUDA target (no GPU needed) and count FP8 GEMMs")
     args = ap.parse_args()
@@ -234,31 +254,38 @@ def main():
                   f"{precise} accumulating in f32)")
         return
     runs = {}
-    for name, opts in (("bf16", None), ("fp8", fp8_opts)):
-        pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR))
+    variants = [("bf16", None, "bf16"), ("fp8", fp8_opts, "bf16")] + ([("f32", None, None)] if args.f32_baseline else [])
+    for name, opts, autocast in variants:
+        pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR), autocast)
         runs[name] = train(args.kiln, model, pipeline, data, args.backend, args.steps, workdir, name)
     (lb, tb), (lf, tf) = runs["bf16"], runs["fp8"]
     w = min(args.warmup, max(0, args.steps - 1))
     mb, mf = float(np.median(tb[w:])), float(np.median(tf[w:]))
     tokens = s["B"] * s["T"]
-    rel = np.abs(lf - lb) / np.abs(lb)
-    rel10 = np.abs(smooth(lf) - smooth(lb)) / np.abs(smooth(lb))
+    gap = curve_gap(lf, lb)
     learned = lf[-1] < 0.8 * lf[0] and lb[-1] < 0.8 * lb[0]
     speedup = mb / mf
     print(f"Llama-style block {args.size} {s} on {args.backend}, {args.steps} steps")
     print(f"  bf16: median step {mb:.2f} ms ({tokens / mb * 1e3:.0f} tokens/s), loss {lb[0]:.4f} -> {lb[-1]:.4f}")
     print(f"  fp8:  median step {mf:.2f} ms ({tokens / mf * 1e3:.0f} tokens/s), loss {lf[0]:.4f} -> {lf[-1]:.4f}")
     print(f"  speedup {speedup:.3f}x (goal >= 1.3)")
-    print(f"  fp8 vs bf16 loss: worst step {rel.max():.2%} (step {int(rel.argmax()) + 1}), mean {rel.mean():.2%}, "
-          f"worst 10-step mean {rel10.max():.2%} (goal: within 2%)")
-    goals = {"speedup": bool(speedup >= 1.3), "curve": bool(rel.max() <= 0.02), "learned": bool(learned)}
+    print(f"  fp8 vs bf16 loss: {describe_gap(gap)} (goal: within 2%)")
+    f32_gap = None
+    if "f32" in runs:
+        l32, t32 = runs["f32"]
+        f32_gap = curve_gap(l32, lb)
+        print(f"  f32:  median step {float(np.median(t32[w:])):.2f} ms, loss {l32[0]:.4f} -> {l32[-1]:.4f}")
+        print(f"  f32 vs bf16 loss (for scale): {describe_gap(f32_gap)}")
+    goals = {"speedup": bool(speedup >= 1.3), "curve": bool(gap["worst"] <= 0.02), "learned": bool(learned)}
     print("  goals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in goals.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"size": s, "backend": args.backend, "steps": args.steps, "bf16_ms": mb, "fp8_ms": mf,
-                       "speedup": speedup, "curve_worst": float(rel.max()), "curve_mean": float(rel.mean()),
-                       "curve_worst_10": float(rel10.max()), "goals": goals,
-                       "bf16_losses": lb.tolist(), "fp8_losses": lf.tolist()}, f, indent=1)
+                       "speedup": speedup, "curve_worst": gap["worst"], "curve_mean": gap["mean"],
+                       "curve_worst_10": gap["worst_10"], "curve_mean_signed": gap["mean_signed"], "goals": goals,
+                       "bf16_losses": lb.tolist(), "fp8_losses": lf.tolist(),
+                       **({"f32_vs_bf16": f32_gap, "f32_losses": runs["f32"][0].tolist()} if f32_gap else {})},
+                      f, indent=1)
     if args.check and not all(goals.values()):
         sys.exit(1)
 
