@@ -112,7 +112,9 @@ def torch_steps(task, batches, steps, warmup, dtype, compiled, device):
     import torch
     import torch.nn.functional as F
     torch.manual_seed(0)
-    p = {k: torch.tensor(v, device=device, requires_grad=True) for k, v in task.params.items()}
+    # f32 master weights as Kiln's: the task's parameters are float64 arrays, and autocast leaves
+    # float64 tensors alone (every GEMM would run in f64).
+    p = {k: torch.tensor(v, dtype=torch.float32, device=device, requires_grad=True) for k, v in task.params.items()}
     opt = torch.optim.AdamW(p.values(), lr=task.LR, weight_decay=task.WD, **({"fused": True} if device == "cuda" else {}))
     sys.path.insert(0, os.path.join(REPO, "bench", "training"))
     from torch_reference import gpt_logits
@@ -233,6 +235,12 @@ def main():
             line += f", {tr:.2f}x its step time (goal <= 1.25)"
             ok &= tr <= 1.25
         print(line)
+    for mode, r in res["torch"].items():
+        # Same weights and batches: the first losses agree unless the two models differ.
+        kiln_first = next(iter(k.values()))["loss_first"] if k else None
+        if kiln_first is not None and abs(r["loss_first"] - kiln_first) > 0.01 * abs(kiln_first):
+            print(f"FAIL: torch {mode}'s first loss {r['loss_first']:.5f} is not Kiln's {kiln_first:.5f}: not the same model")
+            ok = False
     if a.run and "compile" in res["torch"] and "none" in k:
         ratio = k["none"]["step_ms"] / res["torch"]["compile"]["step_ms"]
         res["kiln_over_compile"] = ratio
