@@ -58,6 +58,15 @@ const Case kCases[] = {
   %ln = layer_norm(%x) : f32[4, 300]
   %rn = rms_norm(%x) : f32[4, 300]
   return %m, %n, %a, %s, %l, %ln, %rn })"},
+    // Softmax over a vocabulary-long row (online max and sum), with -inf elements (log of 0).
+    {"long-row softmax", R"(graph @g(%x: f32[3, 50257], %h: bf16[2, 50257]) -> (f32[3, 50257], f32[3, 50257], bf16[2, 50257], f32[3, 50257]) {
+  %s = softmax(%x) {axis = -1} : f32[3, 50257]
+  %l = log_softmax(%x) {axis = 1} : f32[3, 50257]
+  %hs = softmax(%h) {axis = -1} : bf16[2, 50257]
+  %z = relu(%x) : f32[3, 50257]
+  %lz = log(%z) : f32[3, 50257]
+  %ms = softmax(%lz) {axis = -1} : f32[3, 50257]
+  return %s, %l, %hs, %ms })"},
     // Reductions over middle dims with kept dims after them (a channels-last global pool):
     // the warp-along-I kernel, with a partial last tile of 32; %z's 1600 rows over 4 tiles split
     // across blocks (partials, then a combining kernel).

@@ -832,19 +832,25 @@ Status Lowerer::softmax(const Node& n) {
   const int out = activation_for(n.result());
   if (rows == 0) return ok_status();
   const std::string at_k = "[base + j * " + int_literal(inner) + "]";
+  // One pass for the max and the sum (online softmax: a thread's sum is rescaled whenever its
+  // max grows), one for the result: a long row (a vocabulary's logits) is read twice, not three
+  // times. -inf elements add nothing; a row of only -inf, a nan or a +inf gives nan, as the
+  // three-pass form does (exp(-inf - -inf), exp(nan), exp(inf - inf)).
+  const std::string ninf = literal(at, -std::numeric_limits<double>::infinity());
   std::string body = "  auto mx = [](" + acc + " a, " + acc + " b) -> " + acc + " { return b > a ? b : a; };\n";
   body += "  auto sum = [](" + acc + " a, " + acc + " b) -> " + acc + " { return a + b; };\n";
   body += "  for (long long row = blockIdx.x; row < " + int_literal(rows) + "; row += gridDim.x) {\n";
   body += "    const long long base = (row / " + int_literal(inner) + ") * " + int_literal(len * inner) +
           " + row % " + int_literal(inner) + ";\n";
-  body += "    " + acc + " m = " + literal(at, -std::numeric_limits<double>::infinity()) + ";\n";
-  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) m = mx(m, " +
-          load_expr(t, "x" + at_k) + ");\n";
-  body += "    m = kiln_block_reduce(m, " + literal(at, -std::numeric_limits<double>::infinity()) + ", mx);\n";
-  body += "    " + acc + " s = 0;\n";
-  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) s += exp" + f + "(" +
-          load_expr(t, "x" + at_k) + " - m);\n";
-  body += "    s = kiln_block_reduce(s, (" + acc + ")0, sum);\n";
+  body += "    " + acc + " mt = " + ninf + ", st = 0;\n";
+  body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) {\n";
+  body += "      const " + acc + " v = " + load_expr(t, "x" + at_k) + ";\n";
+  body += "      if (v > mt) { st = st * exp" + f + "(mt - v) + 1; mt = v; }\n";
+  body += "      else if (v != " + ninf + ") st += exp" + f + "(v - mt);\n    }\n";
+  body += "    const " + acc + " m = kiln_block_reduce(mt, " + ninf + ", mx);\n";
+  body += "    " + acc + " s = kiln_block_reduce(mt == " + ninf + " ? st : st * exp" + f + "(mt - m), (" + acc + ")0, sum);\n";
+  body += "    if (m == " + literal(at, std::numeric_limits<double>::infinity()) + ") s = " +
+          literal(at, std::numeric_limits<double>::quiet_NaN()) + ";\n";
   const std::string val = n.op_name() == "softmax" ? "exp" + f + "(" + load_expr(t, "x" + at_k) + " - m) / s"
                                                    : load_expr(t, "x" + at_k) + " - m - log" + f + "(s)";
   body += "    for (long long j = threadIdx.x; j < " + int_literal(len) + "; j += blockDim.x) y" + at_k + " = " +
