@@ -10,8 +10,8 @@
 // with the scale its own amax gives (just in time) instead of the initial scale 1: torchao's
 // initialization of delayed scaling. Without it an E5M2 gradient of 1e-6 (below its smallest
 // subnormal, 2^-16) flushes to zero on the first step.
-// Only core ops (amax, reshape, slice, concat, reduce_max, mul, compare, and, where), so every
-// backend that runs those and variable/assign runs delayed scaling.
+// Only core ops (amax, delayed_scaling_update, and for the just-in-time scale reduce_max, mul,
+// compare, and, where), so every backend that runs those and variable/assign runs delayed scaling.
 #pragma once
 
 #include <cmath>
@@ -52,41 +52,32 @@ inline StatusOr<Value*> build_delayed_scaling(const MakeNode& make, Value* x, Va
                                               const std::string& history_name, const std::string& scale_name,
                                               const DelayedScaling& recipe, DType format, Value* due = nullptr) {
   const int64_t h = recipe.history;
-  auto scalar = [&](DType t, double v) {
+  const auto scalar = [&](DType t, double v) {
     return make("constant", {}, {{"value", Attribute(Tensor::scalar_f64(t, v))}}, "");
   };
   KILN_ASSIGN_OR_RETURN(Value * hist, make("variable", {},
                                            {{"name", Attribute(history_name)}, {"init", Attribute(Tensor(DType::kF32, {h}))}},
                                            history_name));
   KILN_ASSIGN_OR_RETURN(Value * amax, make("amax", {x}, {}, x->name().empty() ? "" : x->name() + ".amax"));
-  KILN_ASSIGN_OR_RETURN(Value * rolled, make("reshape", {amax}, {{"shape", Attribute(std::vector<int64_t>{1})}}, ""));
-  if (h > 1) {
-    KILN_ASSIGN_OR_RETURN(Value * kept, make("slice", {hist},
-                                             {{"starts", Attribute(std::vector<int64_t>{0})},
-                                              {"ends", Attribute(std::vector<int64_t>{h - 1})}}, ""));
-    KILN_ASSIGN_OR_RETURN(rolled, make("concat", {rolled, kept}, {{"axis", Attribute(int64_t{0})}}, ""));
-  }
-  Value* m = amax;
-  if (recipe.algorithm == "max") {
-    KILN_ASSIGN_OR_RETURN(m, make("reduce_max", {rolled}, {{"keepdims", Attribute(int64_t{0})}}, ""));
-  }
-  KILN_ASSIGN_OR_RETURN(Value * factor,
-                        scalar(DType::kF32, std::ldexp(1.0, static_cast<int>(recipe.margin)) / fp8_max_finite(format)));
-  KILN_ASSIGN_OR_RETURN(Value * candidate, make("mul", {m, factor}, {}, ""));
-  // A nan compares false, so an all-zero or non-finite history leaves the scale as it was.
-  KILN_ASSIGN_OR_RETURN(Value * zero, scalar(DType::kF32, 0.0));
-  KILN_ASSIGN_OR_RETURN(Value * big, scalar(DType::kF32, std::numeric_limits<float>::max()));
-  KILN_ASSIGN_OR_RETURN(Value * positive, make("greater", {m, zero}, {}, ""));
-  KILN_ASSIGN_OR_RETURN(Value * finite, make("less_equal", {m, big}, {}, ""));
-  KILN_ASSIGN_OR_RETURN(Value * update, make("and", {positive, finite}, {}, ""));
-  if (due != nullptr) {
-    KILN_ASSIGN_OR_RETURN(update, make("and", {update, due}, {}, ""));
-  }
-  KILN_ASSIGN_OR_RETURN(Value * next, make("where", {update, candidate, scale}, {}, ""));
+  // The roll and the next scale are one node per tensor, which a backend may run for every
+  // tensor of the graph at once (the CUDA backend: one kernel, in place, at the end of the step).
+  std::vector<Value*> operands = {amax, hist, scale};
+  if (due != nullptr) operands.push_back(due);
+  KILN_ASSIGN_OR_RETURN(Value * history_out,
+                        make("delayed_scaling_update", operands,
+                             {{"dtype", Attribute(format)},
+                              {"algorithm", Attribute(recipe.algorithm)},
+                              {"margin", Attribute(recipe.margin)}},
+                             ""));
+  Value* next = history_out->producer()->result(1);
   Value* now = scale;
   if (recipe.current_until_history) {
     // Built from amax(x) alone, not from `next`: a scale that read the history variable through
     // float ops would make autodiff take the history for a trainable weight.
+    KILN_ASSIGN_OR_RETURN(Value * factor,
+                          scalar(DType::kF32, std::ldexp(1.0, static_cast<int>(recipe.margin)) / fp8_max_finite(format)));
+    KILN_ASSIGN_OR_RETURN(Value * zero, scalar(DType::kF32, 0.0));
+    KILN_ASSIGN_OR_RETURN(Value * big, scalar(DType::kF32, std::numeric_limits<float>::max()));
     KILN_ASSIGN_OR_RETURN(Value * seen, make("reduce_max", {hist}, {{"keepdims", Attribute(int64_t{0})}}, ""));
     KILN_ASSIGN_OR_RETURN(Value * warm, make("greater", {seen, zero}, {}, ""));
     KILN_ASSIGN_OR_RETURN(Value * own, make("mul", {amax, factor}, {}, ""));
@@ -96,7 +87,7 @@ inline StatusOr<Value*> build_delayed_scaling(const MakeNode& make, Value* x, Va
     KILN_ASSIGN_OR_RETURN(Value * first, make("where", {own_ok, own, scale}, {}, ""));
     KILN_ASSIGN_OR_RETURN(now, make("where", {warm, scale, first}, {}, ""));
   }
-  KILN_RETURN_IF_ERROR(make("assign", {rolled}, {{"name", Attribute(history_name)}}, "").status());
+  KILN_RETURN_IF_ERROR(make("assign", {history_out}, {{"name", Attribute(history_name)}}, "").status());
   KILN_RETURN_IF_ERROR(make("assign", {next}, {{"name", Attribute(scale_name)}}, "").status());
   return now;
 }

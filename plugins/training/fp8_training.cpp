@@ -46,11 +46,11 @@ Value* delayed_scale_update(Builder& b, Value* x, Value* scale, const std::strin
   MakeNode make = [&b](const std::string& op, std::vector<Value*> operands, AttrMap attrs,
                        const std::string& name) -> StatusOr<Value*> {
     try {
-      if (OpRegistry::global().find(op)->fixed_outputs() == 0) {
-        b.op_n(op, std::move(operands), 0, std::move(attrs));
-        return static_cast<Value*>(nullptr);
-      }
-      return b.op(op, std::move(operands), std::move(attrs), name);
+      const int results = OpRegistry::global().find(op)->fixed_outputs();
+      std::vector<Value*> made = b.op_n(op, std::move(operands), results, std::move(attrs));
+      if (results == 0) return static_cast<Value*>(nullptr);
+      if (!name.empty()) made[0]->set_name(name);
+      return made[0];
     } catch (const BuildError& e) {
       return e.status;
     }

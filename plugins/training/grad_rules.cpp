@@ -628,6 +628,7 @@ std::map<std::string, RuleEntry> build_table() {
   for (const char* op : {"ceil", "floor", "round", "sign"}) nondiff(op, "piecewise constant: zero gradient");
   for (const char* op : {"constant", "range", "variable"}) nondiff(op, "a leaf: no operands");
   nondiff("assign", "no results");
+  nondiff("delayed_scaling_update", "FP8 scaling state: its results only feed assigns");
 
   // Known, not differentiated here.
   refuse("fused", "fused nodes are inlined before differentiation");

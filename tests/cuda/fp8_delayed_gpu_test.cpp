@@ -2,9 +2,12 @@
 // quantize-fp8{mode=delayed} runs several steps with changing input magnitudes on one loaded
 // model; each step's output and the scales it used must match the reference backend's (which
 // keeps the same state). Also a variable swap, exact, and fp8-training's just-in-time first step
-// (requantize) then delayed steps, exact. Exits 77 (skip) without a GPU.
+// (requantize) then delayed steps, exact; and delayed_scaling_update's one kernel for several
+// tensors against the reference, exact. Exits 77 (skip) without a GPU.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -166,6 +169,36 @@ std::string jit_then_delayed() {
   return "";
 }
 
+/// Three tensors' delayed_scaling_update (state_graphs.h: histories 16, 1 and 600, two updated
+/// in place by one kernel at the end of the plan, one also read): every history and scale exact
+/// on every run, through amaxes that are zero (the scales stay), nan (poisons a max while in the
+/// history) and inf.
+std::string scale_updates() {
+  auto g = parse_graph(scale_update_graph(), "scales.kir");
+  if (!g.ok()) return g.status().message();
+  auto ref = executable("reference", **g);
+  auto gpu = executable("cuda-sm90", **g);
+  if (!ref.ok() || !gpu.ok()) return (ref.ok() ? gpu : ref).status().message();
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> mags = {0, 3, 0.5, nan, 2, inf, 0, 7, 1e-20, 5};
+  std::mt19937 rng(9);
+  for (size_t t = 0; t < mags.size(); ++t) {
+    Tensor x0(DType::kF32, {4, 300}), x1(DType::kF32, {64}), x2(DType::kF32, {64});
+    std::uniform_real_distribution<double> u(-1, 1);
+    for (int64_t i = 0; i < x0.numel(); ++i) x0.set_f64(i, u(rng) * (i == 77 ? mags[t] : std::fabs(mags[t]) * 0.5));
+    for (int64_t i = 0; i < x1.numel(); ++i) x1.set_f64(i, t % 2 ? u(rng) * 3 : 0.0);  // zero every other run
+    for (int64_t i = 0; i < x2.numel(); ++i) x2.set_f64(i, u(rng) * (i == 5 ? mags[mags.size() - 1 - t] : 1.0));
+    const Tensor in[] = {x0, x1, x2};
+    auto want = ref->get()->run({in, 3});
+    auto got = gpu->get()->run({in, 3});
+    if (!want.ok() || !got.ok()) return (want.ok() ? got : want).status().message();
+    for (size_t o = 0; o < want->size(); ++o)
+      if (const test::Verdict v = test::allclose((*want)[o], (*got)[o], test::kExact); !v.ok())
+        return "run " + std::to_string(t) + ": output " + std::to_string(o) + ": " + v.why;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main() {
@@ -176,5 +209,7 @@ int main() {
   failures += report_case("state: an update written in place, 5 steps", in_place_update());
   failures += report_case("fp8 delayed scaling, just-in-time first run then requantize skipped, 5 runs",
                           jit_then_delayed());
+  failures += report_case("fp8 delayed scaling: three tensors' histories and scales in one kernel, 10 runs",
+                          scale_updates());
   return failures == 0 ? 0 : 1;
 }

@@ -94,4 +94,37 @@ inline std::string jit_delayed_quantize_graph() {
          "  return %y.q, %w.q, %y.amax, %w.amax\n}\n";
 }
 
+/// FP8 delayed scaling's state updates of three tensors (delayed_scaling_update on each's amax):
+/// t0 history 16 most_recent margin -1 e4m3, t1 history 1 e5m2 margin 2, t2 history 600 (more
+/// than a block's threads) max e4m3. Returns each history and scale as they were before the run,
+/// then t2's new scale, which makes t2's update one that is also read, not only assigned.
+inline std::string scale_update_graph() {
+  struct T {
+    const char* name;
+    int history;
+    const char* attrs;
+    const char* x;
+  };
+  const T ts[] = {{"t0", 16, "algorithm = \"most_recent\", dtype = f8e4m3fn, margin = -1", "%x0"},
+                  {"t1", 1, "algorithm = \"max\", dtype = f8e5m2, margin = 2", "%x1"},
+                  {"t2", 600, "algorithm = \"max\", dtype = f8e4m3fn, margin = 0", "%x2"}};
+  std::string body, results, types;
+  for (const T& t : ts) {
+    const std::string n = t.name, h = "f32[" + std::to_string(t.history) + "]";
+    std::string zeros;
+    for (int i = 0; i < t.history; ++i) zeros += i ? ", 0.0" : "0.0";
+    body += "  %" + n + ".h = variable() {init = dense<" + h + ">[" + zeros + "], name = \"" + n + ".h\"} : " + h + "\n"
+            "  %" + n + ".s = variable() {init = dense<f32[]>[1.0], name = \"" + n + ".s\"} : f32[]\n"
+            "  %" + n + ".a = amax(" + t.x + ") : f32[]\n"
+            "  %" + n + ".h2, %" + n + ".s2 = delayed_scaling_update(%" + n + ".a, %" + n + ".h, %" + n + ".s) {" + t.attrs +
+            "} : " + h + ", f32[]\n"
+            "  assign(%" + n + ".h2) {name = \"" + n + ".h\"}\n"
+            "  assign(%" + n + ".s2) {name = \"" + n + ".s\"}\n";
+    results += (results.empty() ? "%" : ", %") + n + ".h, %" + n + ".s";
+    types += (types.empty() ? "" : ", ") + h + ", f32[]";
+  }
+  return "graph @scales(%x0: f32[4, 300], %x1: f32[64], %x2: f32[64]) -> (" + types + ", f32[]) {\n" + body +
+         "  return " + results + ", %t2.s2\n}\n";
+}
+
 }  // namespace kiln

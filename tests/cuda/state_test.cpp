@@ -171,6 +171,37 @@ TEST_CASE("state: an update stays a copy when the old value is an output or a no
   CHECK_FALSE(has(bufs["v2"].second, " kind=alias "));
 }
 
+TEST_CASE("state: delayed_scaling_update of every tensor is one kernel at the end of the plan, in place") {
+  const LoweredGraph l = lower_text(scale_update_graph());
+  INFO(l.plan);
+  std::map<std::string, std::string> vars;
+  for (const std::string& line : plan_lines(l.plan, "variable "))
+    vars[line.substr(9, line.find(' ', 9) - 9)] = "b" + line.substr(line.find("buffer=") + 7);
+  REQUIRE(vars.size() == 6);
+  const std::vector<std::string> steps = plan_lines(l.plan, "step ");
+  std::vector<size_t> updates;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (has(steps[i], "_delayed_scaling ")) updates.push_back(i);
+  // t2's new scale is also an output: its update runs where it stands, into activations that
+  // two copies assign. t0's and t1's run last, one block each, on the variables themselves.
+  REQUIRE(updates.size() == 2);
+  CHECK(has(steps[updates[0]], " grid=1,1,1 "));
+  CHECK(updates[1] == steps.size() - 1);
+  CHECK(has(steps.back(), " grid=2,1,1 "));
+  for (const char* v : {"t0.h", "t0.s", "t1.h", "t1.s"}) {
+    CAPTURE(v);
+    CHECK(has(steps.back() + ",", "," + vars[v] + ","));
+    for (const std::string& c : plan_lines(l.plan, "step copy ")) CHECK_FALSE(has(c + " ", " dst=" + vars[v] + " "));
+  }
+  int copies_to_t2 = 0;
+  for (const std::string& c : plan_lines(l.plan, "step copy "))
+    copies_to_t2 += has(c + " ", " dst=" + vars["t2.h"] + " ") + has(c + " ", " dst=" + vars["t2.s"] + " ");
+  CHECK(copies_to_t2 == 2);
+  // The histories roll from their last chunk down (600 elements: three chunks of a block).
+  CHECK(has(l.source, "kiln_delayed_scaling(a0, h0, h0, 16, s0, s0, 0x1.24924ap-10f, false, nullptr)"));
+  compiles_everywhere(l);
+}
+
 TEST_CASE("state: amax of an f32 tensor is one kernel; an assign without its variable is refused") {
   const LoweredGraph l = lower_text(R"(graph @m(%x: f32[3, 500]) -> (f32[]) {
   %m = amax(%x) : f32[]

@@ -460,6 +460,20 @@ class Lowerer {
   Status state_op(const Node& n);
   /// amax as one reduction kernel (atomicMax on |x|'s f32 bits into a zeroed f32[]).
   Status amax(const Node& n);
+  /// FP8 delayed scaling's history roll and next scale: recorded here, and every one whose
+  /// results only its own variables' assigns take is written in place by one kernel for all of
+  /// them at the end of the plan (finish_state); any other runs at once, into activations.
+  Status delayed_scaling_update(const Node& n);
+  struct ScaleUpdate {
+    int amax = -1, hist_in = -1, hist_out = -1, scale_in = -1, scale_out = -1, due = -1;
+    int64_t history = 1;
+    float factor = 1.0f;
+    bool use_max = true;
+  };
+  std::vector<ScaleUpdate> scale_updates_;
+  bool scale_update_device_ = false;  // kiln_delayed_scaling is in the source
+  /// Launches one kernel for `updates`, a block each.
+  void scale_update_kernel(const std::vector<ScaleUpdate>& updates);
   /// After the output copies: one copy step per assign, then the variables' buffers become
   /// plain weights in the plan.
   Status finish_state();

@@ -4,7 +4,12 @@
 // every reader and after the output copies, which is the IR's "assigns apply after the run".
 // An assign whose value an elementwise kernel computes from the variable's old value after its
 // last other reader (an optimizer update) is written there in place instead, without a copy.
+// FP8 delayed scaling's per-tensor updates (delayed_scaling_update) are one kernel for all
+// tensors, in place, after those copies.
 // Replaying a CUDA graph of the plan therefore advances the state on every replay.
+#include <cmath>
+#include <cstdio>
+
 #include "lowerer.h"
 
 namespace kiln::cuda::detail {
@@ -12,6 +17,7 @@ namespace kiln::cuda::detail {
 Status Lowerer::state_op(const Node& n) {
   const std::string& op = n.op_name();
   if (op == "amax") return amax(n);
+  if (op == "delayed_scaling_update") return delayed_scaling_update(n);
   const std::string name = n.get_string("name");
   if (op == "assign") {
     assigns_.push_back({name, buf(n.operand(0)), &n});
@@ -75,6 +81,117 @@ Status Lowerer::amax(const Node& n) {
   add_kernel(name, "const " + st + "* __restrict__ x, unsigned* __restrict__ y", body);
   launch(name, std::min<int64_t>((count + kBlock - 1) / kBlock, 1024), {buf(x), out});
   return ok_status();
+}
+
+namespace {
+
+/// The variable `v` is read from, when it is one (its name), else "".
+std::string variable_name(const Value* v) {
+  const Node* p = v->producer();
+  return p != nullptr && p->op_name() == "variable" ? p->get_string("name") : "";
+}
+
+/// Whether `r`'s only use is an assign to variable `name`.
+bool only_assigned_to(const Value* r, const std::string& name) {
+  return !name.empty() && r->uses().size() == 1 && r->uses()[0].user != nullptr &&
+         r->uses()[0].user->op_name() == "assign" && r->uses()[0].user->get_string("name") == name;
+}
+
+// One block per tensor. The roll goes from the last chunk of the history to the first, each
+// chunk read whole before it is written, so that in place every old element is read before
+// the chunk below overwrites it. The max is a nan-propagating one, as reduce_max's.
+constexpr const char* kScaleUpdateDevice = R"(
+__device__ __forceinline__ float kiln_nanmax(float a, float b) { return isnan(a) ? a : ((isnan(b) || b > a) ? b : a); }
+__device__ __forceinline__ void kiln_delayed_scaling(const float* amax, const float* hin, float* hout, int h,
+                                                     const float* sin, float* sout, float factor, bool use_max,
+                                                     const unsigned char* due) {
+  const float a = amax[0];
+  float m = a;
+  for (int base = ((h - 1) / (int)blockDim.x) * (int)blockDim.x; base >= 0; base -= (int)blockDim.x) {
+    const int j = base + (int)threadIdx.x;
+    const float v = j < h ? (j == 0 ? a : hin[j - 1]) : a;
+    __syncthreads();
+    if (j < h) hout[j] = v;
+    m = kiln_nanmax(m, v);
+  }
+  m = kiln_block_reduce(m, a, [](float x, float y) { return kiln_nanmax(x, y); });
+  if (threadIdx.x != 0) return;
+  if (!use_max) m = a;
+  const bool update = m > 0.0f && m <= 3.402823466e38f && (due == nullptr || due[0] != 0);
+  sout[0] = update ? m * factor : sin[0];
+}
+)";
+
+}  // namespace
+
+Status Lowerer::delayed_scaling_update(const Node& n) {
+  ScaleUpdate u;
+  u.amax = buf(n.operand(0));
+  u.hist_in = buf(n.operand(1));
+  u.scale_in = buf(n.operand(2));
+  if (n.num_operands() == 4) u.due = buf(n.operand(3));
+  u.history = product(sizes_of(n.operand(1)));
+  if (u.history > (int64_t{1} << 30)) return unsupported(n, "history of " + std::to_string(u.history) + " elements");
+  u.use_max = n.get_string("algorithm", "max") == "max";
+  const Attribute* f = n.attr("dtype");
+  const double max_finite = f != nullptr && f->as_dtype() == DType::kF8E5M2 ? 57344.0 : 448.0;
+  u.factor = static_cast<float>(std::ldexp(1.0, static_cast<int>(n.get_int("margin", 0))) / max_finite);
+  const std::string hist = variable_name(n.operand(1)), scale = variable_name(n.operand(2));
+  auto var = [&](const std::string& name, int id) {
+    auto v = variables_.find(name);
+    return v != variables_.end() && v->second == id;
+  };
+  if (only_assigned_to(n.result(0), hist) && only_assigned_to(n.result(1), scale) && hist != scale &&
+      var(hist, u.hist_in) && var(scale, u.scale_in)) {
+    // Each assign then copies a variable onto itself: finish_state skips it.
+    val_[n.result(0)] = u.hist_out = u.hist_in;
+    val_[n.result(1)] = u.scale_out = u.scale_in;
+    scale_updates_.push_back(u);
+    return ok_status();
+  }
+  u.hist_out = activation_for(n.result(0));
+  u.scale_out = activation_for(n.result(1));
+  scale_update_kernel({u});
+  return ok_status();
+}
+
+void Lowerer::scale_update_kernel(const std::vector<ScaleUpdate>& updates) {
+  if (updates.empty()) return;
+  if (!scale_update_device_) {
+    scale_update_device_ = true;
+    source_ += kScaleUpdateDevice;
+  }
+  std::string params, body = "  switch (blockIdx.x) {\n";
+  std::vector<int> args;
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const ScaleUpdate& u = updates[i];
+    const std::string k = std::to_string(i);
+    const bool in_place = u.hist_in == u.hist_out && u.scale_in == u.scale_out;
+    params += std::string(i ? ", " : "") + "const float* a" + k + ", float* h" + k + ", float* s" + k;
+    args.insert(args.end(), {u.amax, u.hist_out, u.scale_out});
+    std::string hin = "h" + k, sin = "s" + k;
+    if (!in_place) {
+      params += ", const float* hi" + k + ", const float* si" + k;
+      args.insert(args.end(), {u.hist_in, u.scale_in});
+      hin = "hi" + k;
+      sin = "si" + k;
+    }
+    std::string due = "nullptr";
+    if (u.due >= 0) {
+      params += ", const unsigned char* d" + k;
+      args.push_back(u.due);
+      due = "d" + k;
+    }
+    char factor[64];
+    std::snprintf(factor, sizeof factor, "%af", static_cast<double>(u.factor));
+    body += "    case " + k + ": kiln_delayed_scaling(a" + k + ", " + hin + ", h" + k + ", " + std::to_string(u.history) +
+            ", " + sin + ", s" + k + ", " + factor + ", " + (u.use_max ? "true" : "false") + ", " + due +
+            "); break;\n";
+  }
+  body += "  }\n";
+  const std::string name = kernel_name("delayed_scaling");
+  add_kernel(name, params, body);
+  launch(name, static_cast<int64_t>(updates.size()), args);
 }
 
 std::set<const Node*> Lowerer::write_assigns_in_place() {
@@ -148,6 +265,12 @@ Status Lowerer::finish_state() {
       steps_.push_back({"step copy src=b" + std::to_string(src) + " dst=b" + std::to_string(dst) + " bytes=" +
                             std::to_string(bufs_[dst].bytes),
                         {src, dst}});
+  // Last: every other reader of the old histories and scales (and every copy aside) is done.
+  // A block per tensor, at most 64 a launch (the kernel's parameters stay small).
+  constexpr size_t kUpdatesPerLaunch = 64;
+  for (size_t i = 0; i < scale_updates_.size(); i += kUpdatesPerLaunch)
+    scale_update_kernel({scale_updates_.begin() + static_cast<std::ptrdiff_t>(i),
+                         scale_updates_.begin() + static_cast<std::ptrdiff_t>(std::min(i + kUpdatesPerLaunch, scale_updates_.size()))});
   for (const auto& [name, id] : variables_) bufs_[id].kind = "weight";
   return ok_status();
 }

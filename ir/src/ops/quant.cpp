@@ -1,5 +1,5 @@
-// FP8 quantization ops: quantize, requantize, dequantize, scaled_matmul (one node per FP8 GEMM)
-// and amax.
+// FP8 quantization ops: quantize, requantize, dequantize, scaled_matmul (one node per FP8 GEMM),
+// amax and delayed_scaling_update (one tensor's amax history and scale, one step on).
 #include <cmath>
 #include <limits>
 
@@ -170,6 +170,54 @@ Status amax_kernel(KernelContext& ctx) {
   return ok_status();
 }
 
+Status delayed_scaling_update_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 0));
+  KILN_RETURN_IF_ERROR(require_scale(ctx, 2));
+  const TensorType& h = ctx.operand(1);
+  if (h.dtype != DType::kF32 || h.rank() != 1 || !h.shape[0].is_static() || h.shape[0].value() < 1)
+    return ctx.error("operand 'history' must be f32[H] with a static H >= 1, got " + h.str());
+  if (ctx.num_operands() == 4) {
+    const TensorType& d = ctx.operand(3);
+    if (d.dtype != DType::kBool || !is_static(d.shape) || num_elements(d.shape) != 1)
+      return ctx.error("operand 'due' must be one bool, got " + d.str());
+  }
+  const DType f = ctx.node.attr("dtype") ? ctx.node.attr("dtype")->as_dtype() : DType::kF8E4M3FN;
+  if (!is_f8(f)) return ctx.error("attribute 'dtype' must be f8e4m3fn or f8e5m2, got " + std::string(dtype_name(f)));
+  const std::string algo = ctx.node.get_string("algorithm", "max");
+  if (algo != "max" && algo != "most_recent")
+    return ctx.error("attribute 'algorithm' must be max or most_recent, got '" + algo + "'");
+  const int64_t margin = ctx.node.get_int("margin", 0);
+  if (margin < -64 || margin > 64) return ctx.error("attribute 'margin' must be within [-64, 64], got " + std::to_string(margin));
+  ctx.results = {h, ctx.operand(2)};
+  return ok_status();
+}
+
+// Every step in f32, as the graph of core ops it stands for computes it (delayed_scaling.h):
+// the f32 factor 2^margin / max_finite, an f32 product, a max that a nan poisons.
+Status delayed_scaling_update_kernel(KernelContext& ctx) {
+  const float amax = static_cast<float>(ctx.input(0).get_f64(0));
+  const Tensor& hist = ctx.input(1);
+  const float scale = static_cast<float>(ctx.input(2).get_f64(0));
+  const int64_t h = hist.numel();
+  Tensor& out = ctx.output(0);
+  out.set_f64(0, amax);
+  float m = amax;
+  for (int64_t j = 1; j < h; ++j) {
+    const float v = static_cast<float>(hist.get_f64(j - 1));
+    out.set_f64(j, v);
+    if (std::isnan(v) || v > m) m = std::isnan(m) ? m : v;
+  }
+  if (ctx.node.get_string("algorithm", "max") != "max") m = amax;
+  const DType f = ctx.node.attr("dtype") ? ctx.node.attr("dtype")->as_dtype() : DType::kF8E4M3FN;
+  const float factor = static_cast<float>(std::ldexp(1.0, static_cast<int>(ctx.node.get_int("margin", 0))) /
+                                          (f == DType::kF8E4M3FN ? 448.0 : 57344.0));
+  // A nan compares false: an all-zero or non-finite history leaves the scale as it was.
+  bool update = m > 0.0f && m <= std::numeric_limits<float>::max();
+  if (ctx.num_inputs() == 4) update = update && ctx.input(3).get_f64(0) != 0.0;
+  ctx.output(1).set_f64(0, update ? m * factor : scale);
+  return ok_status();
+}
+
 }  // namespace
 
 void register_quant_ops(OpRegistry& r) {
@@ -231,6 +279,21 @@ void register_quant_ops(OpRegistry& r) {
                     .num_regions = 0,
                     .infer = amax_infer,
                     .reference = amax_kernel});
+  add_op_or_die(
+      r, {.name = "delayed_scaling_update",
+          .summary = "one step of FP8 delayed scaling for one tensor: history' = [amax, history[0 .. H-2]] (newest "
+                     "first); scale' = m * 2^margin / max_finite(dtype), m = max(history') (algorithm max) or amax "
+                     "(most_recent), where m is finite and positive (and due holds), else scale",
+          .traits = kTraitNone,
+          .inputs = {"amax", "history", "scale", "due?"},
+          .outputs = {"history_out", "scale_out"},
+          .result_rule = "the types of history and scale",
+          .attrs = {attr_default("dtype", DType::kF8E4M3FN, "the f8 format the scale serves: f8e4m3fn or f8e5m2"),
+                    attr_default("algorithm", "max", "max or most_recent"),
+                    attr_default("margin", int64_t{0}, "the scale leaves 2^margin headroom, within [-64, 64]")},
+          .num_regions = 0,
+          .infer = delayed_scaling_update_infer,
+          .reference = delayed_scaling_update_kernel});
 }
 
 }  // namespace kiln

@@ -167,13 +167,14 @@ class QuantizeFp8 : public Pass {
     const int results = OpRegistry::global().find(op)->fixed_outputs();
     std::vector<TensorType> types;
     for (const Value* v : operands) types.push_back(v->type());
+    std::vector<std::string> names(static_cast<size_t>(results));
+    if (results > 0) names[0] = name;
     KILN_ASSIGN_OR_RETURN(Node * m, g.create_node(op, operands, std::vector<TensorType>(static_cast<size_t>(results)),
-                                                  std::move(attrs), &at,
-                                                  results ? std::vector<std::string>{name} : std::vector<std::string>{}));
+                                                  std::move(attrs), &at, names));
     m->set_loc(at.loc());
     KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, infer_node_types(*m, std::move(types)));
     if (results == 0) return static_cast<Value*>(nullptr);
-    m->result()->set_type(out[0]);
+    for (int i = 0; i < results; ++i) m->result(i)->set_type(out[static_cast<size_t>(i)]);
     return m->result();
   }
 
