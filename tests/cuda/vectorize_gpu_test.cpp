@@ -1,8 +1,8 @@
 // GPU check of the vectorized memory-bound kernels (vectorize.cpp, pointwise(),
 // indexed_pointwise) against the reference interpreter: f32/f16/bf16, element counts that are
 // and are not multiples of the vector width, broadcast inputs, an unaligned view, transposes
-// keeping and permuting the innermost dim (f8 ones too), and RoPE-like indexed groups. Exits 77
-// without a GPU.
+// keeping and permuting the innermost dim (f8 ones too, at the Llama block's sizes), and RoPE-like
+// indexed groups. Exits 77 without a GPU.
 #include <cstdio>
 #include <string>
 
@@ -70,18 +70,30 @@ int main() {
     run("rope " + d + " head dim 32", rope(d, 32));
     run("rope " + d + " head dim 12 (scalar)", rope(d, 12));
   }
-  // f8 transposes (64x64 tiles of 4-byte words where both dims are multiples of 64, one of them
-  // batched; else 32x32 tiles of bytes), compared through an exact dequantize.
+  // f8 transposes, compared through an exact dequantize: 128x128 tiles of 16-byte chunks where
+  // both dims are multiples of 16 (whole tiles, partial ones, batched; the Llama block's
+  // weights, activations and gradients), else 32x32 tiles of bytes.
   struct F8Transpose {
-    const char *in, *out, *perm;
+    const char *in, *out, *perm, *dtype;
   };
-  for (const F8Transpose& c : {F8Transpose{"[2, 128, 192]", "[2, 192, 128]", " {perm = [0, 2, 1]}"},
-                               F8Transpose{"[256, 64]", "[64, 256]", ""}, F8Transpose{"[40, 72]", "[72, 40]", ""}}) {
-    const std::string in = c.in, out = c.out;
-    run("f8 transpose " + in, "graph @g(%x: f32" + in + ") -> (f32" + out + ") {\n"
+  for (const F8Transpose& c : {
+           F8Transpose{"[256, 384]", "[384, 256]", "", "f8e4m3fn"},
+           F8Transpose{"[2, 128, 192]", "[2, 192, 128]", " {perm = [0, 2, 1]}", "f8e4m3fn"},
+           F8Transpose{"[48, 80]", "[80, 48]", "", "f8e5m2"},
+           F8Transpose{"[3, 400, 144]", "[3, 144, 400]", " {perm = [0, 2, 1]}", "f8e5m2"},
+           F8Transpose{"[256, 64]", "[64, 256]", "", "f8e4m3fn"},
+           F8Transpose{"[40, 72]", "[72, 40]", "", "f8e4m3fn"},
+           F8Transpose{"[2, 33, 48]", "[2, 48, 33]", " {perm = [0, 2, 1]}", "f8e5m2"},
+           F8Transpose{"[4096, 4096]", "[4096, 4096]", "", "f8e4m3fn"},
+           F8Transpose{"[4096, 14336]", "[14336, 4096]", "", "f8e5m2"},
+           F8Transpose{"[14336, 4096]", "[4096, 14336]", "", "f8e4m3fn"},
+           F8Transpose{"[4096, 1024]", "[1024, 4096]", "", "f8e5m2"},
+       }) {
+    const std::string in = c.in, out = c.out, dt = c.dtype;
+    run(dt + " transpose " + in, "graph @g(%x: f32" + in + ") -> (f32" + out + ") {\n"
         "  %s = constant() {value = dense<f32[]>[0.01]} : f32[]\n"
-        "  %q = quantize(%x, %s) {dtype = f8e4m3fn} : f8e4m3fn" + in + "\n"
-        "  %t = transpose(%q)" + c.perm + " : f8e4m3fn" + out + "\n"
+        "  %q = quantize(%x, %s) {dtype = " + dt + "} : " + dt + in + "\n"
+        "  %t = transpose(%q)" + c.perm + " : " + dt + out + "\n"
         "  %y = dequantize(%t, %s) : f32" + out + "\n  return %y\n}\n");
   }
   run("bias row and scalar broadcast, bf16 -> f32", kBiasScalarBroadcast);

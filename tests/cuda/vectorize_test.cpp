@@ -92,20 +92,6 @@ graph @g(%x: f32[3, 40, 72]) -> (f32[3, 72, 40]) {
   CHECK(swap.plan.find("grid=18,1,1 block=256,1,1") != std::string::npos);  // 3 * ceil(40/32) * ceil(72/32) tiles
   compiles_everywhere(swap);
 
-  // f8 (the operands FP8 GEMMs take transposed): 4 bytes a thread through a 64x64 tile where
-  // both dims are multiples of 64, else the 32x32 tile of single bytes.
-  const LoweredGraph f8 = lower_text(R"(
-graph @g(%x: f8e4m3fn[2, 128, 192], %z: f8e5m2[40, 72]) -> (f8e4m3fn[2, 192, 128], f8e5m2[72, 40]) {
-  %y = transpose(%x) {perm = [0, 2, 1]} : f8e4m3fn[2, 192, 128]
-  %w = transpose(%z) : f8e5m2[72, 40]
-  return %y, %w
-})");
-  CAPTURE(f8.source);
-  CHECK(has(f8, "__shared__ unsigned tile[64][17];"));
-  CHECK(has(f8, "__shared__ unsigned char tile[32][33];"));
-  CHECK(f8.plan.find("grid=12,1,1 block=256,1,1") != std::string::npos);  // 2 * (128/64) * (192/64) tiles
-  compiles_everywhere(f8);
-
   // A row of 6 bf16 cannot be split into 16- or 8-byte pieces at every offset: 4-byte pieces.
   const LoweredGraph odd = lower_text(R"(
 graph @g(%x: bf16[5, 7, 6]) -> (bf16[7, 5, 6]) {
@@ -114,6 +100,50 @@ graph @g(%x: bf16[5, 7, 6]) -> (bf16[7, 5, 6]) {
 })");
   CHECK(has(odd, "reinterpret_cast<unsigned*>(y)[dst]"));
   compiles_everywhere(odd);
+}
+
+std::string f8_transpose(const std::string& in, const std::string& out, const std::string& perm = "") {
+  return "graph @g(%x: f8e4m3fn" + in + ") -> (f8e4m3fn" + out + ") {\n  %y = transpose(%x)" + perm +
+         " : f8e4m3fn" + out + "\n  return %y\n}\n";
+}
+
+TEST_CASE("an f8 transpose moves 16 bytes a thread through a 128x128 tile; unaligned shapes take the byte tile") {
+  // Whole tiles: no bounds checks; 16-byte loads and stores, 4x4 byte transposes in registers.
+  const LoweredGraph whole = lower_text(f8_transpose("[256, 384]", "[384, 256]"));
+  CAPTURE(whole.source);
+  CHECK(has(whole, "__shared__ uint4 tile[128][8];"));
+  CHECK(has(whole, "v = *reinterpret_cast<const uint4*>(x + src + p0 + 16 * c + (l0 + 4 * q + i) * 384LL);"));
+  CHECK(has(whole, "__byte_perm(w[0][m], w[1][m], 0x5140u)"));
+  CHECK(has(whole, "words[(16u * c + 4u * m + j) * 32u + 4u * ((q >> 2) ^ c) + (q & 3u)] = col[j];"));
+  CHECK(has(whole, "*reinterpret_cast<uint4*>(y + dst + (p0 + pr) * 256LL + l0 + 16 * c) = tile[pr][c ^ (pr >> 4)];"));
+  CHECK_FALSE(has(whole, "if (l0"));
+  CHECK_FALSE(has(whole, "if (p0"));
+  CHECK(whole.plan.find("grid=6,1,1 block=256,1,1") != std::string::npos);  // (256/128) * (384/128) tiles
+  compiles_everywhere(whole);
+
+  // Batched (the last two dims of a 3-D tensor), 192 = 1.5 tiles along the input's rows' dim:
+  // chunks past it are skipped.
+  const LoweredGraph batched = lower_text(f8_transpose("[2, 128, 192]", "[2, 192, 128]", " {perm = [0, 2, 1]}"));
+  CAPTURE(batched.source);
+  CHECK(has(batched, "if (p0 + 16 * c < 192LL) v = "));
+  CHECK(has(batched, "if (p0 + pr < 192LL) *reinterpret_cast<uint4*>"));
+  CHECK(has(batched, "src += c_ * 24576LL; dst += c_ * 24576LL;"));
+  CHECK(batched.plan.find("grid=4,1,1 block=256,1,1") != std::string::npos);  // 2 * 1 * 2 tiles
+  compiles_everywhere(batched);
+
+  // Multiples of 16 but not of 128 along both dims.
+  const LoweredGraph partial = lower_text(f8_transpose("[48, 80]", "[80, 48]"));
+  CAPTURE(partial.source);
+  CHECK(has(partial, "if (l0 + 4 * q < 48LL && p0 + 16 * c < 80LL) v = "));
+  CHECK(has(partial, "if (p0 + pr < 80LL && l0 + 16 * c < 48LL) *reinterpret_cast<uint4*>"));
+  compiles_everywhere(partial);
+
+  // 72 is not a multiple of 16: the 32x32 tile of single bytes.
+  const LoweredGraph bytes = lower_text(f8_transpose("[40, 72]", "[72, 40]"));
+  CHECK(has(bytes, "__shared__ unsigned char tile[32][33];"));
+  CHECK_FALSE(has(bytes, "uint4"));
+  CHECK(bytes.plan.find("grid=6,1,1 block=256,1,1") != std::string::npos);  // ceil(40/32) * ceil(72/32) tiles
+  compiles_everywhere(bytes);
 }
 
 // RoPE as fuse-pointwise groups it (see pointwise_index_test.cpp), at head dim `d`.
