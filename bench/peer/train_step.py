@@ -178,6 +178,9 @@ def main():
     ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     ap.add_argument("--max-remat-ratio", type=float,
                     help="exit 1 when remat=selective's plan arena is above this fraction of none's")
+    ap.add_argument("--max-full-ratio", type=float,
+                    help="exit 1 when remat=full's plan arena is above this fraction of none's, or not below "
+                         "selective's when both run")
     a = ap.parse_args()
     if a.steps <= a.warmup:
         sys.exit("train_step: --steps must exceed --warmup")
@@ -241,6 +244,22 @@ def main():
         if kiln_first is not None and abs(r["loss_first"] - kiln_first) > 0.01 * abs(kiln_first):
             print(f"FAIL: torch {mode}'s first loss {r['loss_first']:.5f} is not Kiln's {kiln_first:.5f}: not the same model")
             ok = False
+    if "none" in k and "full" in k:
+        full = k["full"]["plan_arena_mib"] / k["none"]["plan_arena_mib"]
+        res["remat_full_memory_ratio"] = full
+        line = f"remat=full: {full:.2f}x the memory of none"
+        if "selective" in k:
+            line += f", {k['full']['plan_arena_mib'] / k['selective']['plan_arena_mib']:.2f}x selective's"
+        if a.run:
+            res["remat_full_time_ratio"] = k["full"]["step_ms"] / k["none"]["step_ms"]
+            line += f", {res['remat_full_time_ratio']:.2f}x none's step time"
+        print(line)
+        if a.max_full_ratio is not None:
+            if full > a.max_full_ratio:
+                sys.exit(f"FAIL: remat=full's plan arena is {full:.3f}x of none's, above --max-full-ratio {a.max_full_ratio}")
+            if "selective" in k and k["full"]["plan_arena_mib"] >= k["selective"]["plan_arena_mib"]:
+                sys.exit("FAIL: remat=full's plan arena is not below selective's "
+                         f"({k['full']['plan_arena_mib']:.1f} >= {k['selective']['plan_arena_mib']:.1f} MiB)")
     if a.run and "compile" in res["torch"] and "none" in k:
         ratio = k["none"]["step_ms"] / res["torch"]["compile"]["step_ms"]
         res["kiln_over_compile"] = ratio

@@ -126,6 +126,10 @@ bool is_running_sum_edge(const Node& producer, const Node& consumer) {
 
 bool can_fuse(const Node& producer, const Node& consumer, const std::optional<RowSpace>& space) {
   if (is_epilogue_only(producer) || is_running_sum_edge(producer, consumer)) return false;
+  // A recomputation in the backward (the remat pass marks it) never joins the kernel of the
+  // forward value it starts from: that would compute it in the forward and keep its result
+  // alive until the backward, which is what recomputing avoids.
+  if (consumer.has_attr("_remat") && !producer.has_attr("_remat")) return false;
   if (!space) return group_kind(producer) == GroupKind::kPointwise && group_kind(consumer) == GroupKind::kPointwise;
   if (!can_join_rows(producer, *space) || !can_join_rows(consumer, *space)) return false;
   // A reduction that drops its axes yields values a consumer would broadcast along the wrong dims.

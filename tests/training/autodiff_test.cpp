@@ -508,6 +508,60 @@ TEST_CASE("remat recomputes forward values in the backward and leaves the result
   CHECK(info.create(*bad).status().message() == "remat: option 'policy' must be none, selective or full, got 'some'");
 }
 
+TEST_CASE("remat full keeps the block boundaries and recomputes each block from its own") {
+  // Two residual blocks: the residual stream (h0, r1) alone carries the forward from one block
+  // to the next. r2 and sq are cuts too, but no GEMM follows them: recomputing from r1 is as good.
+  const char* text = R"(graph @g(%x: f32[8, 16], %w0: f32[16, 16], %w1: f32[16, 16], %w2: f32[16, 16]) -> (%loss: f32[]) {
+  %h0 = linear(%x, %w0) : f32[8, 16]
+  %t1 = tanh(%h0) : f32[8, 16]
+  %u1 = linear(%t1, %w1) : f32[8, 16]
+  %r1 = add(%h0, %u1) : f32[8, 16]
+  %t2 = tanh(%r1) : f32[8, 16]
+  %u2 = linear(%t2, %w2) : f32[8, 16]
+  %r2 = add(%r1, %u2) : f32[8, 16]
+  %sq = mul(%r2, %r2) : f32[8, 16]
+  %loss = reduce_mean(%sq) {keepdims = 0} : f32[]
+  return %loss
+})";
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> real(-1, 1);
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 4; ++i) {
+    Tensor t(DType::kF32, i == 0 ? std::vector<int64_t>{8, 16} : std::vector<int64_t>{16, 16});
+    for (int64_t k = 0; k < t.numel(); ++k) t.set_f64(k, real(rng) * 0.5);
+    inputs.push_back(t);
+  }
+  auto plain = parse(text);
+  REQUIRE(differentiate(*plain, cfg("", {"w0", "w1", "w2"})).ok());
+  auto want = Interpreter().run(*plain, inputs);
+  REQUIRE(want.ok());
+  const PassInfo info = remat_pass_info();
+  auto recomputed_with = [&](std::vector<std::string> keep) {
+    auto g = plain->clone();
+    auto o = resolve_options(info.options, {{"policy", std::string("full")}, {"keep", keep}}, "pass 'remat'");
+    REQUIRE(o.ok());
+    auto changed = (*info.create(*o))->run(*g);
+    REQUIRE_MESSAGE(changed.ok(), changed.status().message());
+    REQUIRE_MESSAGE(verify(*g).ok(), verify(*g).message());
+    std::set<std::string> names;
+    int marked = 0;
+    for (const auto& n : g->nodes()) {
+      const std::string& name = n->num_results() > 0 ? n->result(0)->name() : "";
+      if (name.ends_with(".remat")) names.insert(name);
+      // The backward's own recomputations (tanh's derivative from its output) are marked too.
+      else if (n->has_attr("_remat")) ++marked;
+    }
+    CHECK(marked > 0);
+    auto got = Interpreter().run(*g, inputs);
+    REQUIRE(got.ok());
+    for (size_t i = 0; i < got->size(); ++i) CHECK((*got)[i].identical((*want)[i]));
+    return names;
+  };
+  CHECK(recomputed_with({}) == std::set<std::string>{"t1.remat", "t2.remat", "u2.remat", "r2.remat"});
+  // `keep` names the boundaries instead: without h0, block 1 recomputes from the input.
+  CHECK(recomputed_with({"r1"}) == std::set<std::string>{"h0.remat", "t1.remat", "t2.remat", "u2.remat", "r2.remat"});
+}
+
 }  // namespace
 }  // namespace kiln::training
 
