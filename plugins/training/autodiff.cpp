@@ -117,14 +117,21 @@ StatusOr<std::vector<Value*>> differentiate(Graph& g, const AutodiffConfig& conf
 
   // Which values depend on a parameter: only their producers' operands need gradients.
   std::unordered_set<const Value*> depends(params.begin(), params.end());
-  const std::unordered_set<const Value*> weights(params.begin(), params.end());
+  // The weights and what is computed from weights alone (chunk-cross-entropy's padded head
+  // weight): their gradient contributions are weight gradients, summed as such (below).
+  std::unordered_set<const Value*> weights(params.begin(), params.end());
   const std::vector<Node*> forward = g.node_list();
   for (Node* n : forward) {
-    bool dep = false;
-    for (Value* v : n->operands()) dep |= depends.count(v) != 0;
+    bool dep = false, from_weights = n->num_operands() > 0;
+    for (Value* v : n->operands()) {
+      dep |= depends.count(v) != 0;
+      from_weights &= weights.count(v) != 0;
+    }
     if (dep)
       for (Value* r : n->results())
         if (is_float(r->dtype())) depends.insert(r);
+    if (from_weights)
+      for (Value* r : n->results()) weights.insert(r);
   }
 
   Builder b(g);
@@ -234,7 +241,7 @@ class Autodiff final : public Pass {
 PassInfo autodiff_pass_info() {
   PassInfo info;
   info.name = "autodiff";
-  info.version = "0.1.0";
+  info.version = "0.2.0";
   info.summary = "append the backward of a scalar loss: one '<param>.grad' output per parameter (the joint graph)";
   info.options = {
       {"loss", OptionType::kString, std::string(), "the output differentiated; empty: the graph's only output"},

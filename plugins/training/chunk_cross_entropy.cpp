@@ -4,6 +4,16 @@
 // to be alive at a time, instead of the whole [rows, vocabulary] tensor several times over: the
 // chunked head of torchtune and Liger's fused linear cross-entropy. Run it before autocast,
 // fp8-training and autodiff, so that each chunk's contraction is cast and differentiated.
+//
+// A vocabulary that is not a multiple of `align` (GPT-2's 50257) gives logits, and every head
+// GEMM operand that is logits or their gradient, a leading dimension whose bytes are not a
+// multiple of 16, and cuBLASLt then falls back to kernels several times slower. So the head's
+// weight is padded once with zero rows to the next multiple and each chunk's GEMM computes the
+// padded logits; the loss sees the padded columns pushed to -1e30 (an added mask, which fuses
+// into the loss's kernel where a slice and its gradient's pad would be two more copies), so they
+// get probability 0 and gradient 0 and never change the loss. Autodiff gives the weight's
+// gradient as the padded gradient's first rows (nanoGPT pads its vocabulary to 50304 by hand,
+// torch.compile pads such strides itself).
 #include "autodiff.h"
 
 namespace kiln::training {
@@ -23,12 +33,30 @@ Node* chunkable_head(const Node& ce) {
   return head;
 }
 
+/// Added to padded logits: 0 for the vocabulary's `vocab` columns, -1e30 for the padding (finite:
+/// the decomposed loss multiplies log-probabilities by a zero one-hot). Built from scalars and an
+/// integer range, so autodiff does not take it for a weight.
+Value* padding_mask(Builder& b, int64_t vocab, int64_t padded, DType dtype) {
+  Value* column = b.op("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(padded))},
+                                     {"delta", Attribute(1.0)}, {"dtype", Attribute(DType::kI64)}});
+  Value* real = b.op("less", {column, b.scalar(static_cast<double>(vocab), DType::kI64)});
+  return b.where(real, b.scalar(0.0, dtype), b.scalar(-1e30, dtype));
+}
+
+/// `v` padded with zeros at the end of `axis` to `size`.
+Value* pad_to(Builder& b, Value* v, int64_t axis, int64_t size) {
+  const int64_t rank = v->type().rank();
+  std::vector<int64_t> pads(static_cast<size_t>(2 * rank), 0);
+  pads[static_cast<size_t>(rank + axis)] = size - require_static(v->shape(), "the head's weight")[static_cast<size_t>(axis)];
+  return b.op("pad", {v}, {{"pads", Attribute(pads)}});
+}
+
 class ChunkCrossEntropy final : public Pass {
  public:
-  explicit ChunkCrossEntropy(int64_t chunks) : chunks_(chunks) {}
+  ChunkCrossEntropy(int64_t chunks, int64_t align) : chunks_(chunks), align_(align) {}
 
   StatusOr<bool> run(Graph& g) override {
-    if (chunks_ <= 1) return false;
+    if (chunks_ <= 1 && align_ <= 1) return false;
     bool changed = false;
     try {
       Builder b(g);
@@ -36,9 +64,16 @@ class ChunkCrossEntropy final : public Pass {
         if (ce->op_name() != "cross_entropy") continue;
         Node* head = chunkable_head(*ce);
         if (head == nullptr) continue;
+        const int64_t vocab = head->result()->shape().back().value();
+        // The mask's -1e30 needs f32's range (f16 logits are autocast's, cast after this pass).
+        const DType dt = head->result()->dtype();
+        const bool maskable = dt == DType::kF32 || dt == DType::kF64 || dt == DType::kBF16;
+        const int64_t padded = align_ > 1 && maskable ? (vocab + align_ - 1) / align_ * align_ : vocab;
+        if (chunks_ <= 1 && padded == vocab) continue;
         b.set_insertion_point(ce);
         b.set_loc(ce->loc());
-        Value* loss = chunked(b, *ce, *head);
+        Value* loss = chunked(b, *ce, *head, padded);
+        head->result()->set_name("");
         loss->set_name(ce->result()->name());
         ce->result()->set_name("");
         ce->result()->replace_all_uses_with(loss);
@@ -53,26 +88,42 @@ class ChunkCrossEntropy final : public Pass {
   }
 
  private:
-  Value* chunked(Builder& b, const Node& ce, const Node& head) {
+  /// The loss of `ce` over `head` in row chunks, each chunk's logits computed `padded` wide.
+  Value* chunked(Builder& b, const Node& ce, const Node& head, int64_t padded) {
     Value *x = head.operand(0), *target = ce.operand(1);
+    std::vector<Value*> operands = head.operands();
+    const int64_t vocab = head.result()->shape().back().value();
+    Value* mask = nullptr;
+    if (padded != vocab) {
+      mask = padding_mask(b, vocab, padded, head.result()->dtype());
+      // Once for all chunks: linear's weight [V, D] (and bias [V]) or matmul's [D, V].
+      operands[1] = pad_to(b, operands[1], head.op_name() == "linear" ? 0 : 1, padded);
+      if (operands.size() > 2) operands[2] = pad_to(b, operands[2], 0, padded);
+    }
     const std::vector<int64_t> xs = require_static(x->shape(), "the head's input");
     int64_t rows = 1;
     for (size_t d = 0; d + 1 < xs.size(); ++d) rows *= xs[d];
-    const int64_t k = std::min(chunks_, rows);
+    const int64_t k = std::max<int64_t>(1, std::min(chunks_, rows));
     std::vector<int64_t> sizes;
     for (int64_t c = 0; c < k; ++c) sizes.push_back(rows / k + (c < rows % k ? 1 : 0));
     const AttrMap split{{"axis", Attribute(int64_t{0})}, {"sizes", Attribute(sizes)}};
-    std::vector<Value*> xc = b.op_n("split", {b.reshape(x, shape_of({rows, xs.back()}))}, static_cast<int>(k), split);
+    Value* flat_x = b.reshape(x, shape_of({rows, xs.back()}));
     Value* flat_target = b.reshape(target, shape_of({rows}));
-    std::vector<Value*> tc = b.op_n("split", {flat_target}, static_cast<int>(k), split);
+    std::vector<Value*> xc{flat_x}, tc{flat_target};
+    if (k > 1) {
+      xc = b.op_n("split", {flat_x}, static_cast<int>(k), split);
+      tc = b.op_n("split", {flat_target}, static_cast<int>(k), split);
+    }
     const std::string name = head.result()->name();
     const int64_t ignore = ce.get_int("ignore_index");
     Value* total = nullptr;
     for (int64_t c = 0; c < k; ++c) {
-      std::vector<Value*> operands = head.operands();
       operands[0] = xc[static_cast<size_t>(c)];
       // The chunks keep the head's name as a prefix: fp8-training's `exclude` still finds them.
-      Value* logits = b.op(head.op_name(), operands, head.attrs(), name.empty() ? "" : name + ".chunk" + std::to_string(c));
+      const std::string chunk_name = name.empty() || k == 1 ? name : name + ".chunk" + std::to_string(c);
+      Value* logits = b.op(head.op_name(), operands, head.attrs(), chunk_name);
+      if (mask) logits = b.add(logits, mask);
+      if (k == 1) return b.op("cross_entropy", {logits, flat_target}, ce.attrs());  // only padded
       Value* part = b.op("cross_entropy", {logits, tc[static_cast<size_t>(c)]},
                          {{"reduction", Attribute("sum")}, {"ignore_index", Attribute(ignore)}});
       total = total ? b.add(total, part) : part;
@@ -84,6 +135,7 @@ class ChunkCrossEntropy final : public Pass {
   }
 
   int64_t chunks_;
+  int64_t align_;
 };
 
 }  // namespace
@@ -91,16 +143,22 @@ class ChunkCrossEntropy final : public Pass {
 PassInfo chunk_cross_entropy_pass_info() {
   PassInfo info;
   info.name = "chunk-cross-entropy";
-  info.version = "0.1.0";
+  info.version = "0.2.0";
   info.summary = "cross_entropy of a linear head as a sum over row chunks: one chunk's logits live at a time";
   info.options = {
-      {"chunks", OptionType::kInt, int64_t{8}, "row chunks of the head (>= 1; 1 leaves the graph as it is)"},
+      {"chunks", OptionType::kInt, int64_t{8}, "row chunks of the head (>= 1; 1 leaves the rows whole)"},
+      {"align", OptionType::kInt, int64_t{64},
+       "pad the vocabulary to a multiple of this many elements so the head's GEMMs have aligned leading "
+       "dimensions (0 or 1: never pad)"},
   };
   info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
     const int64_t chunks = o.get_int("chunks");
+    const int64_t align = o.get_int("align");
     if (chunks < 1 || chunks > 4096)
       return invalid_argument("chunk-cross-entropy: option 'chunks' must be in [1, 4096], got " + std::to_string(chunks));
-    return std::unique_ptr<Pass>(std::make_unique<ChunkCrossEntropy>(chunks));
+    if (align < 0 || align > 4096)
+      return invalid_argument("chunk-cross-entropy: option 'align' must be in [0, 4096], got " + std::to_string(align));
+    return std::unique_ptr<Pass>(std::make_unique<ChunkCrossEntropy>(chunks, align));
   };
   return info;
 }

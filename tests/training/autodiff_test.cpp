@@ -647,9 +647,9 @@ TEST_CASE("dynamic loss scaling: unscaled updates, inf skips the step and backs 
 namespace kiln::training {
 namespace {
 
-std::unique_ptr<Pass> chunk_pass(int64_t chunks) {
+std::unique_ptr<Pass> chunk_pass(int64_t chunks, int64_t align = 64) {
   const PassInfo info = chunk_cross_entropy_pass_info();
-  auto o = resolve_options(info.options, {{"chunks", chunks}}, "pass 'chunk-cross-entropy'");
+  auto o = resolve_options(info.options, {{"chunks", chunks}, {"align", align}}, "pass 'chunk-cross-entropy'");
   REQUIRE(o.ok());
   auto pass = info.create(*o);
   REQUIRE(pass.ok());
@@ -657,7 +657,9 @@ std::unique_ptr<Pass> chunk_pass(int64_t chunks) {
 }
 
 TEST_CASE("chunk-cross-entropy: the head in row chunks gives the loss and gradients of the whole one") {
-  // Rows 2 x 3 = 6 in 4 chunks (2, 2, 1, 1); target 4 is ignored.
+  // Rows 2 x 3 = 6 in 4 chunks (2, 2, 1, 1); target 4 is ignored. The vocabulary of 5 is padded
+  // to 8 (align 8: weight and bias padded once, each chunk's padded logits masked), to 64 (the
+  // default), or left (align 0); with one chunk the head is only padded.
   const std::string head = R"(graph @g(%h: f64[2, 3, 4], %t: i64[2, 3], %w: f64[5, 4], %b: f64[5]) -> (%loss: f64[]) {
   %logits = linear(%h, %w, %b) : f64[2, 3, 5]
   %loss = cross_entropy(%logits, %t) {ignore_index = 4, reduction = "REDUCTION"} : f64[]
@@ -665,8 +667,11 @@ TEST_CASE("chunk-cross-entropy: the head in row chunks gives the loss and gradie
 })";
   std::mt19937 rng(11);
   std::uniform_real_distribution<double> real(-2, 2);
-  for (const char* reduction : {"mean", "sum"}) {
+  for (const auto& [reduction, chunks, align] : std::vector<std::tuple<const char*, int64_t, int64_t>>{
+           {"mean", 4, 8}, {"sum", 4, 8}, {"mean", 4, 0}, {"sum", 4, 64}, {"mean", 1, 8}}) {
     CAPTURE(reduction);
+    CAPTURE(chunks);
+    CAPTURE(align);
     std::string text = head;
     text.replace(text.find("REDUCTION"), 9, reduction);
     auto plain = parse(text);
@@ -680,20 +685,38 @@ TEST_CASE("chunk-cross-entropy: the head in row chunks gives the loss and gradie
       inputs.push_back(t);
     }
     auto chunked = plain->clone();
-    auto changed = chunk_pass(4)->run(*chunked);
+    auto changed = chunk_pass(chunks, align)->run(*chunked);
     REQUIRE_MESSAGE(changed.ok(), changed.status().message());
     CHECK(*changed);
     REQUIRE_MESSAGE(verify(*chunked).ok(), verify(*chunked).message());
-    int linears = 0, losses = 0;
+    const int64_t padded = align == 0 ? 5 : align;
+    int linears = 0, losses = 0, pads = 0, masked = 0;
     for (const auto& n : chunked->nodes()) {
       linears += n->op_name() == "linear";
       losses += n->op_name() == "cross_entropy";
-      if (n->op_name() == "linear") CHECK(n->result()->name().starts_with("logits.chunk"));
+      pads += n->op_name() == "pad";
+      const Node* from = n->op_name() == "add" ? n->operand(0)->producer() : nullptr;
+      masked += from != nullptr && from->op_name() == "linear";
+      if (n->op_name() == "linear") {
+        CHECK(n->result()->name().starts_with(chunks > 1 ? "logits.chunk" : "logits"));
+        CHECK(n->result()->shape().back() == padded);
+        CHECK(n->operand(1)->shape() == Shape{padded, 4});
+      }
     }
-    CHECK(linears == 4);
-    CHECK(losses == 4);
+    CHECK(linears == chunks);
+    CHECK(losses == chunks);
+    CHECK(pads == (padded == 5 ? 0 : 2));  // the weight and the bias, once
+    CHECK(masked == (padded == 5 ? 0 : chunks));
     CHECK(chunked->output_name(0) == "loss");
     for (Graph* g : {plain.get(), chunked.get()}) REQUIRE(differentiate(*g, cfg("", {"h", "w", "b"})).ok());
+    // The chunks' weight-gradient GEMMs still accumulate into one sum, the padded weight's.
+    auto acc = accumulate_gemm_pass_info().create(Options{});
+    REQUIRE(acc.ok());
+    REQUIRE((*acc)->run(*chunked).ok());
+    int accumulated = 0;
+    for (const auto& n : chunked->nodes())
+      accumulated += n->op_name() == "matmul_acc" && n->result()->shape() == Shape{padded, 4};
+    CHECK(accumulated == chunks - 1);
     auto want = Interpreter().run(*plain, inputs);
     auto got = Interpreter().run(*chunked, inputs);
     REQUIRE(want.ok());
@@ -723,13 +746,19 @@ TEST_CASE("chunk-cross-entropy leaves heads it cannot chunk, and checks its opti
   %loss = cross_entropy(%logits, %t) : f32[]
   return %loss
 })");
-  changed = chunk_pass(1)->run(*one);
+  changed = chunk_pass(1, 0)->run(*one);
+  REQUIRE(changed.ok());
+  CHECK_FALSE(*changed);
+  changed = chunk_pass(1, 5)->run(*one);  // the vocabulary is aligned already
   REQUIRE(changed.ok());
   CHECK_FALSE(*changed);
   const PassInfo info = chunk_cross_entropy_pass_info();
   auto bad = resolve_options(info.options, {{"chunks", int64_t{0}}}, "pass 'chunk-cross-entropy'");
   REQUIRE(bad.ok());
   CHECK(info.create(*bad).status().message() == "chunk-cross-entropy: option 'chunks' must be in [1, 4096], got 0");
+  bad = resolve_options(info.options, {{"align", int64_t{-1}}}, "pass 'chunk-cross-entropy'");
+  REQUIRE(bad.ok());
+  CHECK(info.create(*bad).status().message() == "chunk-cross-entropy: option 'align' must be in [0, 4096], got -1");
 }
 
 }  // namespace

@@ -24,8 +24,10 @@ PASSES_AFTER = ["canonicalize", "cse", "fold-layout", "fuse-attention", "fuse-ho
 
 
 def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat=None, decompose_losses=False,
-                      parallel=None, backend="reference", targets=(), loss_chunks=None, schedule_lookahead=None):
-    """A training pipeline's TOML: [chunk-cross-entropy in `loss_chunks` row chunks,] [fp8-training
+                      parallel=None, backend="reference", targets=(), loss_chunks=None, schedule_lookahead=None,
+                      loss_align=None):
+    """A training pipeline's TOML: [chunk-cross-entropy in `loss_chunks` row chunks, its vocabulary
+    padded to a multiple of `loss_align` when given,] [fp8-training
     `fp8` (its options),] [autocast,] autodiff
     [with dynamic loss scaling from `loss_scale`,] accumulate-gemm, [remat `remat`,] the optimizer (`optimizer`,
     its options), [decompose-losses, which the CUDA backends need,] Kiln's standard passes
@@ -33,7 +35,8 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
     lines of a [parallel] section) and the backend."""
     t = 'frontend = "kir"\n'
     if loss_chunks:
-        t += f'\n[[passes]]\nname = "chunk-cross-entropy"\noptions = {{ chunks = {loss_chunks} }}\n'
+        align = "" if loss_align is None else f", align = {loss_align}"
+        t += f'\n[[passes]]\nname = "chunk-cross-entropy"\noptions = {{ chunks = {loss_chunks}{align} }}\n'
     if fp8:
         t += f'\n[[passes]]\nname = "fp8-training"\noptions = {fp8}\n'
     if autocast:
@@ -59,7 +62,7 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
 
 
 def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False, loss_scale=None, fp8=None,
-               fp8_exclude=(), loss_chunks=None):
+               fp8_exclude=(), loss_chunks=None, loss_align=None, toml_name="train.toml"):
     """The model .kir, its training pipeline and the data folder; returns their paths. With
     `autocast` (bf16 or f16) the pipeline starts with the autocast pass; with `remat` (a policy)
     the remat pass follows autodiff; `decompose_losses` adds that pass (for the CUDA backends,
@@ -69,14 +72,15 @@ def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses
     kir = os.path.join(workdir, "model.kir")
     with open(kir, "w") as f:
         f.write(model.kir())
-    toml = os.path.join(workdir, "train.toml")
+    toml = os.path.join(workdir, toml_name)
     fp8_options = None
     if fp8:
         exclude = ", ".join(f'"{e}"' for e in fp8_exclude)
         fp8_options = f'{{ format = "{fp8}", exclude = [{exclude}] }}'
     with open(toml, "w") as f:
         f.write(training_pipeline(task.PIPELINE_OPTIMIZER, fp8=fp8_options, autocast=autocast, loss_scale=loss_scale,
-                                  remat=remat, decompose_losses=decompose_losses, loss_chunks=loss_chunks))
+                                  remat=remat, decompose_losses=decompose_losses, loss_chunks=loss_chunks,
+                                  loss_align=loss_align))
     data = os.path.join(workdir, "data")
     os.makedirs(data, exist_ok=True)
     batches = task.batches(steps)
@@ -102,6 +106,48 @@ def train(kiln, kir, toml, data, backend, steps, workdir, extra=()):
     return np.load(out), lines
 
 
+def gemm_steps(artifact):
+    """The plan's cuBLASLt GEMM steps, each a dict of its fields (m, n, k, lda, dtype, ...)."""
+    steps = []
+    for line in open(artifact, "rb").read().split(b"\n"):
+        if line.startswith(b"step gemm "):
+            steps.append(dict(f.split("=", 1) for f in line.decode().split()[2:] if "=" in f))
+    return steps
+
+
+def check_head_alignment(kiln, kir, pipelines, backend, target, vocab, workdir):
+    """Compiles the step with the vocabulary padded (pipelines["padded"]) and not; every head GEMM
+    (one with the vocabulary, or its padding, as m, n or k) of the padded plan must have leading
+    dimensions of a multiple of 16 bytes, and none may still span the odd vocabulary."""
+    size = {"f32": 4, "bf16": 2, "f16": 2, "f8e4m3fn": 1, "f8e5m2": 1}
+    padded_vocab = -(-vocab // 64) * 64
+    found = {}
+    for mode, toml in pipelines.items():
+        out = os.path.join(workdir, f"step-{mode}.kiln")
+        cmd = [kiln, "compile", kir, "--pipeline", toml, "--backend", backend, "--target", target, "-o", out]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+        head, unaligned = [], []
+        for s in gemm_steps(out):
+            if not {vocab, padded_vocab} & {int(s["m"]), int(s["n"]), int(s["k"])}:
+                continue
+            head.append(s)
+            elem = {"lda": s.get("a_dtype", s["dtype"]), "ldb": s.get("b_dtype", s["dtype"]), "ldd": s["dtype"],
+                    "ldc": s["dtype"]}
+            if any(ld in s and int(s[ld]) * size[t] % 16 for ld, t in elem.items()) or vocab in (int(s["m"]), int(s["n"]), int(s["k"])):
+                unaligned.append(s)
+        os.remove(out)
+        shapes = sorted({f"{s['m']}x{s['n']}x{s['k']} lda={s['lda']} ldb={s['ldb']} ldd={s['ldd']}" for s in head})
+        print(f"  {mode}: {len(head)} head GEMMs, {len(unaligned)} unaligned or {vocab} wide: " + "; ".join(shapes))
+        found[mode] = (head, unaligned)
+    if not found["unpadded"][1]:
+        sys.exit("FAIL: the unpadded plan has no unaligned head GEMM: the check proves nothing")
+    head, unaligned = found["padded"]
+    if unaligned or len(head) < len(found["unpadded"][0]):
+        sys.exit(f"FAIL: the padded plan's head GEMMs: {len(unaligned)} of {len(head)} unaligned")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kiln")
@@ -115,6 +161,13 @@ def main():
     ap.add_argument("--fp8", choices=["hybrid", "e4m3"], help="FP8 training (fp8-training pass) in this format")
     ap.add_argument("--fp8-exclude", action="append", default=[], help="contractions fp8-training leaves alone")
     ap.add_argument("--loss-chunks", type=int, help="chunk-cross-entropy: the head's loss in this many row chunks")
+    ap.add_argument("--loss-align", type=int, help="chunk-cross-entropy's option 'align' (0: never pad the vocabulary)")
+    ap.add_argument("--vocab", type=int, help="the gpt task with this vocabulary (an odd one gets a padded head)")
+    ap.add_argument("--batch", type=int, help="the gpt task with this batch size")
+    ap.add_argument("--against-unpadded", type=float, metavar="RTOL",
+                    help="train again with align = 0 and require the same losses within RTOL")
+    ap.add_argument("--check-head-alignment", action="store_true",
+                    help="with --compile-only: the head GEMMs of the padded plan have aligned leading dimensions")
     ap.add_argument("--loss-scale", type=float, help="dynamic loss scaling from this initial scale (fp16)")
     ap.add_argument("--compile-only", metavar="TARGET", help="only build the training step for a CUDA target (no GPU needed)")
     ap.add_argument("--skip-without-gpu", action="store_true", help="exit 77 (ctest's skip) when there is no CUDA device")
@@ -124,6 +177,18 @@ def main():
     workdir = args.workdir or tempfile.mkdtemp(prefix=f"kiln-train-{args.task}-")
     os.makedirs(workdir, exist_ok=True)
     task = models.TASKS[args.task]
+    if args.vocab or args.batch:
+        task = type(task.__name__, (task,), {**({"V": args.vocab} if args.vocab else {}),
+                                             **({"B": args.batch} if args.batch else {})})
+    if args.compile_only and args.check_head_alignment:
+        pipelines = {}
+        for mode, align in (("padded", args.loss_align), ("unpadded", 0)):
+            _, kir, pipelines[mode], _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True,
+                                                       loss_chunks=args.loss_chunks, loss_align=align,
+                                                       toml_name=f"train-{mode}.toml")
+        check_head_alignment(args.kiln, kir, pipelines, args.backend, args.compile_only, task.V, workdir)
+        print("PASS")
+        return
     if args.compile_only:
         _, kir, toml, _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True, fp8=args.fp8,
                                         fp8_exclude=args.fp8_exclude, loss_chunks=args.loss_chunks)
@@ -151,7 +216,7 @@ def main():
         return
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
                                                  args.backend.startswith("cuda"), args.loss_scale, args.fp8,
-                                                 args.fp8_exclude, args.loss_chunks)
+                                                 args.fp8_exclude, args.loss_chunks, args.loss_align)
 
     t0 = time.time()
     ref = model.reference_losses(batches, args.steps)
@@ -171,6 +236,23 @@ def main():
         sys.exit(f"FAIL: no learning ({ref[0]} -> {ref[-1]}, Kiln {got[0]} -> {got[-1]}): the task proves nothing")
     if args.fp8 and rel[worst] < 1e-4:
         sys.exit("FAIL: the FP8 run tracks the reference as closely as f32 does: nothing was quantized")
+    if args.against_unpadded is not None:
+        # The padded head's logits never reach the loss: the same curve as the unpadded head's.
+        _, _, toml0, _, _ = write_task(task, args.steps, workdir, args.autocast, args.remat,
+                                       args.backend.startswith("cuda"), args.loss_scale, args.fp8, args.fp8_exclude,
+                                       args.loss_chunks, 0, toml_name="train-unpadded.toml")
+        # ... and it was padded: the pass gives the head a weight of the padded vocabulary.
+        padded = -(-task.V // (args.loss_align or 64)) * (args.loss_align or 64)
+        align = f",align={args.loss_align}" if args.loss_align else ""
+        r = subprocess.run([args.kiln, "opt", kir, "--passes", f"chunk-cross-entropy{{chunks={args.loss_chunks or 1}{align}}}"],
+                           capture_output=True, text=True)
+        if f"pad(%wte) {{pads = [0, 0, {padded - task.V}, 0]}}" not in r.stdout:
+            sys.exit(f"FAIL: chunk-cross-entropy did not pad the head's weight to {padded} rows\n{r.stderr}")
+        plain, _ = train(args.kiln, kir, toml0, data, args.backend, args.steps, workdir)
+        diff = np.abs(got - plain) / np.abs(plain)
+        print(f"  against the unpadded head: worst relative difference {diff.max():.2e} (tolerance {args.against_unpadded})")
+        if diff.max() > args.against_unpadded:
+            sys.exit(f"FAIL: the padded head's losses leave the unpadded one's at step {int(diff.argmax()) + 1}")
 
     # Resuming: half the steps with a checkpoint, then the rest from it, repeat the losses exactly
     # (on a CUDA backend the checkpoint is read from and written to the device's variables).
