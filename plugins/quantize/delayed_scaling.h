@@ -10,8 +10,8 @@
 // with the scale its own amax gives (just in time) instead of the initial scale 1: torchao's
 // initialization of delayed scaling. Without it an E5M2 gradient of 1e-6 (below its smallest
 // subnormal, 2^-16) flushes to zero on the first step.
-// Only core ops (amax, delayed_scaling_update, and for the just-in-time scale reduce_max, mul,
-// compare, and, where), so every backend that runs those and variable/assign runs delayed scaling.
+// Only core ops (amax, delayed_scaling_update and delayed_scaling_step_scale), so every backend
+// that runs those and variable/assign runs delayed scaling.
 #pragma once
 
 #include <cmath>
@@ -52,9 +52,6 @@ inline StatusOr<Value*> build_delayed_scaling(const MakeNode& make, Value* x, Va
                                               const std::string& history_name, const std::string& scale_name,
                                               const DelayedScaling& recipe, DType format, Value* due = nullptr) {
   const int64_t h = recipe.history;
-  const auto scalar = [&](DType t, double v) {
-    return make("constant", {}, {{"value", Attribute(Tensor::scalar_f64(t, v))}}, "");
-  };
   KILN_ASSIGN_OR_RETURN(Value * hist, make("variable", {},
                                            {{"name", Attribute(history_name)}, {"init", Attribute(Tensor(DType::kF32, {h}))}},
                                            history_name));
@@ -72,20 +69,9 @@ inline StatusOr<Value*> build_delayed_scaling(const MakeNode& make, Value* x, Va
   Value* next = history_out->producer()->result(1);
   Value* now = scale;
   if (recipe.current_until_history) {
-    // Built from amax(x) alone, not from `next`: a scale that read the history variable through
-    // float ops would make autodiff take the history for a trainable weight.
-    KILN_ASSIGN_OR_RETURN(Value * factor,
-                          scalar(DType::kF32, std::ldexp(1.0, static_cast<int>(recipe.margin)) / fp8_max_finite(format)));
-    KILN_ASSIGN_OR_RETURN(Value * zero, scalar(DType::kF32, 0.0));
-    KILN_ASSIGN_OR_RETURN(Value * big, scalar(DType::kF32, std::numeric_limits<float>::max()));
-    KILN_ASSIGN_OR_RETURN(Value * seen, make("reduce_max", {hist}, {{"keepdims", Attribute(int64_t{0})}}, ""));
-    KILN_ASSIGN_OR_RETURN(Value * warm, make("greater", {seen, zero}, {}, ""));
-    KILN_ASSIGN_OR_RETURN(Value * own, make("mul", {amax, factor}, {}, ""));
-    KILN_ASSIGN_OR_RETURN(Value * own_positive, make("greater", {amax, zero}, {}, ""));
-    KILN_ASSIGN_OR_RETURN(Value * own_finite, make("less_equal", {amax, big}, {}, ""));
-    KILN_ASSIGN_OR_RETURN(Value * own_ok, make("and", {own_positive, own_finite}, {}, ""));
-    KILN_ASSIGN_OR_RETURN(Value * first, make("where", {own_ok, own, scale}, {}, ""));
-    KILN_ASSIGN_OR_RETURN(now, make("where", {warm, scale, first}, {}, ""));
+    // A node without a gradient reads the history: autodiff does not take it for a weight.
+    KILN_ASSIGN_OR_RETURN(now, make("delayed_scaling_step_scale", {amax, hist, scale},
+                                    {{"dtype", Attribute(format)}, {"margin", Attribute(recipe.margin)}}, ""));
   }
   KILN_RETURN_IF_ERROR(make("assign", {history_out}, {{"name", Attribute(history_name)}}, "").status());
   KILN_RETURN_IF_ERROR(make("assign", {next}, {{"name", Attribute(scale_name)}}, "").status());

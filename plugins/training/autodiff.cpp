@@ -45,14 +45,15 @@ Status inline_fused(Graph& g) {
   return ok_status();
 }
 
-/// Values the loss depends on through float values (gradients only flow through floats).
+/// Values the loss depends on through float values (gradients only flow through floats) and
+/// FP8 scaling state's ops (a scale is not differentiated: the amax history it reads is no weight).
 std::unordered_set<const Value*> reaching(const Graph& g, const Value* loss) {
   std::unordered_set<const Value*> reach{loss};
   for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
     const Node& n = **it;
     bool hit = false;
     for (int r = 0; r < n.num_results(); ++r) hit |= reach.count(n.result(r)) != 0;
-    if (!hit) continue;
+    if (!hit || n.op_name() == "delayed_scaling_step_scale") continue;
     for (const Value* v : n.operands())
       if (is_float(v->dtype())) reach.insert(v);
   }

@@ -628,7 +628,8 @@ std::map<std::string, RuleEntry> build_table() {
   for (const char* op : {"ceil", "floor", "round", "sign"}) nondiff(op, "piecewise constant: zero gradient");
   for (const char* op : {"constant", "range", "variable"}) nondiff(op, "a leaf: no operands");
   nondiff("assign", "no results");
-  nondiff("delayed_scaling_update", "FP8 scaling state: its results only feed assigns");
+  for (const char* op : {"delayed_scaling_update", "delayed_scaling_step_scale"})
+    nondiff(op, "FP8 scaling state: a scale is not differentiated");
 
   // Known, not differentiated here.
   refuse("fused", "fused nodes are inlined before differentiation");

@@ -152,8 +152,8 @@ std::string in_place_update() {
 /// fp8-training's delayed scaling with a just-in-time first step (state_graphs.h): the first run
 /// requantizes with its own amaxes' scales, later ones keep what x's kernel and the weight's
 /// quantize+amax kernel stored with the delayed scales. Every output exact on every run.
-std::string jit_then_delayed() {
-  auto g = parse_graph(jit_delayed_quantize_graph(), "jit.kir");
+std::string jit_then_delayed(bool ops) {
+  auto g = parse_graph(jit_delayed_quantize_graph(ops), "jit.kir");
   if (!g.ok()) return g.status().message();
   auto ref = executable("reference", **g);
   auto gpu = executable("cuda-sm90", **g);
@@ -208,7 +208,10 @@ int main() {
   failures += report_case("state: swap and counter, 4 steps", swap_counter());
   failures += report_case("state: an update written in place, 5 steps", in_place_update());
   failures += report_case("fp8 delayed scaling, just-in-time first run then requantize skipped, 5 runs",
-                          jit_then_delayed());
+                          jit_then_delayed(false));
+  failures += report_case("fp8 delayed scaling as fp8-training builds it: each step scale computed by its requantize, "
+                          "the state by one kernel, 5 runs",
+                          jit_then_delayed(true));
   failures += report_case("fp8 delayed scaling: three tensors' histories and scales in one kernel, 10 runs",
                           scale_updates());
   return failures == 0 ? 0 : 1;

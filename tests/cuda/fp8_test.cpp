@@ -247,6 +247,49 @@ TEST_CASE("fp8: delayed scaling with a just-in-time first step: quantize stored 
   CHECK(ref.variable_value("y.scale")->get_f64(0) == doctest::Approx(3 * 0.12 / 448));
 }
 
+TEST_CASE("fp8: fp8-training's delayed-scaling ops: each step scale computed by its requantize, the state by one kernel") {
+  const LoweredGraph l = lower(jit_delayed_quantize_graph(true));
+  INFO(l.plan);
+  int requantize = 0, step_scale = 0, reduce = 0, updates = 0;
+  for (const std::string& k : l.kernels) {
+    requantize += has(k, "_requantize");
+    step_scale += has(k, "_step_scale");
+    reduce += has(k, "reduce_max");
+    updates += has(k, "_delayed_scaling");
+  }
+  CHECK(requantize == 2);
+  CHECK(step_scale == 0);
+  CHECK(reduce == 0);
+  CHECK(updates == 1);
+  // Each requantize computes the step's scale from the delayed one, the amax and the history,
+  // stores it (block 0) and returns at once when it is the delayed one.
+  CHECK(has(l.source, "const float s_step = kiln_step_scale(step_amax, step_history, 4, s, (0.00223214296f));"));
+  CHECK(has(l.source, "if (__float_as_uint(unless[0]) == __float_as_uint(s_step)) return;"));
+  const std::vector<std::string> s = steps(l.plan);
+  REQUIRE_FALSE(s.empty());
+  CHECK(has(s.back(), "_delayed_scaling grid=2,1,1 "));
+  compiles_everywhere(l);
+
+  // A step scale read before its requantize is a kernel of its own.
+  const LoweredGraph early = lower(R"(graph @s(%x: f32[64, 256]) -> (f32[], f8e4m3fn[64, 256]) {
+  %s = variable() {init = dense<f32[]>[1.0], name = "s"} : f32[]
+  %h = variable() {init = dense<f32[4]>[0.0, 0.0, 0.0, 0.0], name = "h"} : f32[4]
+  %a = amax(%x) : f32[]
+  %qd = quantize(%x, %s) {dtype = f8e4m3fn} : f8e4m3fn[64, 256]
+  %now = delayed_scaling_step_scale(%a, %h, %s) {dtype = f8e5m2, margin = 1} : f32[]
+  %twice = add(%now, %now) : f32[]
+  %q = requantize(%x, %qd, %s, %now) : f8e4m3fn[64, 256]
+  return %twice, %q
+}
+)");
+  INFO(early.plan);
+  int own = 0;
+  for (const std::string& k : early.kernels) own += has(k, "_step_scale");
+  CHECK(own == 1);
+  CHECK_FALSE(has(early.source, "s_step"));
+  compiles_everywhere(early);
+}
+
 TEST_CASE("fp8: quantize/dequantize kernels compile with NVRTC for every target") {
   const std::string text =
       "graph @g(%x: bf16[8, 64], %s: f32[], %f: f32[3, 5]) -> (f32[8, 64], f16[8, 64], f8e4m3fn[3, 5], f8e5m2[8, 64]) {\n"

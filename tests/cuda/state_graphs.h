@@ -46,13 +46,23 @@ inline std::string in_place_update_graph(int n) {
 /// fuse-pointwise): y = 3 x in a fused group that also reduces amax(y) and stores y quantized
 /// with its delayed scale; a weight variable w (growing 1.5x a run) read by a standalone amax and
 /// quantize; each then requantized with the scale the run uses (its own amax's while its history
-/// is empty, else the delayed one). Returns both f8 tensors and both amaxes.
-inline std::string jit_delayed_quantize_graph() {
+/// is empty, else the delayed one). Returns both f8 tensors and both amaxes. With `ops` the state
+/// is the ops fp8-training builds (delayed_scaling_step_scale, delayed_scaling_update), whose
+/// step scale also checks that the amax is finite and positive, else the core ops they stand for.
+inline std::string jit_delayed_quantize_graph(bool ops = false) {
   std::string w = "dense<f32[32, 256]>[";
   for (int i = 0; i < 32 * 256; ++i) w += (i ? ", " : "") + std::to_string(((i * 37) % 101 - 50) * 0.004);
   w += "]";
-  auto state = [](const std::string& t, const std::string& a, const std::string& x) {
+  auto state = [ops](const std::string& t, const std::string& a, const std::string& x) {
     // t's history roll, next scale and the scale this run uses (`t`.now); x its tensor, a its amax.
+    if (ops)
+      return "  %" + t + ".now = delayed_scaling_step_scale(%" + a + ", %" + t + ".hist, %" + t +
+             ".scale) {dtype = f8e4m3fn, margin = 0} : f32[]\n"
+             "  %" + t + ".q = requantize(%" + x + ", %" + t + ".qd, %" + t + ".scale, %" + t + ".now) : f8e4m3fn\n"
+             "  %" + t + ".h2, %" + t + ".s2 = delayed_scaling_update(%" + a + ", %" + t + ".hist, %" + t +
+             ".scale) {algorithm = \"max\", dtype = f8e4m3fn, margin = 0} : f32[4], f32[]\n"
+             "  assign(%" + t + ".h2) {name = \"" + t + ".hist\"}\n"
+             "  assign(%" + t + ".s2) {name = \"" + t + ".scale\"}\n";
     return "  %" + t + ".seen = reduce_max(%" + t + ".hist) {keepdims = 0} : f32[]\n"
            "  %" + t + ".warm = greater(%" + t + ".seen, %zero) : bool[]\n"
            "  %" + t + ".own = mul(%" + a + ", %factor) : f32[]\n"

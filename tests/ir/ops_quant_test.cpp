@@ -112,13 +112,15 @@ std::string zeros_list(int64_t n) {
 /// Three tensors' state updated two ways in one graph: by delayed_scaling_update (variables
 /// new.I.*) and by the core ops it stands for (old.I.*: the roll as reshape, slice and concat,
 /// the max as reduce_max, the formula as mul, compare, and, where), from amaxes a0, a1, a2.
+/// Returns each tensor's step scale both ways (delayed_scaling_step_scale and its core ops).
 std::string delayed_scaling_graph(const Recipe& r) {
   const std::string h = std::to_string(r.history), hist = "f32[" + h + "]";
   const std::string fmt = r.format == DType::kF8E4M3FN ? "f8e4m3fn" : "f8e5m2";
   const double factor = std::ldexp(1.0, static_cast<int>(r.margin)) / (r.format == DType::kF8E4M3FN ? 448.0 : 57344.0);
   char fl[64];
   std::snprintf(fl, sizeof fl, "%.17g", static_cast<double>(static_cast<float>(factor)));
-  std::string g = "graph @ds(%a0: f32[], %a1: f32[], %a2: f32[], %due: bool[]) -> (bool[]) {\n";
+  std::string g = "graph @ds(%a0: f32[], %a1: f32[], %a2: f32[], %due: bool[]) -> (f32[], f32[], f32[], f32[], f32[], "
+                  "f32[]) {\n";
   g += "  %factor = constant() {value = dense<f32[]>[" + std::string(fl) + "]} : f32[]\n";
   g += "  %zero = constant() {value = dense<f32[]>[0.0]} : f32[]\n";
   g += "  %big = constant() {value = dense<f32[]>[3.4028234663852886e+38]} : f32[]\n";
@@ -159,10 +161,20 @@ std::string delayed_scaling_graph(const Recipe& r) {
       up = o + "upd";
     }
     g += "  " + o + "next = where(" + up + ", " + o + "cand, " + o + "s) : f32[]\n";
+    g += "  %new" + k + "now = delayed_scaling_step_scale(" + a + ", %new" + k + "h, %new" + k + "s) {dtype = " + fmt +
+         ", margin = " + std::to_string(r.margin) + "} : f32[]\n";
+    g += "  " + o + "seen = reduce_max(" + o + "h) {keepdims = 0} : f32[]\n";
+    g += "  " + o + "warm = greater(" + o + "seen, %zero) : bool[]\n";
+    g += "  " + o + "own = mul(" + a + ", %factor) : f32[]\n";
+    g += "  " + o + "opos = greater(" + a + ", %zero) : bool[]\n";
+    g += "  " + o + "ofin = less_equal(" + a + ", %big) : bool[]\n";
+    g += "  " + o + "ook = and(" + o + "opos, " + o + "ofin) : bool[]\n";
+    g += "  " + o + "first = where(" + o + "ook, " + o + "own, " + o + "s) : f32[]\n";
+    g += "  " + o + "now = where(" + o + "warm, " + o + "s, " + o + "first) : f32[]\n";
     g += "  assign(" + (r.history > 1 ? rolled : o + "r") + ") {name = \"old." + k + ".h\"}\n";
     g += "  assign(" + o + "next) {name = \"old." + k + ".s\"}\n";
   }
-  return g + "  return %due\n}\n";
+  return g + "  return %new0now, %old0now, %new1now, %old1now, %new2now, %old2now\n}\n";
 }
 
 /// Bitwise equal f32 tensors (every nan alike).
@@ -177,7 +189,7 @@ void check_same_bits(const Tensor& a, const Tensor& b, const std::string& what) 
 
 }  // namespace
 
-TEST_CASE("quant: delayed_scaling_update matches the core ops of delayed scaling, step by step") {
+TEST_CASE("quant: delayed_scaling_update and _step_scale match the core ops of delayed scaling, step by step") {
   const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
   // a0: ordinary amaxes with a zero, a nan and an inf among them; a1: always zero (the scale
   // must stay 1); a2: a nan first, then values (a nan poisons the max while it is in the history).
@@ -197,6 +209,8 @@ TEST_CASE("quant: delayed_scaling_update matches the core ops of delayed scaling
                            Tensor::scalar_f64(DType::kF32, a2[step]), Tensor::scalar_f64(DType::kBool, step % 3 == 1)};
       auto out = interp.run(**g, {in, 4});
       REQUIRE_MESSAGE(out.ok(), out.status().message());
+      for (int i = 0; i < 3; ++i)  // the step scales, from the state before this step
+        check_same_bits((*out)[2 * i], (*out)[2 * i + 1], "step " + std::to_string(step) + " step scale " + std::to_string(i));
       for (int i = 0; i < 3; ++i)
         for (const char* part : {".h", ".s"}) {
           const std::string k = std::to_string(i) + part;

@@ -77,16 +77,30 @@ Status Lowerer::quantize_kernel(const Node& n, const QuantizeKernel& k) {
     epilogue = amax_combine("m", "amax");
     max_blocks = 1024;
   }
+  // The scale divided by: s[0], or the step's scale this kernel computes (stored by block 0
+  // for the GEMM and dequantize that read it after this kernel).
+  std::string scale = "s[0]";
+  if (k.step_scale >= 0) {
+    need_delayed_scaling();
+    params += ", const float* __restrict__ step_amax, const float* __restrict__ step_history, float* __restrict__ "
+              "step_scale";
+    args.insert(args.end(), {k.step_amax, k.step_history, k.step_scale});
+    const std::string factor = literal(DType::kF32, k.factor);
+    prologue += "  const float s_step = kiln_step_scale(step_amax, step_history, " + std::to_string(k.history) +
+                ", s, " + factor + ");\n"
+                "  if (blockIdx.x == 0 && threadIdx.x == 0) step_scale[0] = s_step;\n";
+    scale = "s_step";
+  }
   if (k.unless_scale >= 0) {  // requantize: nothing to do while q already has this scale
     params += ", const float* __restrict__ unless";
     args.push_back(k.unless_scale);
-    prologue = "  if (__float_as_uint(unless[0]) == __float_as_uint(s[0])) return;\n";
+    prologue += "  if (__float_as_uint(unless[0]) == __float_as_uint(" + scale + ")) return;\n";
     max_blocks = 1024;  // so that the usual early exit costs few blocks
   }
   const std::string fold = k.amax >= 0 ? "      " + amax_fold("m", "v[j]") + "\n" : "";
   // An f32 division, not a reciprocal multiply: the reference divides in f32, and so must this
   // (store_expr: the saturating conversion a fused group's quantize epilogue stores with too).
-  auto cvt = [&](const std::string& v) { return store_expr(k.qt, quantize_quotient(k.xt, v, "s[0]")); };
+  auto cvt = [&](const std::string& v) { return store_expr(k.qt, quantize_quotient(k.xt, v, scale)); };
   // Eight elements a thread with 16-byte loads and an 8-byte store where sizes and alignment
   // allow: this is a pure bandwidth kernel, and one element a thread reaches a third of it.
   const int64_t es = dtype_storage_bytes(k.xt, 1);
@@ -151,6 +165,14 @@ Status Lowerer::requantize(const Node& n) {
   k.x = buf(n.operand(0));
   k.scale = buf(n.operand(3));
   k.count = product(sizes_of(n.result()));
+  if (const Node* p = n.operand(3)->producer(); p != nullptr && step_scales_in_requantize_.count(p)) {
+    k.step_scale = k.scale;  // written here, from the delayed scale
+    k.scale = buf(p->operand(2));
+    k.step_amax = buf(p->operand(0));
+    k.step_history = buf(p->operand(1));
+    k.history = product(sizes_of(p->operand(1)));
+    k.factor = delayed_scale_factor(*p);
+  }
   const int from = buf(qd);
   // In place over q when nothing else reads it: then the usual step (scale == q_scale) is one
   // launch that returns at once, and only a just-in-time first step quantizes again.

@@ -435,6 +435,12 @@ class Lowerer {
     DType xt = DType::kF32, qt = DType::kF8E4M3FN;
     int x = -1, scale = -1, q = -1, amax = -1, unless_scale = -1;
     int64_t count = 0;
+    /// >= 0: a requantize whose scale is a delayed_scaling_step_scale computed by this kernel
+    /// (each block; block 0 stores it here) from `scale` (the delayed one) and step_scale's
+    /// amax and history.
+    int step_scale = -1, step_amax = -1, step_history = -1;
+    int64_t history = 0;
+    float factor = 1.0f;
   };
   Status quantize_kernel(const Node& n, const QuantizeKernel& k);
   /// A top-level `op` node (amax, quantize) of n's graph reading n's operand 0 as its own
@@ -471,7 +477,14 @@ class Lowerer {
     bool use_max = true;
   };
   std::vector<ScaleUpdate> scale_updates_;
-  bool scale_update_device_ = false;  // kiln_delayed_scaling is in the source
+  /// delayed_scaling_step_scale: computed by the requantize kernel that reads it when every
+  /// other reader comes after that requantize (recorded here by the node), else one small kernel.
+  Status delayed_scaling_step_scale(const Node& n);
+  std::set<const Node*> step_scales_in_requantize_;
+  /// The f32 factor 2^margin / max_finite(dtype) of a delayed_scaling_update or _step_scale node.
+  static float delayed_scale_factor(const Node& n);
+  void need_delayed_scaling();
+  bool delayed_scaling_device_ = false;  // kiln_delayed_scaling and kiln_step_scale are in the source
   /// Launches one kernel for `updates`, a block each.
   void scale_update_kernel(const std::vector<ScaleUpdate>& updates);
   /// After the output copies: one copy step per assign, then the variables' buffers become

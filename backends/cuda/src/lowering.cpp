@@ -114,7 +114,8 @@ Status Lowerer::lower_node(const Node& n) {
   // Zeros only scatter_adds start from: each clears its own output instead.
   if ((op == "constant" || op == "expand") && zeros_for_scatter(n.result())) return ok_status();
   if (op == "constant") return weight(n.result(), n.attr("value")->as_tensor());
-  if (op == "variable" || op == "assign" || op == "amax" || op == "delayed_scaling_update")
+  if (op == "variable" || op == "assign" || op == "amax" || op == "delayed_scaling_update" ||
+      op == "delayed_scaling_step_scale")
     return state_op(n);  // state.cpp
   if (op == "fused") {
     const Graph& body = n.region(0);

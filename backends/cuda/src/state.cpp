@@ -18,6 +18,7 @@ Status Lowerer::state_op(const Node& n) {
   const std::string& op = n.op_name();
   if (op == "amax") return amax(n);
   if (op == "delayed_scaling_update") return delayed_scaling_update(n);
+  if (op == "delayed_scaling_step_scale") return delayed_scaling_step_scale(n);
   const std::string name = n.get_string("name");
   if (op == "assign") {
     assigns_.push_back({name, buf(n.operand(0)), &n});
@@ -120,7 +121,26 @@ __device__ __forceinline__ void kiln_delayed_scaling(const float* amax, const fl
   const bool update = m > 0.0f && m <= 3.402823466e38f && (due == nullptr || due[0] != 0);
   sout[0] = update ? m * factor : sin[0];
 }
+// delayed_scaling_step_scale: the delayed scale once the history holds a positive amax (a nan
+// in it counts as none), else the current amax's where it is finite and positive.
+__device__ __forceinline__ float kiln_step_scale(const float* amax, const float* hist, int h, const float* scale,
+                                                 float factor) {
+  float seen = hist[0];
+  for (int j = 1; j < h; ++j) seen = kiln_nanmax(seen, hist[j]);
+  const float a = amax[0];
+  return seen > 0.0f ? scale[0] : ((a > 0.0f && a <= 3.402823466e38f) ? a * factor : scale[0]);
+}
 )";
+
+/// Where node `n` stands in its graph's node list.
+size_t position(const Node& n) {
+  size_t i = 0;
+  for (const auto& m : n.graph()->nodes()) {
+    if (m.get() == &n) return i;
+    ++i;
+  }
+  return i;
+}
 
 }  // namespace
 
@@ -133,9 +153,7 @@ Status Lowerer::delayed_scaling_update(const Node& n) {
   u.history = product(sizes_of(n.operand(1)));
   if (u.history > (int64_t{1} << 30)) return unsupported(n, "history of " + std::to_string(u.history) + " elements");
   u.use_max = n.get_string("algorithm", "max") == "max";
-  const Attribute* f = n.attr("dtype");
-  const double max_finite = f != nullptr && f->as_dtype() == DType::kF8E5M2 ? 57344.0 : 448.0;
-  u.factor = static_cast<float>(std::ldexp(1.0, static_cast<int>(n.get_int("margin", 0))) / max_finite);
+  u.factor = delayed_scale_factor(n);
   const std::string hist = variable_name(n.operand(1)), scale = variable_name(n.operand(2));
   auto var = [&](const std::string& name, int id) {
     auto v = variables_.find(name);
@@ -155,12 +173,51 @@ Status Lowerer::delayed_scaling_update(const Node& n) {
   return ok_status();
 }
 
+void Lowerer::need_delayed_scaling() {
+  if (delayed_scaling_device_) return;
+  delayed_scaling_device_ = true;
+  source_ += kScaleUpdateDevice;
+}
+
+float Lowerer::delayed_scale_factor(const Node& n) {
+  const Attribute* f = n.attr("dtype");
+  const double max_finite = f != nullptr && f->as_dtype() == DType::kF8E5M2 ? 57344.0 : 448.0;
+  return static_cast<float>(std::ldexp(1.0, static_cast<int>(n.get_int("margin", 0))) / max_finite);
+}
+
+Status Lowerer::delayed_scaling_step_scale(const Node& n) {
+  const int out = activation_for(n.result());
+  const int64_t h = product(sizes_of(n.operand(1)));
+  // Every block of the requantize reads the whole history: short ones only.
+  const Node* requantize = nullptr;
+  bool later = true;
+  for (const Use& u : n.result()->uses())
+    if (u.user != nullptr && u.user->op_name() == "requantize" && u.index == 3 && requantize == nullptr &&
+        u.user->graph() == n.graph())
+      requantize = u.user;
+  if (requantize != nullptr && h <= 64) {
+    const size_t at = position(*requantize);
+    for (const Use& u : n.result()->uses())
+      if (u.user != requantize && (u.user == nullptr || u.user->graph() != n.graph() || position(*u.user) <= at))
+        later = false;
+    if (later) {
+      step_scales_in_requantize_.insert(&n);
+      return ok_status();
+    }
+  }
+  need_delayed_scaling();
+  const std::string factor = literal(DType::kF32, delayed_scale_factor(n));
+  const std::string name = kernel_name("step_scale");
+  add_kernel(name, "const float* a, const float* h, const float* s, float* y",
+             "  if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = kiln_step_scale(a, h, " + std::to_string(h) + ", s, " +
+                 factor + ");\n");
+  launch(name, 1, {buf(n.operand(0)), buf(n.operand(1)), buf(n.operand(2)), out});
+  return ok_status();
+}
+
 void Lowerer::scale_update_kernel(const std::vector<ScaleUpdate>& updates) {
   if (updates.empty()) return;
-  if (!scale_update_device_) {
-    scale_update_device_ = true;
-    source_ += kScaleUpdateDevice;
-  }
+  need_delayed_scaling();
   std::string params, body = "  switch (blockIdx.x) {\n";
   std::vector<int> args;
   for (size_t i = 0; i < updates.size(); ++i) {

@@ -1,5 +1,6 @@
 // FP8 quantization ops: quantize, requantize, dequantize, scaled_matmul (one node per FP8 GEMM),
-// amax and delayed_scaling_update (one tensor's amax history and scale, one step on).
+// amax, delayed_scaling_update (one tensor's amax history and scale, one step on) and
+// delayed_scaling_step_scale (the scale a step uses when an empty history takes the current amax's).
 #include <cmath>
 #include <limits>
 
@@ -170,25 +171,46 @@ Status amax_kernel(KernelContext& ctx) {
   return ok_status();
 }
 
-Status delayed_scaling_update_infer(InferContext& ctx) {
+/// delayed scaling's f32 factor 2^margin / max_finite(dtype).
+float scale_factor(const Node& n) {
+  const DType f = n.attr("dtype") ? n.attr("dtype")->as_dtype() : DType::kF8E4M3FN;
+  return static_cast<float>(std::ldexp(1.0, static_cast<int>(n.get_int("margin", 0))) /
+                            (f == DType::kF8E4M3FN ? 448.0 : 57344.0));
+}
+
+/// A max that a nan poisons, as reduce_max's.
+float nan_max(float m, float v) { return std::isnan(m) ? m : ((std::isnan(v) || v > m) ? v : m); }
+
+/// Operands amax, history and scale of the delayed-scaling ops.
+Status check_delayed_scaling_operands(const InferContext& ctx) {
   KILN_RETURN_IF_ERROR(require_scale(ctx, 0));
   KILN_RETURN_IF_ERROR(require_scale(ctx, 2));
   const TensorType& h = ctx.operand(1);
   if (h.dtype != DType::kF32 || h.rank() != 1 || !h.shape[0].is_static() || h.shape[0].value() < 1)
     return ctx.error("operand 'history' must be f32[H] with a static H >= 1, got " + h.str());
+  return ok_status();
+}
+
+Status check_format_and_margin(const InferContext& ctx) {
+  const DType f = ctx.node.attr("dtype") ? ctx.node.attr("dtype")->as_dtype() : DType::kF8E4M3FN;
+  if (!is_f8(f)) return ctx.error("attribute 'dtype' must be f8e4m3fn or f8e5m2, got " + std::string(dtype_name(f)));
+  const int64_t margin = ctx.node.get_int("margin", 0);
+  if (margin < -64 || margin > 64) return ctx.error("attribute 'margin' must be within [-64, 64], got " + std::to_string(margin));
+  return ok_status();
+}
+
+Status delayed_scaling_update_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_delayed_scaling_operands(ctx));
   if (ctx.num_operands() == 4) {
     const TensorType& d = ctx.operand(3);
     if (d.dtype != DType::kBool || !is_static(d.shape) || num_elements(d.shape) != 1)
       return ctx.error("operand 'due' must be one bool, got " + d.str());
   }
-  const DType f = ctx.node.attr("dtype") ? ctx.node.attr("dtype")->as_dtype() : DType::kF8E4M3FN;
-  if (!is_f8(f)) return ctx.error("attribute 'dtype' must be f8e4m3fn or f8e5m2, got " + std::string(dtype_name(f)));
+  KILN_RETURN_IF_ERROR(check_format_and_margin(ctx));
   const std::string algo = ctx.node.get_string("algorithm", "max");
   if (algo != "max" && algo != "most_recent")
     return ctx.error("attribute 'algorithm' must be max or most_recent, got '" + algo + "'");
-  const int64_t margin = ctx.node.get_int("margin", 0);
-  if (margin < -64 || margin > 64) return ctx.error("attribute 'margin' must be within [-64, 64], got " + std::to_string(margin));
-  ctx.results = {h, ctx.operand(2)};
+  ctx.results = {ctx.operand(1), ctx.operand(2)};
   return ok_status();
 }
 
@@ -205,16 +227,34 @@ Status delayed_scaling_update_kernel(KernelContext& ctx) {
   for (int64_t j = 1; j < h; ++j) {
     const float v = static_cast<float>(hist.get_f64(j - 1));
     out.set_f64(j, v);
-    if (std::isnan(v) || v > m) m = std::isnan(m) ? m : v;
+    m = nan_max(m, v);
   }
   if (ctx.node.get_string("algorithm", "max") != "max") m = amax;
-  const DType f = ctx.node.attr("dtype") ? ctx.node.attr("dtype")->as_dtype() : DType::kF8E4M3FN;
-  const float factor = static_cast<float>(std::ldexp(1.0, static_cast<int>(ctx.node.get_int("margin", 0))) /
-                                          (f == DType::kF8E4M3FN ? 448.0 : 57344.0));
+  const float factor = scale_factor(ctx.node);
   // A nan compares false: an all-zero or non-finite history leaves the scale as it was.
   bool update = m > 0.0f && m <= std::numeric_limits<float>::max();
   if (ctx.num_inputs() == 4) update = update && ctx.input(3).get_f64(0) != 0.0;
   ctx.output(1).set_f64(0, update ? m * factor : scale);
+  return ok_status();
+}
+
+Status delayed_scaling_step_scale_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_delayed_scaling_operands(ctx));
+  KILN_RETURN_IF_ERROR(check_format_and_margin(ctx));
+  ctx.results = {ctx.operand(2)};
+  return ok_status();
+}
+
+// where(max(history) > 0, scale, where(amax finite and > 0, amax * factor, scale)), in f32 with
+// a max that a nan poisons (then the history counts as empty), as the core ops it stands for.
+Status delayed_scaling_step_scale_kernel(KernelContext& ctx) {
+  const float amax = static_cast<float>(ctx.input(0).get_f64(0));
+  const Tensor& hist = ctx.input(1);
+  const float scale = static_cast<float>(ctx.input(2).get_f64(0));
+  float seen = static_cast<float>(hist.get_f64(0));
+  for (int64_t j = 1; j < hist.numel(); ++j) seen = nan_max(seen, static_cast<float>(hist.get_f64(j)));
+  const bool own_ok = amax > 0.0f && amax <= std::numeric_limits<float>::max();
+  ctx.output().set_f64(0, seen > 0.0f ? scale : (own_ok ? amax * scale_factor(ctx.node) : scale));
   return ok_status();
 }
 
@@ -294,6 +334,20 @@ void register_quant_ops(OpRegistry& r) {
           .num_regions = 0,
           .infer = delayed_scaling_update_infer,
           .reference = delayed_scaling_update_kernel});
+  add_op_or_die(
+      r, {.name = "delayed_scaling_step_scale",
+          .summary = "the scale a step of FP8 delayed scaling quantizes with when an empty history takes the current "
+                     "amax's (just in time): scale once max(history) > 0, else amax * 2^margin / max_finite(dtype) "
+                     "where amax is finite and positive, else scale",
+          .traits = kTraitNone,
+          .inputs = {"amax", "history", "scale"},
+          .outputs = {"y"},
+          .result_rule = "the type of scale",
+          .attrs = {attr_default("dtype", DType::kF8E4M3FN, "the f8 format the scale serves: f8e4m3fn or f8e5m2"),
+                    attr_default("margin", int64_t{0}, "the scale leaves 2^margin headroom, within [-64, 64]")},
+          .num_regions = 0,
+          .infer = delayed_scaling_step_scale_infer,
+          .reference = delayed_scaling_step_scale_kernel});
 }
 
 }  // namespace kiln
