@@ -326,7 +326,35 @@ class FuseAttention : public Pass {
       KILN_ASSIGN_OR_RETURN(bool f, fuse_one(g, n, fuse_f32_, causal_masks));
       changed |= f;
     }
+    std::vector<Node*> masked;
+    for (Node* n : g.node_list())
+      if (n->op_name() == "attention" && n->num_operands() == 4 && n->get_int("causal", 0) == 0)
+        masked.push_back(n);
+    for (Node* n : masked) {
+      KILN_ASSIGN_OR_RETURN(bool f, causal_from_mask(g, n, causal_masks));
+      changed |= f;
+    }
     return changed;
+  }
+
+  /// An attention node that already exists (a front end's, from PyTorch's
+  /// scaled_dot_product_attention) with a constant causal mask: the same node with causal = 1
+  /// and no mask, as fuse_one makes it, so the kernel skips the masked blocks instead of
+  /// loading a mask for every score.
+  static StatusOr<bool> causal_from_mask(Graph& g, Node* n, std::map<const Value*, bool>& causal_masks) {
+    const Shape& qs = n->operand(0)->shape();
+    const Shape& ks = n->operand(1)->shape();
+    if (!qs[2].is_static() || !ks[2].is_static()) return false;
+    if (!is_causal_constant(n->operand(3), qs[2].value(), ks[2].value(), /*is_bool=*/false, causal_masks))
+      return false;
+    Rewriter rw(g, n);
+    KILN_ASSIGN_OR_RETURN(Value * y, rw.add("attention", {n->operand(0), n->operand(1), n->operand(2)},
+                                            n->result()->type(),
+                                            {{"scale", n->get_float("scale")}, {"causal", int64_t{1}}}));
+    y->set_name(n->result()->name());
+    n->result()->replace_all_uses_with(y);
+    KILN_RETURN_IF_ERROR(g.erase_node(n));
+    return true;
   }
 
   bool fuse_f32_;
@@ -338,7 +366,7 @@ PassInfo fuse_attention_pass_info() {
   PassInfo info;
   info.name = "fuse-attention";
   info.version = "0.1.0";
-  info.summary = "rewrite softmax(q·kᵀ·scale + mask)·v into one attention node (causal, GQA)";
+  info.summary = "rewrite softmax(q·kᵀ·scale + mask)·v into one attention node (causal, GQA); a constant causal mask of an attention node becomes causal = 1";
   // f32 attention runs on CUDA cores (a register-tiled flash kernel); fused it is faster than two
   // f32 GEMMs plus a softmax and never materializes the score matrix. `f32 = false` keeps the
   // unfused form, e.g. to compare.
