@@ -17,9 +17,11 @@ namespace kiln::fusion {
 namespace {
 
 /// The weight of a projection `n` of `x` as [K, N] (matmul) or [N, K] (linear, transposed):
-/// a constant, the same dtype as x, static shapes; nullptr when `n` is no such projection.
+/// a constant, the same dtype as x, static shapes; nullptr when `n` is no such projection. A
+/// linear may have a bias [N] of that dtype (PyTorch's nn.Linear as its front end gives it; ONNX
+/// exports the same as matmul, then add): it is added to the projection's slice afterwards.
 const Tensor* projection_weight(const Node& n, bool& transposed) {
-  const bool lin = n.op_name() == "linear" && n.num_operands() == 2;
+  const bool lin = n.op_name() == "linear" && (n.num_operands() == 2 || n.num_operands() == 3);
   if (!lin && n.op_name() != "matmul") return nullptr;
   const Tensor* w = constant_tensor(n.operand(1));
   if (!w || n.num_results() != 1 || w->rank() != 2) return nullptr;
@@ -28,6 +30,10 @@ const Tensor* projection_weight(const Node& n, bool& transposed) {
   if (n.operand(0)->dtype() != t || w->dtype() != t || n.operand(0)->shape().size() < 2) return nullptr;
   for (const Dim& d : n.operand(0)->shape())
     if (!d.is_static()) return nullptr;
+  if (n.num_operands() == 3) {
+    const Value* bias = n.operand(2);
+    if (bias->dtype() != t || bias->shape().size() != 1 || bias->shape()[0] != Dim(w->shape()[0])) return nullptr;
+  }
   transposed = lin;
   return w;
 }
@@ -128,6 +134,10 @@ class FuseHorizontal final : public Pass {
       KILN_ASSIGN_OR_RETURN(Node * back, g.create_node("reshape", {split->result(static_cast<int>(gi))}, {r->type()},
                                                        {{"shape", shape}}, first));
       back->set_loc(n->loc());
+      if (n->num_operands() == 3) {  // linear's bias, added to the slice as ONNX's matmul + add has it
+        KILN_ASSIGN_OR_RETURN(back, g.create_node("add", {back->result(), n->operand(2)}, {r->type()}, {}, first));
+        back->set_loc(n->loc());
+      }
       r->replace_all_uses_with(back->result());
       backs.push_back(back);
     }

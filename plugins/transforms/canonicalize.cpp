@@ -96,6 +96,14 @@ class Canonicalize final : public Pass {
     return true;
   }
 
+  /// forward(n, p's result), which also takes over n's result name (the printed IR keeps it).
+  static StatusOr<bool> replace_by(Node* n, Node* p) {
+    const std::string name = n->result(0)->name();
+    n->result(0)->set_name("");
+    p->result(0)->set_name(name);
+    return forward(n, p->result(0));
+  }
+
   /// The value of a constant-like node's result, when `v` has one.
   std::optional<Tensor> constant_value(const Value* v) const {
     const Node* p = v->producer();
@@ -215,6 +223,13 @@ class Canonicalize final : public Pass {
       return true;
     }
 
+    // reshape(linear(reshape(x [.., K], [M, K]), w), [.., N]) is linear(x, w): PyTorch's
+    // decomposition flattens nn.Linear's leading dims around a 2-D GEMM, as ONNX's MatMul of
+    // [.., K] does not. One op on x keeps the output a GEMM's own (no copy of a view into it).
+    if (op == "reshape" && inner && (inner->op_name() == "linear" || inner->op_name() == "matmul") &&
+        inner->operand(1)->shape().size() == 2 && inner->result(0)->uses().size() == 1)
+      if (Value* flat = leading_dims_source(inner->operand(0), type.shape)) return unflatten_projection(n, inner, flat);
+
     // x+0, 0+x, x-0, x*1, 1*x, x/1. The identity operand may be any all-equal constant, but
     // only when broadcasting it does not change x's type. x*0 is left alone: NaN*0 is NaN.
     // x+0 may turn -0.0 into +0.0, which is accepted, as under fast-math "no signed zeros".
@@ -226,6 +241,18 @@ class Canonicalize final : public Pass {
         if (keep->type() != type) continue;
         auto c = constant_value(n->operand(side));
         if (c && all_equal(*c, unit)) return forward(n, keep);
+      }
+    }
+    // linear(x, w, 0) is linear(x, w): a zero bias (nn.Linear's at initialization, as PyTorch's
+    // front end gives it) then reads as ONNX's matmul + add of zeros does once x+0 is gone, and
+    // fuse-horizontal finds the projection as it finds the matmul.
+    if (op == "linear" && n->num_operands() == 3) {
+      auto c = constant_value(n->operand(2));
+      if (c && all_equal(*c, 0.0)) {
+        KILN_ASSIGN_OR_RETURN(Node * unbiased, n->graph()->create_node("linear", {x, n->operand(1)}, {type},
+                                                                       n->attrs(), n));
+        unbiased->set_loc(n->loc());
+        return replace_by(n, unbiased);
       }
     }
     std::string approximate;
@@ -317,14 +344,59 @@ class Canonicalize final : public Pass {
     return nullptr;
   }
 
+  /// The source x of `flat` = reshape(x) to [M, K] when the projection's result [M, N] is
+  /// reshaped to `out` = [d.., N] with M the product of the static d..: the reshapes only
+  /// flattened and restored the leading dims a projection keeps.
+  static Value* leading_dims_source(Value* flat, const Shape& out) {
+    const Node* r = flat->producer();
+    if (!r || r->op_name() != "reshape" || flat->shape().size() != 2 || out.size() < 2 || !is_static(out) ||
+        !is_static(flat->shape()))
+      return nullptr;
+    int64_t m = 1;
+    for (size_t d = 0; d + 1 < out.size(); ++d) m *= out[d].value();
+    return m == flat->shape()[0].value() ? r->operand(0) : nullptr;
+  }
+
+  /// reshape `n` of projection `proj` (linear or matmul of a flattened `x`) as one projection
+  /// of x viewed as [d.., K].
+  static StatusOr<bool> unflatten_projection(Node* n, Node* proj, Value* x) {
+    const Shape& out = n->result(0)->shape();
+    Shape rows(out.begin(), out.end() - 1);
+    rows.push_back(proj->operand(0)->shape()[1]);
+    if (x->shape() != rows) {
+      // The view takes the flattened value's name (tools such as kiln calibrate name a GEMM's
+      // input), which that value gives up when the projection was its only reader.
+      Value* flat = proj->operand(0);
+      std::string name = flat->name();
+      if (flat->uses().size() == 1)
+        flat->set_name("");
+      else if (!name.empty())
+        name += ".rows";
+      KILN_ASSIGN_OR_RETURN(Node * r, n->graph()->create_node("reshape", {x}, {TensorType{x->dtype(), rows}},
+                                                              {{"shape", static_sizes(rows)}}, n, {name}));
+      r->set_loc(proj->loc());
+      x = r->result(0);
+    }
+    std::vector<Value*> operands = proj->operands();
+    operands[0] = x;
+    KILN_ASSIGN_OR_RETURN(Node * p, n->graph()->create_node(proj->op_name(), operands, {n->result(0)->type()},
+                                                            proj->attrs(), n));
+    p->set_loc(proj->loc());
+    // The projection keeps the GEMM's name, by which kiln quant-report lists layers.
+    if (!proj->result(0)->name().empty()) {
+      const std::string name = proj->result(0)->name();
+      proj->result(0)->set_name("");
+      p->result(0)->set_name(name);
+      return forward(n, p->result(0));
+    }
+    return replace_by(n, p);
+  }
+
   static StatusOr<bool> raise_gelu(Node* n, Value* x, const std::string& approximate) {
     KILN_ASSIGN_OR_RETURN(Node * g, n->graph()->create_node("gelu", {x}, {n->result(0)->type()},
                                                             {{"approximate", approximate}}, n));
     g->set_loc(n->loc());
-    const std::string name = n->result(0)->name();
-    n->result(0)->set_name("");
-    g->result(0)->set_name(name);
-    return forward(n, g->result(0));
+    return replace_by(n, g);
   }
 
   /// u(reshape(x)) -> reshape(u(x)) for a unary elementwise u and a reshape used only there:
