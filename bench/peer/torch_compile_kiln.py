@@ -242,6 +242,7 @@ def run_model(name, a, torch, nn, kiln_options):
                     entry["left_in_pytorch"] = kiln.torch.kiln_backend.last_left_in_pytorch
                     entry["pipelines"] = sorted({p.pipeline.canonical if p.pipeline is not None else
                                                  f"passes={p.passes!r} backend={p.backend}" for p in parts})
+                    entry.update(call_path_times(torch, fn, parts, inputs, a, cuda))
             except Exception as e:  # one failing mode must not stop the others
                 entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 traceback.print_exc()
@@ -265,6 +266,25 @@ def run_model(name, a, torch, nn, kiln_options):
     row["goals"] = model_goals(row, a.noise, speed=not a.smoke)
     print(f"  {name:9} goals: {json.dumps(row['goals'])}", flush=True)
     return row
+
+
+def call_path_times(torch, fn, parts, inputs, a, cuda):
+    """Where the torch.compile path's time goes beyond its Kiln part, for information (the goals
+    use "ms"): "part_ms", the part alone called on the same inputs (when it takes just the
+    model's inputs), and "guards_skipped_ms", the compiled model with dynamo's guard checks
+    skipped (torch.compiler.set_stance's skip_guard_eval_unsafe). Dynamo checks its guards on
+    every call, one or more per parameter (the parameters are graph inputs), before the part is
+    queued: with the GPU waited for after each call, that host time adds to the call's."""
+    out = {}
+    if len(parts) == 1 and len(parts[0].graph_.inputs) == len(inputs):
+        xs = list(inputs)
+        out["part_ms"] = round(timed(torch, lambda: parts[0].run_tensors(xs), a.iters, a.warmup, cuda), 4)
+    try:
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            out["guards_skipped_ms"] = round(timed(torch, lambda: fn(*inputs), a.iters, a.warmup, cuda), 4)
+    except (AttributeError, TypeError, RuntimeError) as e:  # an older PyTorch without the stance
+        out["guards_skipped_ms_error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def accuracy_verdict(modes, atol, mode="kiln"):
@@ -490,6 +510,11 @@ def markdown(result):
                      f" | {ratio(goals, 'kiln_vs_onnx')} | {ratio(goals, 'kiln_vs_inductor')} "
                      f"| {ratio(goals, 'onnx_vs_inductor')} | {modes.get('kiln', {}).get('kiln_parts', '-')} "
                      f"| {accuracy} | {'met' if not missed else '**missed**: ' + '; '.join(missed)} |")
+    call_path = [f"{m['model']} {m['modes']['kiln'].get('part_ms', '-')} / {m['modes']['kiln'].get('guards_skipped_ms', '-')}"
+                 for m in result["models"] if "part_ms" in m.get("modes", {}).get("kiln", {})]
+    if call_path:
+        lines += ["", "Kiln's torch.compile path, ms per call of its Kiln part alone / of the compiled model with "
+                  "dynamo's guards skipped: " + ", ".join(call_path)]
     if result.get("host_overhead"):
         lines += ["", "Host overhead per call (one-op model, us): " +
                   ", ".join(f"{k} {v}" for k, v in result["host_overhead"].items())]

@@ -114,6 +114,7 @@ class HostGoal(unittest.TestCase):
 class Table(unittest.TestCase):
     def test_columns(self):
         r = row(kiln=1.1, onnx=1.0, inductor=(1.2,))
+        r["modes"]["kiln"].update(part_ms=1.01, guards_skipped_ms=1.02)
         r["goals"] = tck.model_goals(r, 1.05)
         result = {"device": "d", "torch": "t", "kiln": "k", "models": [r, {"model": "bert", "skipped": "no transformers"}],
                   "host_overhead": {"python_over_c_api_us": 3.0}, "missed": ["m: x"]}
@@ -126,6 +127,7 @@ class Table(unittest.TestCase):
         self.assertIn("**missed**", cells[-1])
         self.assertIn("skipped: no transformers", text)
         self.assertIn("python_over_c_api_us 3.0", text)
+        self.assertIn("guards skipped: m 1.01 / 1.02", text)
         self.assertIn("- m: x", text)
 
 
