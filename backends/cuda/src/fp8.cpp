@@ -139,21 +139,31 @@ const Node* Lowerer::standalone_partner(const Node& n, const std::string& op) co
 }
 
 Status Lowerer::quantize(const Node& n) {
-  QuantizeKernel k;
-  k.xt = n.operand(0)->dtype();
-  k.qt = n.result()->dtype();
-  k.x = buf(n.operand(0));
-  k.scale = buf(n.operand(1));
-  k.q = activation_for(n.result());
-  k.count = product(sizes_of(n.result()));
   // A standalone amax of the same tensor (a weight's, FP8 delayed scaling) is folded in: one
   // read of x instead of two.
-  if (const Node* a = standalone_partner(n, "amax"); a != nullptr && !is_f8(k.xt)) {
+  if (const Node* a = standalone_partner(n, "amax"); a != nullptr && !is_f8(n.operand(0)->dtype())) {
     absorbed_.insert(a);
-    k.amax = activation_for(a->result());
-    k.name = "quantize_amax";
+    return quantize_with_amax(n, *a);
   }
-  return quantize_kernel(n, k);
+  return quantize_kernel(n, quantize_of(n));
+}
+
+Lowerer::QuantizeKernel Lowerer::quantize_of(const Node& q) {
+  QuantizeKernel k;
+  k.xt = q.operand(0)->dtype();
+  k.qt = q.result()->dtype();
+  k.x = buf(q.operand(0));
+  k.scale = buf(q.operand(1));
+  k.q = activation_for(q.result());
+  k.count = product(sizes_of(q.result()));
+  return k;
+}
+
+Status Lowerer::quantize_with_amax(const Node& q, const Node& a) {
+  QuantizeKernel k = quantize_of(q);
+  k.name = "quantize_amax";
+  k.amax = activation_for(a.result());
+  return quantize_kernel(q, k);
 }
 
 Status Lowerer::requantize(const Node& n) {

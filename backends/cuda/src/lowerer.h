@@ -443,6 +443,10 @@ class Lowerer {
     float factor = 1.0f;
   };
   Status quantize_kernel(const Node& n, const QuantizeKernel& k);
+  /// Quantize node `q`'s kernel: its input, scale and result.
+  QuantizeKernel quantize_of(const Node& q);
+  /// Quantize node `q` as one kernel, reducing amax node `a` (of the same input) as it goes.
+  Status quantize_with_amax(const Node& q, const Node& a);
   /// A top-level `op` node (amax, quantize) of n's graph reading n's operand 0 as its own
   /// operand 0, not lowered yet, whose other operands are made already: one kernel can do both.
   const Node* standalone_partner(const Node& n, const std::string& op) const;

@@ -55,16 +55,7 @@ Status Lowerer::amax(const Node& n) {
   // reduces this amax as it goes: fp8.cpp.
   if (const Node* q = standalone_partner(n, "quantize")) {
     absorbed_.insert(q);
-    QuantizeKernel k;
-    k.name = "quantize_amax";
-    k.xt = t;
-    k.qt = q->result()->dtype();
-    k.x = buf(x);
-    k.scale = buf(q->operand(1));
-    k.q = activation_for(q->result());
-    k.amax = activation_for(n.result());
-    k.count = product(sizes_of(x));
-    return quantize_kernel(*q, k);
+    return quantize_with_amax(*q, n);
   }
   const int out = activation_for(n.result());
   const int64_t count = product(sizes_of(x));
