@@ -144,6 +144,7 @@ uint8_t f64_to_f8e4m3fn_bits(double v, bool saturate) {
   return static_cast<uint8_t>(encode(v, kE4M3FN, saturate));
 }
 float f8e5m2_bits_to_f32(uint8_t bits) { return static_cast<float>(decode(bits, kE5M2)); }
+double f8_max_finite(DType t) { return t == DType::kF8E4M3FN ? kE4M3FN.max_finite() : kE5M2.max_finite(); }
 uint8_t f64_to_f8e5m2_bits(double v, bool saturate) {
   return static_cast<uint8_t>(encode(v, kE5M2, saturate));
 }

@@ -35,8 +35,6 @@ struct DelayedScaling {
   bool current_until_history = false;
 };
 
-/// The largest finite value of an f8 format: 448 (e4m3fn), 57344 (e5m2).
-inline double fp8_max_finite(DType t) { return t == DType::kF8E4M3FN ? 448.0 : 57344.0; }
 
 /// Makes a node of `op` where the caller wants it, typed by the op's shape rule, its result named
 /// `name` (may be empty); returns the result (null for an op without results).

@@ -172,8 +172,8 @@ void Lowerer::need_delayed_scaling() {
 
 float Lowerer::delayed_scale_factor(const Node& n) {
   const Attribute* f = n.attr("dtype");
-  const double max_finite = f != nullptr && f->as_dtype() == DType::kF8E5M2 ? 57344.0 : 448.0;
-  return static_cast<float>(std::ldexp(1.0, static_cast<int>(n.get_int("margin", 0))) / max_finite);
+  const DType format = f != nullptr ? f->as_dtype() : DType::kF8E4M3FN;
+  return static_cast<float>(std::ldexp(1.0, static_cast<int>(n.get_int("margin", 0))) / f8_max_finite(format));
 }
 
 Status Lowerer::delayed_scaling_step_scale(const Node& n) {

@@ -175,7 +175,7 @@ Status amax_kernel(KernelContext& ctx) {
 float scale_factor(const Node& n) {
   const DType f = n.attr("dtype") ? n.attr("dtype")->as_dtype() : DType::kF8E4M3FN;
   return static_cast<float>(std::ldexp(1.0, static_cast<int>(n.get_int("margin", 0))) /
-                            (f == DType::kF8E4M3FN ? 448.0 : 57344.0));
+                            f8_max_finite(f));
 }
 
 /// A max that a nan poisons, as reduce_max's.

@@ -43,7 +43,7 @@ struct Config {
 };
 
 /// The per-tensor scale for a tensor whose largest magnitude is `amax`; all-zero tensors get 1.
-double scale_for(double amax, DType t) { return amax > 0 && std::isfinite(amax) ? amax / fp8_max_finite(t) : 1.0; }
+double scale_for(double amax, DType t) { return amax > 0 && std::isfinite(amax) ? amax / f8_max_finite(t) : 1.0; }
 
 class QuantizeFp8 : public Pass {
  public:

@@ -45,5 +45,7 @@ uint8_t f64_to_f8e4m3fn_bits(double v, bool saturate = true);
 /// become ±57344; otherwise they become ±inf (ONNX Cast semantics).
 float f8e5m2_bits_to_f32(uint8_t bits);
 uint8_t f64_to_f8e5m2_bits(double v, bool saturate = true);
+/// The largest finite value of an f8 format: 448 (f8e4m3fn), 57344 (f8e5m2, and any other).
+double f8_max_finite(DType t);
 
 }  // namespace kiln
