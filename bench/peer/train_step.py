@@ -104,7 +104,7 @@ def kiln_steps(kiln, kir, toml, data, backend, steps, warmup):
     if len(times) != steps:
         raise RuntimeError(f"kiln train printed {len(times)} step times for {steps} steps:\n{out[-2000:]}")
     return {"step_ms": statistics.median(times[warmup:]), "wall_s": time.time() - t0, "loss_first": losses[0],
-            "loss_last": losses[-1]}
+            "loss_last": losses[-1], "losses": losses}
 
 
 def torch_steps(task, batches, steps, warmup, dtype, compiled, device):
@@ -153,7 +153,13 @@ def torch_steps(task, batches, steps, warmup, dtype, compiled, device):
         losses.append(loss.item())
     return {"step_ms": statistics.median(times[warmup:]),
             "peak_mib": torch.cuda.max_memory_allocated() / 2 ** 20 if cuda else None,
-            "loss_first": losses[0], "loss_last": losses[-1]}
+            "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
+
+
+def curve_difference(a, b):
+    """The largest relative difference between two loss curves, and its step."""
+    worst = max(range(min(len(a), len(b))), key=lambda i: abs(a[i] - b[i]) / abs(b[i]))
+    return abs(a[worst] - b[worst]) / abs(b[worst]), worst
 
 
 def main():
@@ -221,6 +227,14 @@ def main():
             res["torch"][mode] = r
             print(f"torch {mode}: step {r['step_ms']:.2f} ms, peak {r['peak_mib']} MiB, loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
             save()
+        # The same init and batches: Kiln's loss curve should follow eager PyTorch's (both bf16
+        # autocast, so they part by rounding, more as the steps go on).
+        for pol, r in res["kiln"].items():
+            if "losses" in r and "eager" in res["torch"]:
+                diff, step = curve_difference(r["losses"], res["torch"]["eager"]["losses"])
+                r["loss_vs_eager"] = {"worst_relative": diff, "step": step}
+                print(f"kiln remat={pol} vs torch eager loss: worst {100 * diff:.2f}% at step {step}")
+        save()
 
     ok = True
     k = res["kiln"]
