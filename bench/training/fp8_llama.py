@@ -13,7 +13,10 @@ AdamW), random weights in a side file and learnable token streams, then trains i
 
 and reports each one's median step time (steps after --warmup), the speedup, and how far the
 FP8 loss curve is from the bf16 one (per step and as 10-step means). Goals (issue 30): FP8 at
-least 1.3x faster, its curve within 2% of bf16's over 200 steps.
+least 1.3x faster, its curve within 2% of bf16's over 200 steps, judged on 10-step means: single
+steps of an f32 run part from the bf16 run by over 3% on this task (--f32-baseline, H100,
+2026-12-08: worst step 3.32%, worst 10-step mean 0.91%), so one step's gap measures batch noise
+amplified by rounding, not the precision of the curve.
 
   # on the GPU machine (sm_90a), full size: B 8, T 512, D 4096, 32 heads (8 kv), FFN 14336
   python3 bench/training/fp8_llama.py --kiln KILN --backend cuda-sm90 --steps 200
@@ -269,14 +272,14 @@ def main():
     print(f"  bf16: median step {mb:.2f} ms ({tokens / mb * 1e3:.0f} tokens/s), loss {lb[0]:.4f} -> {lb[-1]:.4f}")
     print(f"  fp8:  median step {mf:.2f} ms ({tokens / mf * 1e3:.0f} tokens/s), loss {lf[0]:.4f} -> {lf[-1]:.4f}")
     print(f"  speedup {speedup:.3f}x (goal >= 1.3)")
-    print(f"  fp8 vs bf16 loss: {describe_gap(gap)} (goal: within 2%)")
+    print(f"  fp8 vs bf16 loss: {describe_gap(gap)} (goal: 10-step means within 2%)")
     f32_gap = None
     if "f32" in runs:
         l32, t32 = runs["f32"]
         f32_gap = curve_gap(l32, lb)
         print(f"  f32:  median step {float(np.median(t32[w:])):.2f} ms, loss {l32[0]:.4f} -> {l32[-1]:.4f}")
         print(f"  f32 vs bf16 loss (for scale): {describe_gap(f32_gap)}")
-    goals = {"speedup": bool(speedup >= 1.3), "curve": bool(gap["worst"] <= 0.02), "learned": bool(learned)}
+    goals = {"speedup": bool(speedup >= 1.3), "curve": bool(gap["worst_10"] <= 0.02), "learned": bool(learned)}
     print("  goals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in goals.items()))
     if args.json:
         with open(args.json, "w") as f:
