@@ -704,6 +704,12 @@ class Partitioner {
     if ((op == "quantize" || op == "dequantize") && num_elements(n.operand(1)->shape()) == 1) return pointwise(n);
     if (op == "requantize") return pointwise(n);  // x and its quantized q alike; the scales one element
     if (op == "softmax" || op == "log_softmax") return reduction(n, {norm_axis(n.get_int("axis"))}, true, std::nullopt, false);
+    if (op == "cross_entropy_grad") {  // row-local: rows split as the logits', the classes whole
+      Decision d = reduction(n, {r - 1}, true, std::nullopt, false);
+      if (d.fallback) return d;
+      d.operands[1] = d.operands[0];  // the targets' dims are the logits' leading dims
+      return d;
+    }
     if (op == "argmax" || op == "argmin")
       return reduction(n, {norm_axis(n.get_int("axis"))}, n.get_int("keepdims", 1) != 0, std::nullopt, false);
     if (op == "layer_norm" || op == "rms_norm") {
@@ -949,6 +955,80 @@ class Partitioner {
     return true;
   }
 
+  /// Targets `t` (laid out `tt`) against this rank's block of `block` classes (the last dim of
+  /// logits laid out `tl`, split over mesh axis `a`): true where a row's target class is the
+  /// column, [.., block] bool.
+  StatusOr<Value*> target_in_block(Value* t, size_t a, int64_t block, const Sharding& tl, const Sharding& tt,
+                                   const std::string& name, Location loc) {
+    const int64_t ranks = mesh_.axes[a].size, classes = rank_of(t);
+    std::vector<int64_t> starts;
+    for (int64_t k = 0; k < ranks; ++k) starts.push_back(k * block);
+    KILN_ASSIGN_OR_RETURN(Value * all_starts, constant(Tensor::from_i64(t->dtype(), {ranks}, starts), name + ".vocab_start", loc));
+    Sharding one = replicated();
+    one[a] = P::shard(0);
+    KILN_ASSIGN_OR_RETURN(Value * start, collective("local_shard", all_starts, a, {{"dim", Attribute(int64_t{0})}}, one));
+    KILN_ASSIGN_OR_RETURN(Value * local, step("sub", {t, start}, {}, name + ".vocab_local", tt, loc));
+    KILN_ASSIGN_OR_RETURN(Value * column, step("unsqueeze", {local}, {{"axes", Attribute(std::vector<int64_t>{classes})}},
+                                               name + ".vocab_column", tt, loc));
+    KILN_ASSIGN_OR_RETURN(Value * iota, step("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(block))},
+                                                          {"delta", Attribute(1.0)}, {"dtype", Attribute(t->dtype())}},
+                                             name + ".vocab_iota", replicated(), loc));
+    return step("equal", {column, iota}, {}, name + ".vocab_mine", tl, loc);
+  }
+
+  /// The layouts of a vocab-parallel loss's logits and targets: the classes split over one mesh
+  /// axis (returned), the rows as the logits' other shards; nullopt unless that fits.
+  std::optional<size_t> vocab_layouts(const Node& n, Sharding& tl, Sharding& tt) const {
+    const int64_t classes = rank_of(n.operand(0)) - 1;
+    tl = without_partials(layout(n, 0));
+    const int va = sole_axis_splitting(tl, classes);
+    if (va < 0 || !dim_of(n.operand(0), classes).is_static()) return std::nullopt;
+    tt = replicated();
+    for (size_t b = 0; b < tl.size(); ++b) {
+      if (b == static_cast<size_t>(va)) continue;
+      if (tl[b].is_shard()) tt[b] = tl[b];
+      else tl[b] = P::replicate();
+    }
+    if (!fits(tl, n.operand(0)->type()) || !fits(tt, n.operand(1)->type())) return std::nullopt;
+    return static_cast<size_t>(va);
+  }
+
+  /// cross_entropy_grad over classes split over one mesh axis: softmax as lower_split_softmax
+  /// computes it (the max and the sum all-reduced), minus the target's one-hot column on the rank
+  /// holding it, so the logits are never gathered.
+  StatusOr<bool> lower_vocab_parallel_cross_entropy_grad(const Node& n) {
+    Sharding tl, tt;
+    const std::optional<size_t> va = vocab_layouts(n, tl, tt);
+    if (!va) return false;
+    const size_t a = *va;
+    const int64_t classes = rank_of(n.operand(0)) - 1;
+    KILN_ASSIGN_OR_RETURN(Value * x, redistribute(local_.at(n.operand(0)), tl));
+    KILN_ASSIGN_OR_RETURN(Value * t, redistribute(local_.at(n.operand(1)), tt));
+    KILN_ASSIGN_OR_RETURN(Value * dloss, redistribute(local_.at(n.operand(2)), replicated()));
+    const std::string name = n.result()->name().empty() ? "cross_entropy_grad" : n.result()->name();
+    const Location loc = n.loc();
+    const int64_t block = dim_of(n.operand(0), classes).value() / mesh_.axes[a].size;
+    KILN_ASSIGN_OR_RETURN(auto ms, split_max_and_sum(x, classes, a, tl, name + ".vocab", loc));
+    KILN_ASSIGN_OR_RETURN(Value * p, step("div", {ms.exp, ms.sum}, {}, name + ".vocab_softmax", tl, loc));
+    KILN_ASSIGN_OR_RETURN(Value * mine, target_in_block(t, a, block, tl, tt, name, loc));
+    KILN_ASSIGN_OR_RETURN(Value * onehot, step("cast", {mine}, {{"to", Attribute(x->dtype())}}, name + ".vocab_onehot", tl, loc));
+    KILN_ASSIGN_OR_RETURN(Value * diff, step("sub", {p, onehot}, {}, name + ".vocab_diff", tl, loc));
+    KILN_ASSIGN_OR_RETURN(Value * ignore, constant(Tensor::scalar_i64(t->dtype(), n.get_int("ignore_index")), name + ".ignore", loc));
+    KILN_ASSIGN_OR_RETURN(Value * kept, step("not_equal", {t, ignore}, {}, name + ".kept", tt, loc));
+    KILN_ASSIGN_OR_RETURN(Value * weight, step("cast", {kept}, {{"to", Attribute(x->dtype())}}, name + ".weight", tt, loc));
+    KILN_ASSIGN_OR_RETURN(weight, step("unsqueeze", {weight}, {{"axes", Attribute(std::vector<int64_t>{classes})}},
+                                       name + ".weight_column", tt, loc));
+    KILN_ASSIGN_OR_RETURN(Value * scale, step("cast", {dloss}, {{"to", Attribute(x->dtype())}}, name + ".dloss", replicated(), loc));
+    KILN_ASSIGN_OR_RETURN(weight, step("mul", {weight, scale}, {}, name + ".row_scale", tt, loc));
+    KILN_ASSIGN_OR_RETURN(Value * g, step("mul", {diff, weight}, {}, name, tl, loc));
+    if (g->dtype() != n.result()->dtype()) {
+      KILN_ASSIGN_OR_RETURN(g, step("cast", {g}, {{"to", Attribute(n.result()->dtype())}}, name + ".cast", tl, loc));
+    }
+    ++report_.vocab_parallel_losses;
+    KILN_RETURN_IF_ERROR(finish(n, 0, g));
+    return true;
+  }
+
   /// cross_entropy over logits whose classes are split over one mesh axis (a column-parallel
   /// output head), Megatron's vocab-parallel cross-entropy: the max and the sum of exponentials
   /// are all-reduced, the rank holding a row's target class picks its logit (the others add
@@ -957,21 +1037,13 @@ class Partitioner {
   /// (false) unless exactly one axis splits the classes.
   StatusOr<bool> lower_vocab_parallel_cross_entropy(const Node& n) {
     const int64_t classes = rank_of(n.operand(0)) - 1;
-    Sharding tl = without_partials(layout(n, 0));
-    const int va = sole_axis_splitting(tl, classes);
-    if (va < 0 || !dim_of(n.operand(0), classes).is_static()) return false;
-    const auto a = static_cast<size_t>(va);
-    Sharding tt = replicated(), loss = replicated();  // the targets' layout: the logits' rows
-    for (size_t b = 0; b < tl.size(); ++b) {
-      if (b == a) continue;
-      if (tl[b].is_shard()) {
-        tt[b] = tl[b];
-        loss[b] = P::partial();
-      } else {
-        tl[b] = P::replicate();
-      }
-    }
-    if (!fits(tl, n.operand(0)->type()) || !fits(tt, n.operand(1)->type())) return false;
+    Sharding tl, tt;  // the targets' layout: the logits' rows
+    const std::optional<size_t> va = vocab_layouts(n, tl, tt);
+    if (!va) return false;
+    const size_t a = *va;
+    Sharding loss = replicated();
+    for (size_t b = 0; b < tt.size(); ++b)
+      if (tt[b].is_shard()) loss[b] = P::partial();
     KILN_ASSIGN_OR_RETURN(Value * x, redistribute(local_.at(n.operand(0)), tl));
     KILN_ASSIGN_OR_RETURN(Value * t, redistribute(local_.at(n.operand(1)), tt));
     const std::string name = n.result()->name().empty() ? "cross_entropy" : n.result()->name();
@@ -981,19 +1053,7 @@ class Partitioner {
     const Sharding rows = tt;  // [.., 1] values: the targets' rows
     KILN_ASSIGN_OR_RETURN(Value * lse, step("log", {ms.sum}, {}, name + ".vocab_lse", rows, loc));
     // The target's logit (minus the max) from the rank whose block holds its class.
-    std::vector<int64_t> starts;
-    for (int64_t k = 0; k < ranks; ++k) starts.push_back(k * block);
-    KILN_ASSIGN_OR_RETURN(Value * all_starts, constant(Tensor::from_i64(t->dtype(), {ranks}, starts), name + ".vocab_start", loc));
-    Sharding one = replicated();
-    one[a] = P::shard(0);
-    KILN_ASSIGN_OR_RETURN(Value * start, collective("local_shard", all_starts, a, {{"dim", Attribute(int64_t{0})}}, one));
-    KILN_ASSIGN_OR_RETURN(Value * local, step("sub", {t, start}, {}, name + ".vocab_local", tt, loc));
-    KILN_ASSIGN_OR_RETURN(Value * column, step("unsqueeze", {local}, {{"axes", Attribute(std::vector<int64_t>{classes})}},
-                                               name + ".vocab_column", rows, loc));
-    KILN_ASSIGN_OR_RETURN(Value * iota, step("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(block))},
-                                                          {"delta", Attribute(1.0)}, {"dtype", Attribute(t->dtype())}},
-                                             name + ".vocab_iota", replicated(), loc));
-    KILN_ASSIGN_OR_RETURN(Value * mine, step("equal", {column, iota}, {}, name + ".vocab_mine", tl, loc));
+    KILN_ASSIGN_OR_RETURN(Value * mine, target_in_block(t, a, block, tl, tt, name, loc));
     KILN_ASSIGN_OR_RETURN(Value * zero, constant(Tensor::scalar_f64(x->dtype(), 0.0), name + ".zero", loc));
     KILN_ASSIGN_OR_RETURN(Value * hit, step("where", {mine, ms.shifted, zero}, {}, name + ".vocab_hit", tl, loc));
     Sharding partial = rows;
@@ -1059,6 +1119,10 @@ class Partitioner {
   Status lower(const Node& n) {
     if (n.op_name() == "cross_entropy") {
       KILN_ASSIGN_OR_RETURN(bool done, lower_vocab_parallel_cross_entropy(n));
+      if (done) return ok_status();
+    }
+    if (n.op_name() == "cross_entropy_grad") {
+      KILN_ASSIGN_OR_RETURN(bool done, lower_vocab_parallel_cross_entropy_grad(n));
       if (done) return ok_status();
     }
     if (n.op_name() == "cross_entropy" || (n.op_name() == "mse_loss" && is_static(n.operand(0)->shape()))) {

@@ -1,7 +1,16 @@
-// The decompose-losses pass: cross_entropy and mse_loss spelled out in core ops (log_softmax, a
-// one-hot pick, masked sums), for backends that lower those but not the loss ops (the CUDA
-// backends). Run it after autodiff (the loss ops' own gradient rules are the cheaper ones) and
-// before fusion, which then fuses the pieces.
+// The decompose-losses pass: the loss ops a backend does not lower (option `ops`) spelled out in
+// core ops (log_softmax, a one-hot pick, masked sums; cross_entropy_grad as softmax - onehot).
+// Run it after autodiff (the loss ops' own gradient rules are the cheaper ones) and before
+// fusion, which then fuses the pieces. The CUDA backends lower cross_entropy and
+// cross_entropy_grad themselves, one kernel each, and take only mse_loss.
+//
+// A cross_entropy kept whole reads its logits through a widening cast (autocast's bf16 head
+// cast back to f32) from the narrow source, with the loss still in the wide dtype, and a kept
+// cross_entropy_grad whose result is only cast (back to bf16 for the head's GEMMs) writes that
+// dtype itself: the kernels then read and write the logits' bytes once, in their own dtype, with
+// the math in f32 either way.
+#include <set>
+
 #include "autodiff.h"
 
 namespace kiln::training {
@@ -19,34 +28,88 @@ Value* mse(Builder& b, const Node& n) {
   return b.reduce(op, b.mul(d, d), all_axes(d), false);
 }
 
-Value* cross_entropy(Builder& b, const Node& n) {
+/// onehot(target) and (target != ignore_index) as [.., 1] columns in `dt`.
+std::pair<Value*, Value*> onehot_and_keep(Builder& b, const Node& n, DType dt, bool column_keep) {
   Value *logits = n.operand(0), *target = n.operand(1);
-  const std::vector<int64_t> ls = require_static(logits->shape(), "cross_entropy's logits");
+  const std::vector<int64_t> ls = require_static(logits->shape(), n.op_name() + "'s logits");
   Shape col = target->shape();
   col.push_back(Dim(1));
   Value* iota = b.op("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(ls.back()))},
                                    {"delta", Attribute(1.0)}, {"dtype", Attribute(target->dtype())}});
-  Value* onehot = b.cast(b.op("equal", {b.reshape(target, col), iota}), logits->dtype());
+  Value* t = b.reshape(target, col);
+  Value* onehot = b.cast(b.op("equal", {t, iota}), dt);
+  Value* ignore = b.scalar(static_cast<double>(n.get_int("ignore_index")), target->dtype());
+  Value* keep = b.cast(b.op("not_equal", {column_keep ? t : target, ignore}), dt);
+  return {onehot, keep};
+}
+
+Value* cross_entropy(Builder& b, const Node& n) {
+  Value* logits = n.operand(0);
+  const int64_t last = logits->type().rank() - 1;
+  auto [onehot, keep] = onehot_and_keep(b, n, logits->dtype(), false);
   Value* logp = b.op("log_softmax", {logits}, {{"axis", Attribute(-1)}});
-  Value* picked = b.reduce("reduce_sum", b.mul(logp, onehot), {static_cast<int64_t>(ls.size()) - 1}, false);
-  Value* keep = b.cast(b.op("not_equal", {target, b.scalar(static_cast<double>(n.get_int("ignore_index")), target->dtype())}),
-                       logits->dtype());
+  Value* picked = b.reduce("reduce_sum", b.mul(logp, onehot), {last}, false);
   Value* total = b.neg(b.reduce("reduce_sum", b.mul(picked, keep), all_axes(keep), false));
-  if (n.get_string("reduction") != "mean") return total;
-  return b.div(total, b.reduce("reduce_sum", keep, all_axes(keep), false));
+  if (n.get_string("reduction") == "mean") total = b.div(total, b.reduce("reduce_sum", keep, all_axes(keep), false));
+  return total->dtype() == n.result()->dtype() ? total : b.cast(total, n.result()->dtype());
+}
+
+Value* cross_entropy_grad(Builder& b, const Node& n) {
+  Value* logits = n.operand(0);
+  auto [onehot, keep] = onehot_and_keep(b, n, logits->dtype(), true);
+  Value* per_row = b.mul(b.sub(b.op("softmax", {logits}, {{"axis", Attribute(-1)}}), onehot), keep);
+  Value* grad = b.mul(per_row, b.cast(n.operand(2), logits->dtype()));
+  return grad->dtype() == n.result()->dtype() ? grad : b.cast(grad, n.result()->dtype());
+}
+
+bool narrow_float(DType t) { return t == DType::kBF16 || t == DType::kF16; }
+
+/// Reads a kept loss op's logits through a cast from bf16/f16 (exact, so the op's value is
+/// unchanged) and, for cross_entropy_grad, writes the dtype its only user casts to.
+/// Casts it bypasses are left to `dead` (erased once the walk is over: the walk's node list holds
+/// the cast after `n`).
+bool read_through_casts(Node& n, std::vector<Node*>& dead) {
+  bool changed = false;
+  Value* logits = n.operand(0);
+  Node* up = logits->producer();
+  if (up && up->op_name() == "cast" && up->num_operands() == 1 && narrow_float(up->operand(0)->dtype()) &&
+      (logits->dtype() == DType::kF32 || logits->dtype() == DType::kF64)) {
+    if (!n.has_attr("dtype")) n.set_attr("dtype", Attribute(n.result()->dtype()));
+    n.set_operand(0, up->operand(0));
+    if (logits->uses().empty()) dead.push_back(up);
+    changed = true;
+  }
+  if (n.op_name() != "cross_entropy_grad" || n.result()->uses().size() != 1) return changed;
+  Node* down = n.result()->uses()[0].user;
+  if (!down || down->op_name() != "cast" || !narrow_float(down->result()->dtype())) return changed;
+  n.set_attr("dtype", Attribute(down->result()->dtype()));
+  n.result()->set_type(down->result()->type());
+  n.result()->set_name(down->result()->name());
+  down->result()->set_name("");
+  down->result()->replace_all_uses_with(n.result());
+  dead.push_back(down);
+  return true;
 }
 
 class DecomposeLosses final : public Pass {
  public:
+  explicit DecomposeLosses(std::set<std::string> ops) : ops_(std::move(ops)) {}
+
   StatusOr<bool> run(Graph& g) override {
     bool changed = false;
+    std::vector<Node*> dead;
     try {
       Builder b(g);
       for (Node* n : g.node_list()) {
-        if (n->op_name() != "cross_entropy" && n->op_name() != "mse_loss") continue;
+        const std::string& op = n->op_name();
+        if (op != "cross_entropy" && op != "cross_entropy_grad" && op != "mse_loss") continue;
+        if (!ops_.count(op == "mse_loss" ? op : "cross_entropy")) {
+          if (op != "mse_loss") changed |= read_through_casts(*n, dead);
+          continue;
+        }
         b.set_insertion_point(n);
         b.set_loc(n->loc());
-        Value* v = n->op_name() == "mse_loss" ? mse(b, *n) : cross_entropy(b, *n);
+        Value* v = op == "mse_loss" ? mse(b, *n) : op == "cross_entropy" ? cross_entropy(b, *n) : cross_entropy_grad(b, *n);
         v->set_name(n->result()->name());
         n->result()->set_name("");
         n->result()->replace_all_uses_with(v);
@@ -56,8 +119,12 @@ class DecomposeLosses final : public Pass {
     } catch (const BuildError& e) {
       return e.status.with_context("decompose-losses");
     }
+    for (Node* n : dead) KILN_RETURN_IF_ERROR(g.erase_node(n));
     return changed;
   }
+
+ private:
+  std::set<std::string> ops_;
 };
 
 }  // namespace
@@ -65,10 +132,20 @@ class DecomposeLosses final : public Pass {
 PassInfo decompose_losses_pass_info() {
   PassInfo info;
   info.name = "decompose-losses";
-  info.version = "0.1.0";
-  info.summary = "cross_entropy and mse_loss in core ops, for backends that do not lower them (cuda)";
-  info.create = [](const Options&) -> StatusOr<std::unique_ptr<Pass>> {
-    return std::unique_ptr<Pass>(std::make_unique<DecomposeLosses>());
+  info.version = "0.2.0";
+  info.summary = "the loss ops a backend does not lower (cross_entropy and its gradient, mse_loss) in core ops";
+  static const std::vector<std::string> kAll = {"cross_entropy", "mse_loss"};
+  info.options = {{"ops", OptionType::kStringList, kAll,
+                   "the losses to spell out (cross_entropy covers cross_entropy_grad); the CUDA backends lower "
+                   "cross_entropy themselves and need only mse_loss"}};
+  info.create = [](const Options& o) -> StatusOr<std::unique_ptr<Pass>> {
+    std::set<std::string> ops;
+    for (const std::string& op : o.has("ops") ? o.get_strings("ops") : kAll) {
+      if (op != "cross_entropy" && op != "mse_loss")
+        return invalid_argument("decompose-losses: option 'ops' names '" + op + "'; it takes cross_entropy and mse_loss");
+      ops.insert(op);
+    }
+    return std::unique_ptr<Pass>(std::make_unique<DecomposeLosses>(std::move(ops)));
   };
   return info;
 }

@@ -447,23 +447,22 @@ Grads avg_pool_rule(GradContext& c) {
   return {conv_input_grad(c.b, c.g(), c.b.constant(ones), xs, st, pads, std::vector<int64_t>(nsp, 1), xs[1])};
 }
 
+/// One cross_entropy_grad node (softmax - onehot, ignored rows 0, times the loss's gradient): a
+/// backend lowers it in one kernel, decompose-losses spells it in core ops where none does. The
+/// mean's division stays outside, on the scalar, so the op is row-local (a row-split data-parallel
+/// step computes it rank by rank, the count being the global one).
 Grads cross_entropy_rule(GradContext& c) {
   Builder& b = c.b;
-  Value *logits = c.x(0), *target = c.x(1), *g = c.g();
-  const std::vector<int64_t> ls = require_static(logits->shape(), "cross_entropy's logits");
-  const int64_t classes = ls.back();
-  Shape col = target->shape();
-  col.push_back(Dim(1));
-  Value* t = b.reshape(target, col);
-  Value* iota = b.op("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(classes))},
-                                   {"delta", Attribute(1.0)}, {"dtype", Attribute(target->dtype())}});
-  Value* onehot = b.cast(b.op("equal", {t, iota}), logits->dtype());
-  Value* keep = b.cast(b.op("not_equal", {t, b.scalar(static_cast<double>(c.node.get_int("ignore_index")), target->dtype())}),
-                       logits->dtype());
-  Value* per_row = b.mul(b.sub(b.op("softmax", {logits}, {{"axis", Attribute(-1)}}), onehot), keep);
-  Value* weight = b.cast(g, logits->dtype());
-  if (c.node.get_string("reduction") == "mean") weight = b.div(weight, b.reduce("reduce_sum", keep, {}, false));
-  return {b.mul(per_row, weight), nullptr};
+  Value *logits = c.x(0), *target = c.x(1);
+  Value* dloss = c.g();
+  if (c.node.get_string("reduction") == "mean") {
+    Value* keep = b.cast(b.op("not_equal", {target, b.scalar(static_cast<double>(c.node.get_int("ignore_index")),
+                                                              target->dtype())}),
+                         dloss->dtype());
+    dloss = b.div(dloss, b.reduce("reduce_sum", keep, {}, false));
+  }
+  return {b.op("cross_entropy_grad", {logits, target, dloss}, {{"ignore_index", Attribute(c.node.get_int("ignore_index"))}}),
+          nullptr};
 }
 
 Grads mse_rule(GradContext& c) {
@@ -617,6 +616,7 @@ std::map<std::string, RuleEntry> build_table() {
 
   // Losses.
   rule("cross_entropy", cross_entropy_rule);
+  refuse("cross_entropy_grad", "no second derivative of cross_entropy yet");
   rule("mse_loss", mse_rule);
 
   // No gradient flows: integer or bool results, or piecewise-constant functions (zero almost

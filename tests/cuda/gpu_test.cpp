@@ -369,6 +369,71 @@ const Case kCases[] = {
   return %y })"},
 };
 
+/// The padding mask chunk-cross-entropy adds to a head padded from 50257 to 50304 columns:
+/// 0 for the vocabulary, `pad` (-1e30 or -inf) for the padding, in `dt`.
+std::string padding_mask(const std::string& dt, const std::string& pad) {
+  return "  %col = range() {start = 0.0, limit = 50304.0, delta = 1.0, dtype = i64} : i64[50304]\n"
+         "  %vocab = constant() {value = dense<i64[]>[50257]} : i64[]\n"
+         "  %real = less(%col, %vocab) : bool[50304]\n"
+         "  %zero = constant() {value = dense<" + dt + "[]>[0.0]} : " + dt + "[]\n"
+         "  %pad = constant() {value = dense<" + dt + "[]>[" + pad + "]} : " + dt + "[]\n"
+         "  %mask = where(%real, %zero, %pad) : " + dt + "[50304]\n";
+}
+
+/// cross_entropy and cross_entropy_grad (cross_entropy.cpp) against the reference: rows of the
+/// GPT-2 head's padded width, f32 and bf16 logits, ignored rows, -1e30 and -inf padding (whose
+/// columns must get gradient exactly 0), the upstream gradient's scale. The targets are given
+/// (classes at both ends of the vocabulary and ignored rows).
+struct LossCase {
+  std::string name, text;
+  kiln::Tensor targets;
+};
+
+std::vector<LossCase> loss_cases() {
+  auto targets = [](kiln::DType t, std::vector<int64_t> v, std::vector<int64_t> shape = {}) {
+    if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+    return kiln::Tensor::from_i64(t, shape, v);
+  };
+  std::vector<LossCase> cases;
+  cases.push_back({"cross-entropy-f32-padded-1e30",
+                   "graph @g(%x: f32[6, 50304], %t: i64[6], %d: f32[]) -> (f32[], f32[], f32[6, 50304]) {\n" +
+                       padding_mask("f32", "-1e30") +
+                       "  %l = add(%x, %mask) : f32[6, 50304]\n"
+                       "  %cm = cross_entropy(%l, %t) : f32[]\n"
+                       "  %cs = cross_entropy(%l, %t) {reduction = \"sum\"} : f32[]\n"
+                       "  %g = cross_entropy_grad(%l, %t, %d) : f32[6, 50304]\n"
+                       "  return %cm, %cs, %g }",
+                   targets(kiln::DType::kI64, {0, 50256, -100, 17, -100, 31337})});
+  cases.push_back({"cross-entropy-bf16-padded-inf",
+                   "graph @g(%x: bf16[5, 50304], %t: i32[5], %d: f32[]) -> (f32[], bf16[5, 50304], f32[5, 50304]) {\n" +
+                       padding_mask("bf16", "-inf") +
+                       "  %l = add(%x, %mask) : bf16[5, 50304]\n"
+                       "  %c = cross_entropy(%l, %t) {dtype = f32, ignore_index = 5} : f32[]\n"
+                       "  %g = cross_entropy_grad(%l, %t, %d) {ignore_index = 5} : bf16[5, 50304]\n"
+                       "  %gf = cross_entropy_grad(%l, %t, %d) {ignore_index = 5, dtype = f32} : f32[5, 50304]\n"
+                       "  return %c, %g, %gf }",
+                   targets(kiln::DType::kI32, {5, 50256, 1, 5, 0})});
+  // Rows that 16-byte loads do not tile (1001 classes) and logits with two leading dims.
+  cases.push_back({"cross-entropy-odd-rows",
+                   "graph @g(%x: f32[2, 3, 1001], %t: i64[2, 3], %d: f32[]) -> (f32[], f32[2, 3, 1001]) {\n"
+                   "  %c = cross_entropy(%x, %t) {ignore_index = 2} : f32[]\n"
+                   "  %g = cross_entropy_grad(%x, %t, %d) {ignore_index = 2} : f32[2, 3, 1001]\n"
+                   "  return %c, %g }",
+                   targets(kiln::DType::kI64, {1000, 2, 0, 999, 2, 500}, {2, 3})});
+  return cases;
+}
+
+/// Every padding column of `grad` ([rows, 50304] from column 50257 on) is exactly 0.
+std::string padding_is_zero(const kiln::Tensor& grad) {
+  const int64_t cols = grad.shape().back(), rows = grad.numel() / cols;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 50257; c < cols; ++c)
+      if (grad.get_f64(r * cols + c) != 0.0)
+        return "padding column " + std::to_string(c) + " of row " + std::to_string(r) + " has gradient " +
+               std::to_string(grad.get_f64(r * cols + c));
+  return "";
+}
+
 /// assert_close's defaults per dtype (exact for integers and bools); NaN and misplaced
 /// infinities fail (tensor_compare.h).
 std::string compare(const Tensor& want, const Tensor& got) {
@@ -381,6 +446,15 @@ int main() {
   if (const int rc = start_gpu_test(); rc != 0) return rc;
   int failures = 0;
   for (const Case& c : kCases) failures += report_case(c.name, gpu_matches_reference(c.text, c.name, 7, compare));
-  std::printf("%d of %zu cases failed\n", failures, sizeof(kCases) / sizeof(kCases[0]));
+  const std::vector<LossCase> losses = loss_cases();
+  for (const LossCase& c : losses) {
+    auto check = [](const Tensor& want, const Tensor& got) {
+      std::string why = compare(want, got);
+      if (why.empty() && got.shape().size() == 2 && got.shape().back() == 50304) why = padding_is_zero(got);
+      return why;
+    };
+    failures += report_case(c.name, gpu_matches_reference(c.text, c.name, 11, check, {{"t", c.targets}}));
+  }
+  std::printf("%d of %zu cases failed\n", failures, sizeof(kCases) / sizeof(kCases[0]) + losses.size());
   return failures == 0 ? 0 : 1;
 }

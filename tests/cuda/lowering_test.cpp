@@ -500,4 +500,48 @@ graph @g(%g16: bf16[4096, 1024], %h: f32[300, 7]) -> (f32[], f32[300]) {
   compiles_everywhere(l);
 }
 
+TEST_CASE("cross_entropy and cross_entropy_grad: a row kernel each reading bf16 logits, the loss summed in one block") {
+  // autocast's head as decompose-losses leaves it: bf16 logits, an f32 loss, a bf16 gradient.
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: bf16[8, 50304], %t: i64[8], %d: f32[]) -> (f32[], bf16[8, 50304]) {
+  %c = cross_entropy(%x, %t) {dtype = f32, reduction = "sum"} : f32[]
+  %g = cross_entropy_grad(%x, %t, %d) : bf16[8, 50304]
+  return %c, %g
+})", hopper_lowering());
+  CHECK(l.kernels == std::vector<std::string>{"k0_cross_entropy_rows", "k1_cross_entropy_sum", "k2_cross_entropy_grad"});
+  const auto ls = launches(l.plan);
+  REQUIRE(ls.size() == 3);
+  CHECK(ls[0].find("grid=8,1,1") != std::string::npos);
+  CHECK(ls[1].find("grid=1,1,1") != std::string::npos);
+  CHECK(ls[2].find("grid=8,1,1") != std::string::npos);
+  // 16-byte loads of 8 bf16 logits, and 16-byte stores of the gradient; f32 math.
+  CHECK(count(l.source, "reinterpret_cast<const uint4*>(x + base)") == 3);  // the loss, the gradient twice
+  CHECK(count(l.source, "reinterpret_cast<uint4*>(g + base)") == 1);
+  CHECK(count(l.source, "typedef float acc") == 3);
+  compiles_everywhere(l);
+
+  // Rows 16-byte loads do not tile, f64 logits (f64 math), an f16 loss gradient.
+  const LoweredGraph o = lower_text(R"(
+graph @g(%x: f32[2, 3, 1001], %t: i32[2, 3], %y: f64[4, 6], %u: i64[4], %d: f16[]) -> (f32[], f32[2, 3, 1001], f64[], f64[4, 6]) {
+  %c = cross_entropy(%x, %t) {ignore_index = 2} : f32[]
+  %g = cross_entropy_grad(%x, %t, %d) {ignore_index = 2} : f32[2, 3, 1001]
+  %c2 = cross_entropy(%y, %u) : f64[]
+  %g2 = cross_entropy_grad(%y, %u, %d) : f64[4, 6]
+  return %c, %g, %c2, %g2
+})");
+  CHECK(count(l.source, "uint4") > 0);
+  CHECK(count(o.source, "x[base + j]") == 3);
+  CHECK(count(o.source, "typedef double acc") == 3);
+  compiles_everywhere(o);
+}
+
+TEST_CASE("cross_entropy_grad refuses f8 logits by name") {
+  const Status s = lower_error(R"(
+graph @g(%x: f8e4m3fn[2, 4], %t: i64[2], %d: f32[]) -> (f32[2, 4]) {
+  %g = cross_entropy_grad(%x, %t, %d) {dtype = f32} : f32[2, 4]
+  return %g
+})");
+  CHECK(s.message().find("cross_entropy_grad") != std::string::npos);
+}
+
 }  // namespace kiln::cuda

@@ -569,11 +569,16 @@ namespace kiln::training {
 namespace {
 
 TEST_CASE("decompose-losses spells the loss ops in core ops with the same values") {
-  const char* text = R"(graph @g(%l: f64[3, 2, 5], %t: i64[3, 2], %a: f64[4, 3], %b: f64[4, 3]) -> (f64[], f64[], f64[]) {
+  const char* text = R"(graph @g(%l: f64[3, 2, 5], %t: i64[3, 2], %a: f64[4, 3], %b: f64[4, 3]) -> (f64[], f64[], f64[], f64[], f64[]) {
   %ce = cross_entropy(%l, %t) {ignore_index = 2} : f64[]
   %cs = cross_entropy(%l, %t) {reduction = "sum"} : f64[]
   %ms = mse_loss(%a, %b) : f64[]
-  return %ce, %cs, %ms
+  %d = reduce_sum(%a) {keepdims = 0} : f64[]
+  %cg = cross_entropy_grad(%l, %t, %d) {ignore_index = 2} : f64[3, 2, 5]
+  %cgs = reduce_sum(%cg) {keepdims = 0} : f64[]
+  %cgw = mul(%cg, %l) : f64[3, 2, 5]
+  %cgm = reduce_sum(%cgw) {keepdims = 0} : f64[]
+  return %ce, %cs, %ms, %cgs, %cgm
 })";
   std::mt19937 rng(5);
   std::uniform_real_distribution<double> real(-2, 2);
@@ -592,10 +597,91 @@ TEST_CASE("decompose-losses spells the loss ops in core ops with the same values
   auto changed = (*decompose_losses_pass_info().create({}))->run(*g);
   REQUIRE(changed.ok());
   REQUIRE(verify(*g).ok());
-  for (const auto& n : g->nodes()) CHECK((n->op_name() != "cross_entropy" && n->op_name() != "mse_loss"));
+  for (const auto& n : g->nodes())
+    CHECK((n->op_name() != "cross_entropy" && n->op_name() != "cross_entropy_grad" && n->op_name() != "mse_loss"));
   auto got = Interpreter().run(*g, inputs);
   REQUIRE(got.ok());
   for (size_t i = 0; i < got->size(); ++i) CHECK((*got)[i].get_f64(0) == doctest::Approx((*want)[i].get_f64(0)).epsilon(1e-12));
+}
+
+TEST_CASE("cross_entropy_grad's reference kernel: softmax - onehot times dloss, ignored rows and padded columns 0") {
+  auto g = parse(R"(graph @g(%l: f32[3, 4], %t: i32[3], %d: f32[]) -> (f32[3, 4]) {
+  %g = cross_entropy_grad(%l, %t, %d) {ignore_index = -1} : f32[3, 4]
+  return %g
+})");
+  Tensor l(DType::kF32, {3, 4}), t(DType::kI32, {3}), d(DType::kF32, {});
+  const double rows[3][4] = {{0.5, -1, 2, -1e30}, {1, 1, 1, -std::numeric_limits<double>::infinity()}, {3, 2, 1, 0}};
+  for (int64_t i = 0; i < 12; ++i) l.set_f64(i, rows[i / 4][i % 4]);
+  t.set_i64(0, 2);
+  t.set_i64(1, 0);
+  t.set_i64(2, -1);
+  d.set_f64(0, 0.25);
+  auto out = Interpreter().run(*g, std::vector<Tensor>{l, t, d});
+  REQUIRE(out.ok());
+  const Tensor& grad = (*out)[0];
+  const double z0 = std::exp(0.5) + std::exp(-1.0) + std::exp(2.0);
+  CHECK(grad.get_f64(0) == doctest::Approx(0.25 * std::exp(0.5) / z0));
+  CHECK(grad.get_f64(2) == doctest::Approx(0.25 * (std::exp(2.0) / z0 - 1)));
+  CHECK(grad.get_f64(3) == 0.0);  // a -1e30 padding column: exactly 0
+  CHECK(grad.get_f64(4) == doctest::Approx(0.25 * (1.0 / 3 - 1)));
+  CHECK(grad.get_f64(7) == 0.0);  // -inf
+  for (int64_t c = 8; c < 12; ++c) CHECK(grad.get_f64(c) == 0.0);  // ignored row
+}
+
+TEST_CASE("cross_entropy_grad's shape rule: dloss must be a scalar, dtype a float") {
+  CHECK(!parse_graph(R"(graph @g(%l: f32[3, 4], %t: i32[3], %d: f32[1]) -> (f32[3, 4]) {
+  %g = cross_entropy_grad(%l, %t, %d) : f32[3, 4]
+  return %g
+})").ok());
+  auto g = parse(R"(graph @g(%l: bf16[3, 4], %t: i32[3], %d: f32[]) -> (f32[], bf16[3, 4]) {
+  %c = cross_entropy(%l, %t) {dtype = f32} : f32[]
+  %g = cross_entropy_grad(%l, %t, %d) : bf16[3, 4]
+  return %c, %g
+})");
+  CHECK(verify(*g).ok());
+}
+
+TEST_CASE("decompose-losses with ops = [mse_loss] keeps cross_entropy and reads the logits through autocast's cast") {
+  // autocast's head: bf16 logits cast to f32 for the loss, the gradient cast back to bf16.
+  const char* text = R"(graph @g(%l: bf16[4, 6], %t: i64[4], %d: f32[]) -> (f32[], bf16[4, 6]) {
+  %up = cast(%l) {to = f32} : f32[4, 6]
+  %ce = cross_entropy(%up, %t) {ignore_index = 3} : f32[]
+  %cg = cross_entropy_grad(%up, %t, %d) {ignore_index = 3} : f32[4, 6]
+  %down = cast(%cg) {to = bf16} : bf16[4, 6]
+  return %ce, %down
+})";
+  auto g = parse(text);
+  Tensor l(DType::kBF16, {4, 6}), t(DType::kI64, {4}), d(DType::kF32, {});
+  for (int64_t i = 0; i < l.numel(); ++i) l.set_f64(i, std::sin(static_cast<double>(i)) * 3);
+  for (int64_t i = 0; i < 4; ++i) t.set_i64(i, i + 1);
+  d.set_f64(0, 0.5);
+  auto want = Interpreter().run(*g, std::vector<Tensor>{l, t, d});
+  REQUIRE(want.ok());
+  const PassInfo info = decompose_losses_pass_info();
+  auto with_ops = [&](std::vector<std::string> ops) {
+    auto o = resolve_options(info.options, {{"ops", OptionValue(std::move(ops))}}, info.name);
+    REQUIRE(o.ok());
+    return info.create(*o);
+  };
+  auto pass = with_ops({"mse_loss"});
+  REQUIRE(pass.ok());
+  auto changed = (*pass)->run(*g);
+  REQUIRE(changed.ok());
+  CHECK(*changed);
+  REQUIRE_MESSAGE(verify(*g).ok(), verify(*g).message());
+  int casts = 0;
+  for (const auto& n : g->nodes()) {
+    casts += n->op_name() == "cast";
+    if (n->op_name() == "cross_entropy" || n->op_name() == "cross_entropy_grad") CHECK(n->operand(0)->dtype() == DType::kBF16);
+  }
+  CHECK(casts == 0);
+  auto got = Interpreter().run(*g, std::vector<Tensor>{l, t, d});
+  REQUIRE(got.ok());
+  CHECK((*got)[0].dtype() == DType::kF32);
+  CHECK((*got)[0].get_f64(0) == doctest::Approx((*want)[0].get_f64(0)).epsilon(1e-12));
+  CHECK((*got)[1].dtype() == DType::kBF16);
+  for (int64_t i = 0; i < 24; ++i) CHECK((*got)[1].get_f64(i) == (*want)[1].get_f64(i));
+  CHECK(!with_ops({"softmax"}).ok());
 }
 
 }  // namespace

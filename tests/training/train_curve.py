@@ -30,7 +30,8 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
     padded to a multiple of `loss_align` when given,] [fp8-training
     `fp8` (its options),] [autocast,] autodiff
     [with dynamic loss scaling from `loss_scale`,] accumulate-gemm, [remat `remat`,] the optimizer (`optimizer`,
-    its options), [decompose-losses, which the CUDA backends need,] Kiln's standard passes
+    its options), [decompose-losses for what the CUDA backends do not lower (mse_loss; they lower
+    cross_entropy and its gradient themselves),] Kiln's standard passes
     (schedule-memory looking `schedule_lookahead` nodes ahead when given), then `parallel` (the
     lines of a [parallel] section) and the backend."""
     t = 'frontend = "kir"\n'
@@ -49,7 +50,7 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
         t += f'\n[[passes]]\nname = "remat"\noptions = {{ policy = "{remat}" }}\n'
     t += f'\n[[passes]]\nname = "optimizer"\noptions = {optimizer}\n'
     if decompose_losses:
-        t += '\n[[passes]]\nname = "decompose-losses"\n'
+        t += '\n[[passes]]\nname = "decompose-losses"\noptions = { ops = ["mse_loss"] }\n'
     t += "".join(f'\n[[passes]]\nname = "{p}"\n' for p in PASSES_AFTER)
     if schedule_lookahead:
         t += f'options = {{ lookahead = {schedule_lookahead} }}\n'  # schedule-memory's, the last pass

@@ -116,6 +116,14 @@ struct DepthwiseTiles {
   int64_t smem = 0;
 };
 
+/// The row geometry of a cross_entropy or cross_entropy_grad (logits [rows, len], classes last).
+struct RowLoss {
+  DType x_type = DType::kF32, acc_type = DType::kF32;  ///< logits' dtype; f32 math (f64 for f64)
+  std::string x_storage, t_storage;
+  int64_t rows = 0, len = 0;
+  int64_t vec = 1;  ///< elements per load: 16 bytes' worth when the rows allow it
+};
+
 class Lowerer {
  public:
   explicit Lowerer(const LoweringOptions& o) : opts_(o) {}
@@ -318,6 +326,10 @@ class Lowerer {
   std::set<const Node*> reduce_prologue_;
   Status arg_reduce(const Node& n);
   Status softmax(const Node& n);
+  /// cross_entropy.cpp: a block per row of logits, in their own dtype.
+  StatusOr<RowLoss> row_loss(const Node& n);
+  Status cross_entropy(const Node& n);
+  Status cross_entropy_grad(const Node& n);
   /// attention (attention.cpp): one flash-attention kernel per node.
   Status attention(const Node& n);
   /// Whether f32 attention can take the register-tiled kernel (attention_f32.cpp): head dims,

@@ -1,6 +1,8 @@
 // Core loss ops: cross_entropy (logits and integer class targets) and mse_loss, each giving a
-// scalar. The autodiff pass has their gradient rules; backends without a lowering run the
-// reference kernels (cpu) or see them decomposed.
+// scalar, and cross_entropy_grad, cross_entropy's gradient with respect to its logits (what the
+// autodiff rule emits, so that a backend can lower the backward in one kernel). The autodiff
+// pass has their gradient rules; backends without a lowering run the reference kernels (cpu) or
+// see them decomposed (decompose-losses).
 #include <cmath>
 #include <limits>
 
@@ -9,6 +11,15 @@
 
 namespace kiln {
 namespace {
+
+/// The `dtype` attribute when given (a float), else `fallback`: the loss ops' result dtype.
+StatusOr<DType> result_dtype(const InferContext& ctx, DType fallback) {
+  const Attribute* a = ctx.node.attr("dtype");
+  if (!a) return fallback;
+  if (!is_float(a->as_dtype()) || a->as_dtype() == DType::kF8E4M3FN || a->as_dtype() == DType::kF8E5M2)
+    return ctx.error("attribute 'dtype' must be f64, f32, f16 or bf16, got " + std::string(dtype_name(a->as_dtype())));
+  return a->as_dtype();
+}
 
 Status require_reduction(const InferContext& ctx) {
   const std::string r = ctx.node.get_string("reduction");
@@ -20,7 +31,7 @@ Status require_reduction(const InferContext& ctx) {
 Status cross_entropy_infer(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(require_dtype(ctx, 0, kFloatDTypes));
   KILN_RETURN_IF_ERROR(require_dtype(ctx, 1, kSignedIntDTypes | kUnsignedIntDTypes));
-  KILN_RETURN_IF_ERROR(require_reduction(ctx));
+  if (ctx.node.op_name() == "cross_entropy") KILN_RETURN_IF_ERROR(require_reduction(ctx));
   const TensorType &logits = ctx.operand(0), &target = ctx.operand(1);
   if (logits.rank() < 1) return ctx.error("operand 'logits' must have rank >= 1 (classes last), got " + logits.str());
   bool ok = target.rank() + 1 == logits.rank();
@@ -31,36 +42,76 @@ Status cross_entropy_infer(InferContext& ctx) {
   if (!ok)
     return ctx.error("operand 'target' " + target.str() + " must have the shape of 'logits' " + logits.str() +
                      " without its last (class) dim");
-  ctx.results = {TensorType{logits.dtype, {}}};
+  KILN_ASSIGN_OR_RETURN(const DType dt, result_dtype(ctx, logits.dtype));
+  ctx.results = {TensorType{dt, {}}};
   return ok_status();
 }
 
-Status cross_entropy_kernel(KernelContext& ctx) {
-  const Tensor &logits = ctx.input(0), &target = ctx.input(1);
-  const int64_t classes = logits.shape().back();
-  const int64_t rows = target.numel();
+/// cross_entropy_grad(logits, target, dloss): logits and target as cross_entropy's, dloss a
+/// float scalar.
+Status cross_entropy_grad_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(cross_entropy_infer(ctx));
+  KILN_RETURN_IF_ERROR(require_dtype(ctx, 2, kFloatDTypes));
+  if (ctx.operand(2).rank() != 0)
+    return ctx.error("operand 'dloss' must be a scalar (the gradient of the summed loss), got " + ctx.operand(2).str());
+  KILN_ASSIGN_OR_RETURN(const DType dt, result_dtype(ctx, ctx.operand(0).dtype));
+  ctx.results = {TensorType{dt, ctx.operand(0).shape}};
+  return ok_status();
+}
+
+/// Visits the rows of a cross_entropy's logits that count (target != ignore_index) with the
+/// row's logits and target, after checking every counted target is a class.
+template <typename F>
+Status for_each_counted_row(KernelContext& ctx, const std::vector<double>& l, F&& f) {
+  const Tensor& target = ctx.input(1);
+  const int64_t classes = ctx.input(0).shape().back();
   const int64_t ignore = ctx.node.get_int("ignore_index");
-  const std::vector<double> l = logits.to_f64();
-  double total = 0;
-  int64_t counted = 0;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < target.numel(); ++r) {
     const int64_t t = target.get_i64(r);
     if (t == ignore) continue;
     if (t < 0 || t >= classes)
       return ctx.error("target " + std::to_string(t) + " at position " + std::to_string(r) + " is out of range [0, " +
                        std::to_string(classes) + ")");
-    const double* row = l.data() + r * classes;
-    double mx = -std::numeric_limits<double>::infinity();
-    for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, row[c]);
-    double sum = 0;
-    for (int64_t c = 0; c < classes; ++c) sum += std::exp(row[c] - mx);
-    total += mx + std::log(sum) - row[t];
-    ++counted;
+    f(r, l.data() + r * classes, t);
   }
+  return ok_status();
+}
+
+/// log(sum(exp(row))) computed stably.
+double log_sum_exp(const double* row, int64_t classes) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t c = 0; c < classes; ++c) mx = std::max(mx, row[c]);
+  double sum = 0;
+  for (int64_t c = 0; c < classes; ++c) sum += std::exp(row[c] - mx);
+  return mx + std::log(sum);
+}
+
+Status cross_entropy_kernel(KernelContext& ctx) {
+  const int64_t classes = ctx.input(0).shape().back();
+  double total = 0;
+  int64_t counted = 0;
+  KILN_RETURN_IF_ERROR(for_each_counted_row(ctx, ctx.input(0).to_f64(), [&](int64_t, const double* row, int64_t t) {
+    total += log_sum_exp(row, classes) - row[t];
+    ++counted;
+  }));
   // Every target ignored: the mean is 0/0 = nan, as in PyTorch.
   const bool mean = ctx.node.get_string("reduction") == "mean";
   ctx.output().set_f64(0, mean ? total / static_cast<double>(counted) : total);
   return ok_status();
+}
+
+/// (softmax(row) - onehot(target)) * dloss; rows whose target is ignored get 0.
+Status cross_entropy_grad_kernel(KernelContext& ctx) {
+  const int64_t classes = ctx.input(0).shape().back();
+  const std::vector<double> l = ctx.input(0).to_f64();
+  const double scale = ctx.input(2).get_f64(0);
+  Tensor& out = ctx.output();
+  for (int64_t i = 0; i < out.numel(); ++i) out.set_f64(i, 0.0);
+  return for_each_counted_row(ctx, l, [&](int64_t r, const double* row, int64_t t) {
+    const double lse = log_sum_exp(row, classes);
+    for (int64_t c = 0; c < classes; ++c)
+      out.set_f64(r * classes + c, (std::exp(row[c] - lse) - (c == t ? 1.0 : 0.0)) * scale);
+  });
 }
 
 Status mse_infer(InferContext& ctx) {
@@ -92,6 +143,10 @@ Status mse_kernel(KernelContext& ctx) {
 
 AttrSpec reduction_attr() { return attr_default("reduction", Attribute("mean"), "\"mean\" or \"sum\" over the elements"); }
 
+AttrSpec ignore_index_attr() {
+  return attr_default("ignore_index", Attribute(int64_t{-100}), "targets equal to it count neither in the sum nor in the mean");
+}
+
 }  // namespace
 
 void register_loss_ops(OpRegistry& r) {
@@ -101,12 +156,24 @@ void register_loss_ops(OpRegistry& r) {
                     .inputs = {"logits", "target"},
                     .outputs = {"loss"},
                     .result_rule = "scalar [] of the dtype of logits; target has logits' shape without the last dim",
-                    .attrs = {reduction_attr(),
-                              attr_default("ignore_index", Attribute(int64_t{-100}),
-                                           "targets equal to it count neither in the sum nor in the mean")},
+                    .attrs = {reduction_attr(), ignore_index_attr(),
+                              attr_optional("dtype", AttrKind::kDType,
+                                            "the loss's dtype (default: logits'); the math is f32 or wider either way")},
                     .num_regions = 0,
                     .infer = cross_entropy_infer,
                     .reference = cross_entropy_kernel});
+  add_op_or_die(r, {.name = "cross_entropy_grad",
+                    .summary = "the gradient of cross_entropy (reduction sum) with respect to its logits: "
+                               "(softmax(logits) - onehot(target)) * dloss; rows whose target is ignored get 0",
+                    .traits = kTraitReduction,
+                    .inputs = {"logits", "target", "dloss"},
+                    .outputs = {"grad"},
+                    .result_rule = "logits' shape, in dtype (default: logits'); dloss is a float scalar",
+                    .attrs = {ignore_index_attr(),
+                              attr_optional("dtype", AttrKind::kDType, "the gradient's dtype (default: logits')")},
+                    .num_regions = 0,
+                    .infer = cross_entropy_grad_infer,
+                    .reference = cross_entropy_grad_kernel});
   add_op_or_die(r, {.name = "mse_loss",
                     .summary = "squared error (input - target)^2 summed or averaged over every element",
                     .traits = kTraitReduction,
