@@ -273,8 +273,8 @@ def call_path_times(torch, fn, parts, inputs, a, cuda):
     use "ms"): "part_ms", the part alone called on the same inputs (when it takes just the
     model's inputs), and "guards_skipped_ms", the compiled model with dynamo's guard checks
     skipped (torch.compiler.set_stance's skip_guard_eval_unsafe). Dynamo checks its guards on
-    every call, one or more per parameter (the parameters are graph inputs), before the part is
-    queued: with the GPU waited for after each call, that host time adds to the call's."""
+    every call before the part is queued: with the GPU waited for after each call, that host
+    time adds to the call's. "host_split_us" splits that host time (host_split)."""
     out = {}
     if len(parts) == 1 and len(parts[0].graph_.inputs) == len(inputs):
         xs = list(inputs)
@@ -284,7 +284,91 @@ def call_path_times(torch, fn, parts, inputs, a, cuda):
             out["guards_skipped_ms"] = round(timed(torch, lambda: fn(*inputs), a.iters, a.warmup, cuda), 4)
     except (AttributeError, TypeError, RuntimeError) as e:  # an older PyTorch without the stance
         out["guards_skipped_ms_error"] = f"{type(e).__name__}: {e}"
+    try:
+        out["host_split_us"] = host_split(torch, fn, inputs, cuda)
+    except Exception as e:  # PyTorch's internals moved: the rest of the row still counts
+        out["host_split_error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+class _Ready:
+    """Stands in for a compiled graph's forward or its weights' watch while the host split is
+    timed: the outputs of the latest real call, at once (no GPU work queued)."""
+
+    def __init__(self, outs):
+        self.outs = outs
+
+    def __call__(self, *args):
+        return self.outs
+
+    @staticmethod
+    def unchanged(args):
+        return True
+
+
+def host_split(torch, fn, inputs, cuda):
+    """Host time (us per call, thread CPU time: no GPU work is queued) of the torch.compile
+    path less Kiln's run, split: "call" is the compiled model with the Kiln forward answering at
+    once (dynamo's frame evaluation, guards and argument passing, and Kiln's wrapper with its
+    check that no weight changed); "guards" dynamo's guard evaluation (the call less the call with
+    set_stance(skip_guard_eval_unsafe=True)); "weight_check" Kiln's check that the frozen weights
+    are unchanged (the call less the call with the check answering at once); "dynamo_rest" the
+    remainder: dynamo's frame evaluation and the pre-graph code that gathers the parameters it
+    passes. Also the Python version and dynamo's recursive dict-tag setting (on by default from
+    CPython 3.12: guards on unchanged nn.Modules are then skipped, safely), which move "guards"."""
+    import kiln.torch
+
+    frozen = kiln.torch.kiln_backend.last_forward
+    if frozen is None or not kiln.torch.kiln_backend.last_called_directly:
+        return {"skipped": "the latest graph is not called directly"}
+    with torch.no_grad():
+        outs = fn(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+    real_forward, real_watch = frozen.forward, frozen.direct_watch
+    # Kiln's forward returns a tuple of the graph's outputs; the compiled model returns the
+    # module's output: take them from a real call of the forward itself.
+    captured = {}
+
+    def capture(*args):
+        captured["outs"] = real_forward(*args)
+        return captured["outs"]
+
+    frozen.forward = capture
+    try:
+        with torch.no_grad():
+            fn(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+        frozen.forward = _Ready(captured["outs"])
+
+        def cpu_us(f, calls=500):
+            with torch.no_grad():
+                for _ in range(50):
+                    f()
+                best = []
+                for _ in range(5):
+                    start = time.thread_time_ns()
+                    for _ in range(calls):
+                        f()
+                    best.append((time.thread_time_ns() - start) / calls / 1e3)
+            return statistics.median(best)
+
+        split = {"call": cpu_us(lambda: fn(*inputs))}
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            skipped = cpu_us(lambda: fn(*inputs))
+        frozen.direct_watch = _Ready(None)
+        unchecked = cpu_us(lambda: fn(*inputs))
+        split["guards"] = split["call"] - skipped
+        split["weight_check"] = split["call"] - unchecked
+        split["dynamo_rest"] = skipped - split["weight_check"]
+        split["weights_checked"] = len(real_watch)
+    finally:
+        frozen.forward, frozen.direct_watch = real_forward, real_watch
+    split = {k: round(v, 2) if isinstance(v, float) else v for k, v in split.items()}
+    split["python"] = sys.version.split()[0]
+    split["recursive_dict_tags"] = bool(getattr(torch._dynamo.config, "use_recursive_dict_tags_for_guards", False))
+    return split
 
 
 def accuracy_verdict(modes, atol, mode="kiln"):
@@ -515,6 +599,11 @@ def markdown(result):
     if call_path:
         lines += ["", "Kiln's torch.compile path, ms per call of its Kiln part alone / of the compiled model with "
                   "dynamo's guards skipped: " + ", ".join(call_path)]
+    splits = [f"{m['model']}: " + ", ".join(f"{k} {v}" for k, v in m["modes"]["kiln"]["host_split_us"].items())
+              for m in result["models"] if "host_split_us" in m.get("modes", {}).get("kiln", {})]
+    if splits:
+        lines += ["", "Host time per call of the torch.compile path less Kiln's run (us, thread CPU time; call = "
+                  "guards + weight_check + dynamo_rest + Kiln's call itself): " + "; ".join(splits)]
     if result.get("host_overhead"):
         lines += ["", "Host overhead per call (one-op model, us): " +
                   ", ".join(f"{k} {v}" for k, v in result["host_overhead"].items())]

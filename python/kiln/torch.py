@@ -7,7 +7,8 @@
     compiled = torch.compile(model, backend="kiln")                   # the dynamo backend
 
 Weights become Kiln constants that share the parameters' memory (no copy, no ONNX file); they
-are frozen: compile again after changing them. Dynamic dims (`torch.export.Dim`, or dynamo's
+are frozen: compile_module's module must be compiled again after they change, while
+torch.compile's backend checks them on every call and rebuilds its parts when one changed. Dynamic dims (`torch.export.Dim`, or dynamo's
 dynamic shapes) become Kiln symbols named after PyTorch's (s0, s1, ...). Ops Kiln does not
 lower stay in PyTorch: the graph is split into the parts Kiln converts, each compiled on its
 own, and the rest, which PyTorch runs as before.
@@ -1282,6 +1283,79 @@ def compile_module(module: torch.nn.Module, example_inputs: Sequence[Any], *, dy
 
 # ---- torch.compile(backend="kiln") ------------------------------------------------------------
 
+# How often a graph's Kiln parts are rebuilt for weights changed since they were frozen before
+# the graph runs in PyTorch for good (weights updated on every call: Kiln would only recompile).
+_MAX_REBUILDS = 2
+
+
+class _FrozenForward:
+    """AOTAutograd's forward graph with its weights frozen into Kiln's parts, and what the
+    per-call path needs: `forward` over the non-weight inputs (`keep`), and `watch`, which says
+    whether every weight is still the tensor it froze, at the same address and not written since
+    (_kiln._WeightWatch). When a weight changed, `changed` rebuilds the parts from the new
+    weights (at most _MAX_REBUILDS times, then PyTorch runs the graph): a changed weight is never
+    run stale."""
+
+    def __init__(self, original: fx.GraphModule, weights: dict, lifted: int, backend: str, targets: Sequence[str],
+                 pipeline: Any, passes: str | None):
+        self.original, self.lifted = original, lifted
+        self.options = (backend, targets, pipeline, passes)
+        self.names = [n.name for n in original.graph.nodes if n.op == "placeholder"]
+        self.specs = {j: (t.shape, t.stride(), t.dtype, t.device) for j, t in weights.items()}
+        self.keep = [j for j in range(len(self.names)) if j not in weights]
+        self.direct_keep = [j - lifted for j in self.keep]
+        self.rebuilds = 0
+        self.in_pytorch = False
+        self._freeze(weights)
+
+    def _freeze(self, weights: dict) -> None:
+        import copy
+
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        gm = fx.GraphModule(self.original, copy.deepcopy(self.original.graph))
+        with unset_fake_temporarily(), torch.no_grad():
+            _freeze_params(gm, {self.names[j]: t.detach() for j, t in weights.items()})
+            fused = _partition(gm, *self.options)
+        parts = [m for m in fused.children() if isinstance(m, KilnGraphModule)]
+        # The parts of the latest graph compiled, for tests and for looking at what Kiln runs.
+        kiln_backend.last_parts = parts
+        kiln_backend.last_left_in_pytorch = fused.kiln_left_in_pytorch
+        self.forward = _direct_forward(fused) or fused.forward  # fx's __call__ wrapper costs ~4 us a call
+        tensors = list(weights.values())
+        self.watch = kiln._kiln._WeightWatch(tensors, list(weights))
+        self.direct_watch = kiln._kiln._WeightWatch(tensors, [j - self.lifted if j >= self.lifted else -1
+                                                               for j in weights])
+
+    def changed(self, args: list) -> Any:
+        """The outputs for `args` (every input of the forward graph) when a weight changed."""
+        if self.in_pytorch:
+            return self.original.forward(*args)
+        weights = {j: args[j] for j in self.specs}
+        for j, t in weights.items():
+            if not isinstance(t, torch.Tensor) or (t.shape, t.stride(), t.dtype, t.device) != self.specs[j]:
+                raise KilnError(f"kiln: weight '{self.names[j]}' changed shape, layout, dtype or device since "
+                                "it was compiled; compile again (torch._dynamo.reset())")
+        if self.rebuilds >= _MAX_REBUILDS:
+            warnings.warn(f"kiln: weights changed {self.rebuilds + 1} times since they were frozen; this graph "
+                          "runs in PyTorch from now on")
+            self.in_pytorch = True
+            self.watch = self.direct_watch = _NEVER_UNCHANGED
+            return self.original.forward(*args)
+        self.rebuilds += 1
+        self._freeze(weights)
+        return self.forward(*[args[i] for i in self.keep])
+
+
+class _NeverUnchanged:
+    @staticmethod
+    def unchanged(args: Any) -> bool:
+        return False
+
+
+_NEVER_UNCHANGED = _NeverUnchanged()
+
+
 def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None = None, **unused: Any) -> Callable:
     """The dynamo backend: AOTAutograd turns the captured graph into core ATen, whose
     parameter inputs become constants; then the supported parts are compiled as in
@@ -1321,34 +1395,41 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list, options: dict | None 
         original = fx.GraphModule(fw, copy.deepcopy(fw.graph))
         with unset_fake_temporarily():  # AOTAutograd calls this under fake tensors; Kiln needs real weights
             try:
-                return compile_forward(fw)
+                return compile_forward(fw, original)
             except Exception as e:  # the graph runs in PyTorch rather than failing the model
                 warnings.warn(f"kiln: the graph stays in PyTorch: {type(e).__name__}: {e}")
                 return make_boxed_func(original.forward)
 
-    def compile_forward(fw: fx.GraphModule) -> Callable:
-        fw_placeholders = [n for n in fw.graph.nodes if n.op == "placeholder"]
-        if len(fw_placeholders) != len(placeholders):
-            return make_boxed_func(fw.forward)  # an unexpected calling convention: stay in PyTorch
-        frozen = {fw_placeholders[i].name: param_values[i].detach() for i in params}
-        _freeze_params(fw, frozen)
-        fused = _partition(fw, backend, targets, pipeline, passes)
-        # The parts of the latest graph compiled, for tests and for looking at what Kiln runs.
-        kiln_backend.last_parts = [m for m in fused.children() if isinstance(m, KilnGraphModule)]
-        kiln_backend.last_left_in_pytorch = fused.kiln_left_in_pytorch
-        keep = [i for i in range(len(fw_placeholders)) if i not in params]
+    def compile_forward(fw: fx.GraphModule, original: fx.GraphModule) -> Callable:
+        from torch._guards import TracingContext
 
-        forward = _direct_forward(fused) or fused.forward  # fx's __call__ wrapper costs ~4 us a call
+        n_inputs = sum(1 for n in fw.graph.nodes if n.op == "placeholder")
+        # Parameters dynamo installed in its graph (rather than passing them) come first, lifted
+        # by AOTAutograd, which passes them on every call.
+        lifted = n_inputs - len(placeholders)
+        held = list(getattr(TracingContext.get(), "params_flat", None) or []) if lifted > 0 else []
+        if lifted < 0 or len(held) != lifted:
+            return make_boxed_func(fw.forward)  # an unexpected calling convention: stay in PyTorch
+        weights = {j: t for j, t in enumerate(held)}
+        weights.update({lifted + i: param_values[i] for i in params})
+        frozen = _FrozenForward(original, weights, lifted, backend, targets, pipeline, passes)
+        kiln_backend.last_forward = frozen
 
         def run(args: list) -> Any:
-            outs = forward(*[args[i] for i in keep])
+            f = frozen
+            outs = f.forward(*[args[i] for i in f.keep]) if f.watch.unchanged(args) else f.changed(args)
             args.clear()
             return outs
 
         run._boxed_call = True
         if plain_mode and _wrapper_passes_through():
-            direct.append(forward if keep == list(range(len(fw_placeholders))) else
-                          lambda *args: forward(*[args[i] for i in keep]))
+            # Dynamo's arguments are the forward's less the lifted weights, which are held.
+            def call(*args: Any) -> Any:
+                f = frozen
+                if f.direct_watch.unchanged(args):
+                    return f.forward(*[args[i] for i in f.direct_keep])
+                return f.changed(held + list(args))
+            direct.append(call)
         return run
 
     # Attention stays one op (Kiln's fused attention) rather than core ATen's matmul/softmax.
@@ -1386,6 +1467,7 @@ def _wrapper_passes_through() -> bool:
 kiln_backend.last_parts = []
 kiln_backend.last_left_in_pytorch = {}
 kiln_backend.last_called_directly = False  # the latest graph's forward called without AOTAutograd's wrapper
+kiln_backend.last_forward = None  # the latest graph's _FrozenForward: its weights' watch, its forward
 
 
 _SDPA_FUNCTIONS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)

@@ -517,6 +517,7 @@ NB_MODULE(_kiln, m) {
         nb::arg("passes") = nb::none(), nb::arg("backend") = nb::none(), nb::arg("verify_each") = true);
 
   bind_runtime(m);
+  bind_torch(m);
 }
 
 }  // namespace kiln::py

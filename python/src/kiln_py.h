@@ -64,7 +64,8 @@ struct TorchApi {
   PyObject* empty_kwnames = nullptr;  ///< ("dtype", "device")
   PyObject* cpu = nullptr;            ///< torch.device("cpu")
   PyObject *s_dtype = nullptr, *s_shape = nullptr, *s_is_cpu = nullptr, *s_is_cuda = nullptr,
-           *s_get_device = nullptr, *s_is_contiguous = nullptr, *s_data_ptr = nullptr;
+           *s_get_device = nullptr, *s_is_contiguous = nullptr, *s_data_ptr = nullptr,
+           *s_version = nullptr;
 };
 /// The API, or null while torch is not loaded (then no argument can be a torch tensor).
 const TorchApi* torch_api();
@@ -98,5 +99,6 @@ void* torch_data_ptr(const TorchApi& api, nb::handle tensor);
 
 void bind_graph(nb::module_& m);
 void bind_runtime(nb::module_& m);
+void bind_torch(nb::module_& m);
 
 }  // namespace kiln::py

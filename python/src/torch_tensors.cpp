@@ -2,6 +2,8 @@
 // tensor's pointer, dtype, shape and device are read through its attributes, host outputs
 // become torch tensors through one DLPack capsule made here, and CUDA outputs come from
 // torch.empty_strided (PyTorch's allocator, ordered on its stream).
+#include <nanobind/stl/vector.h>
+
 #include <cstring>
 
 #include "kiln_py.h"
@@ -41,6 +43,7 @@ TorchApi make_torch_api(nb::handle torch) {
   api.s_get_device = leak(nb::str("get_device"));
   api.s_is_contiguous = leak(nb::str("is_contiguous"));
   api.s_data_ptr = leak(nb::str("data_ptr"));
+  api.s_version = leak(nb::str("_version"));
   return api;
 }
 
@@ -230,6 +233,128 @@ void* torch_data_ptr(const TorchApi& api, nb::handle tensor) {
   Py_DECREF(r);
   if (!p && PyErr_Occurred()) throw nb::python_error();
   return p;
+}
+
+namespace {
+
+/// The weights a compiled part froze into Kiln constants, and what each was when frozen: the
+/// object, its data pointer and its version counter (which every in-place op on it or on a view
+/// of it bumps). unchanged() says, per call and without Python per weight, whether the part may
+/// still run: a weight swapped for another tensor, moved to other memory (`p.data = t`) or
+/// written in place since makes it false, and the caller rebuilds or runs PyTorch's graph.
+/// Writes through `p.data` are not seen: `.data` is a tensor with a version counter of its own.
+///
+/// Per weight and call: an identity check; the version read from a detached alias (a plain
+/// tensor sharing the parameter's counter, read without the torch-function lookup a Parameter
+/// costs); the data pointers all at once through torch._C._tensors_data_ptrs_at_indices_equal
+/// (what cudagraph trees check static inputs with), else data_ptr() each.
+class WeightWatch {
+ public:
+  /// tensors[k] is what the call's argument list holds at positions[k] (-1: the tensor is not
+  /// passed; it is checked as held).
+  WeightWatch(nb::list tensors, std::vector<Py_ssize_t> positions) : positions_(std::move(positions)) {
+    if (positions_.size() != tensors.size()) throw KilnError("WeightWatch: one position per tensor");
+    const TorchApi* api = torch_api();
+    if (!api) throw KilnError("WeightWatch: torch is not loaded");
+    nb::object torch_c = nb::module_::import_("torch").attr("_C");
+    if (nb::hasattr(torch_c, "_tensors_data_ptrs_at_indices_equal"))
+      ptrs_equal_ = torch_c.attr("_tensors_data_ptrs_at_indices_equal");
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      nb::handle t = tensors[k];
+      void* data = nullptr;
+      if (!api_data_ptr(*api, t.ptr(), data)) throw KilnError("WeightWatch: a weight is not a tensor with storage");
+      nb::object alias = t.attr("detach")();
+      long long version = 0;
+      if (!read_version(*api, alias.ptr(), version)) throw KilnError("WeightWatch: a weight has no version counter");
+      held_.append(t);
+      ptrs_.append(nb::steal(PyLong_FromVoidPtr(data)));
+      indices_.append(nb::int_(k));
+      seen_.push_back({nb::borrow(t), std::move(alias), data, version});
+    }
+  }
+
+  bool unchanged(nb::handle args) const {
+    const TorchApi* api = torch_api();
+    PyObject* a = args.ptr();
+    const bool is_list = PyList_CheckExact(a), is_tuple = PyTuple_CheckExact(a);
+    if (!api || (!is_list && !is_tuple)) return false;
+    const Py_ssize_t n = is_list ? PyList_GET_SIZE(a) : PyTuple_GET_SIZE(a);
+    for (size_t k = 0; k < seen_.size(); ++k) {
+      const Py_ssize_t at = positions_[k];
+      if (at >= 0 && (at >= n || (is_list ? PyList_GET_ITEM(a, at) : PyTuple_GET_ITEM(a, at)) != seen_[k].tensor.ptr()))
+        return false;
+      long long version = 0;
+      if (!read_version(*api, seen_[k].alias.ptr(), version) || version != seen_[k].version) return false;
+    }
+    if (ptrs_equal_.is_valid()) {
+      PyObject* same = PyObject_CallFunctionObjArgs(ptrs_equal_.ptr(), held_.ptr(), ptrs_.ptr(), indices_.ptr(), nullptr);
+      if (!same) {
+        PyErr_Clear();
+        return false;
+      }
+      Py_DECREF(same);  // compared with True only, which outlives it
+      return same == Py_True;
+    }
+    for (const Seen& s : seen_) {
+      void* data = nullptr;
+      if (!api_data_ptr(*api, s.tensor.ptr(), data) || data != s.data) return false;
+    }
+    return true;
+  }
+
+  size_t size() const { return seen_.size(); }
+
+ private:
+  struct Seen {
+    nb::object tensor, alias;  // the weight, and a detached tensor sharing its version counter
+    void* data;
+    long long version;
+  };
+
+  static bool read_version(const TorchApi& api, PyObject* t, long long& version) {
+    PyObject* v = PyObject_GetAttr(t, api.s_version);
+    if (!v) {
+      PyErr_Clear();
+      return false;
+    }
+    version = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (version == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+
+  static bool api_data_ptr(const TorchApi& api, PyObject* t, void*& data) {
+    PyObject* p = PyObject_CallMethodNoArgs(t, api.s_data_ptr);
+    if (!p) {
+      PyErr_Clear();
+      return false;
+    }
+    data = PyLong_AsVoidPtr(p);
+    Py_DECREF(p);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+
+  std::vector<Py_ssize_t> positions_;
+  std::vector<Seen> seen_;
+  nb::list held_, ptrs_, indices_;  // the arguments of ptrs_equal_
+  nb::object ptrs_equal_;
+};
+
+}  // namespace
+
+void bind_torch(nb::module_& m) {
+  nb::class_<WeightWatch>(m, "_WeightWatch", "frozen weights, and whether they are as they were when frozen")
+      .def(nb::init<nb::list, std::vector<Py_ssize_t>>(), nb::arg("tensors"), nb::arg("positions"))
+      .def("unchanged", &WeightWatch::unchanged, nb::arg("args").none(),
+           "whether every weight is the same tensor, at the same address, unwritten since")
+      .def("__len__", &WeightWatch::size);
 }
 
 }  // namespace kiln::py

@@ -652,6 +652,87 @@ class TorchCompile(unittest.TestCase):
                                        mlp(x.view(1, 4, 8).repeat(1, 1, 4)), rtol=1e-4, atol=1e-4)
         self.assertFalse(kiln.torch.kiln_backend.last_called_directly)
 
+    def test_changed_weights_are_seen_by_the_next_call(self):
+        # Kiln freezes the weights into its parts; a weight written in place, swapped for another
+        # tensor or moved to other memory since is seen on the next call (the parts are rebuilt
+        # from the new weights), on the direct path and through AOTAutograd's wrapper alike.
+        class MutatesInput(nn.Module):  # keeps AOTAutograd's wrapper (it copies the mutation back)
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 4)
+
+            def forward(self, x):
+                x.mul_(2)
+                return self.fc(x)
+
+        for module, direct in [(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), True),
+                               (MutatesInput(), False)]:
+            torch._dynamo.reset()
+            module = module.eval()
+            first, last = module[0] if direct else module.fc, module[2] if direct else module.fc
+            x = torch.randn(3, 8)
+            with self.subTest(direct=direct), torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                compiled = torch.compile(module, backend="kiln")
+
+                def same():
+                    want = module(x.clone())
+                    torch.testing.assert_close(compiled(x.clone()), want, rtol=1e-5, atol=1e-5)
+
+                same()
+                self.assertEqual(kiln.torch.kiln_backend.last_called_directly, direct)
+                parts = kiln.torch.kiln_backend.last_parts
+                self.assertEqual(len(parts), 1)
+                first.weight.add_(1.0)  # in place
+                same()
+                self.assertIsNot(kiln.torch.kiln_backend.last_parts[0], parts[0], "the part was rebuilt")
+                parts = kiln.torch.kiln_backend.last_parts
+                same()  # unchanged since: no rebuild
+                self.assertIs(kiln.torch.kiln_backend.last_parts[0], parts[0])
+                last.bias = nn.Parameter(torch.randn(4))  # another tensor of the same shape
+                same()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    first.weight.data = torch.randn(first.weight.shape)  # other memory
+                    same()
+                    last.weight.zero_()
+                    same()
+                self.assertTrue(any("runs in PyTorch from now on" in str(w.message) for w in caught),
+                                "weights changed on every call: PyTorch runs the graph")
+                first.bias.add_(3.0)
+                same()
+
+    def test_guards_still_recompile(self):
+        # Kiln's own checks come on top of dynamo's guards: inputs of other shapes or dtypes and a
+        # parameter of another shape still compile a new graph, which then gives the right result.
+        from torch._dynamo.utils import counters
+
+        module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+        counters.clear()
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = torch.compile(module, backend="kiln", dynamic=False)
+
+            def graphs():
+                return counters["stats"]["unique_graphs"]
+
+            x = torch.randn(3, 8)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+            self.assertEqual(graphs(), 1)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+            self.assertEqual(graphs(), 1, "nothing changed: no recompile")
+            y = torch.randn(5, 8)
+            torch.testing.assert_close(compiled(y), module(y), rtol=1e-5, atol=1e-5)
+            self.assertEqual(graphs(), 2)
+            module.double()  # parameters and inputs of another dtype
+            torch.testing.assert_close(compiled(x.double()), module(x.double()), rtol=1e-9, atol=1e-9)
+            self.assertEqual(graphs(), 3)
+            module.float()
+            module[2] = nn.Linear(16, 6)  # another layer: a parameter of another shape
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+            self.assertEqual(compiled(x).shape, (3, 6))
+            self.assertGreaterEqual(graphs(), 4)
+
     def test_graphs_needing_gradients_stay_in_pytorch(self):
         mlp = MLP()
         x = torch.randn(2, 3, 32)
