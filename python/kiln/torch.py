@@ -7,8 +7,8 @@
     compiled = torch.compile(model, backend="kiln")                   # the dynamo backend
 
 Weights become Kiln constants that share the parameters' memory (no copy, no ONNX file); they
-are frozen: compile_module's module must be compiled again after they change, while
-torch.compile's backend checks them on every call and rebuilds its parts when one changed. Dynamic dims (`torch.export.Dim`, or dynamo's
+are frozen, and checked on every call (written in place, moved, or for torch.compile swapped for
+another tensor): a change rebuilds Kiln's parts rather than running stale weights. Dynamic dims (`torch.export.Dim`, or dynamo's
 dynamic shapes) become Kiln symbols named after PyTorch's (s0, s1, ...). Ops Kiln does not
 lower stay in PyTorch: the graph is split into the parts Kiln converts, each compiled on its
 own, and the rest, which PyTorch runs as before.
@@ -1144,18 +1144,44 @@ def convert(gm: fx.GraphModule, name: str = "main") -> kiln.Graph:
 class CompiledModule(torch.nn.Module):
     """What compile_module returns: the module's graph with Kiln's parts, called like the module."""
 
-    def __init__(self, module: torch.nn.Module, gm: fx.GraphModule, ep: Any):
+    def __init__(self, module: torch.nn.Module, gm: fx.GraphModule, ep: Any, rebuild: Callable | None = None):
+        """rebuild(args): (gm, ep) compiled again from the module's weights as they are now, for
+        `args` as example inputs."""
         super().__init__()
-        self.graph_module = gm
         self._in_spec = ep.call_spec.in_spec
         self._out_spec = ep.call_spec.out_spec
         self._original = type(module).__name__
         # The common case, tensors in and a tensor or a tuple of them out, skips pytree per call.
         self._positional = _positional_count(self._in_spec)
         self._out_kind = _output_kind(self._out_spec)
+        self._rebuild, self._module_call = rebuild, module.__call__  # closures: not registered submodules
+        self._rebuilds, self._in_pytorch = 0, False
+        self._install(gm, ep)
+
+    def _install(self, gm: fx.GraphModule, ep: Any) -> None:
+        self.graph_module = gm
         # Kiln took the whole graph: its part is called directly (Kiln's outputs never need
         # gradients, so neither does switching them off).
         self._direct = _direct_forward(gm)
+        # The module's own parameters and buffers, which Kiln froze: checked on every call.
+        weights = [t for t in list(ep.state_dict.values()) + list(ep.constants.values()) if isinstance(t, torch.Tensor)]
+        self._weights = kiln._kiln._WeightWatch(weights, [-1] * len(weights))
+
+    def _weights_changed(self, args: tuple, kwargs: dict) -> bool:
+        """A weight was written in place or moved since Kiln froze it: compiles the module again
+        from its weights as they are now and returns False, or, after _MAX_REBUILDS of those or
+        for a call with keywords, returns True: the module itself (PyTorch) runs the call."""
+        if self._in_pytorch:
+            return True
+        if kwargs or self._rebuild is None or self._rebuilds >= _MAX_REBUILDS:
+            warnings.warn(f"kiln: the {self._original}'s weights changed since they were frozen; PyTorch runs it "
+                          "from now on (compile_module again for Kiln)")
+            self._in_pytorch = True
+            self._weights = _NEVER_UNCHANGED
+            return True
+        self._rebuilds += 1
+        self._install(*self._rebuild(args))
+        return False
 
     def kiln_parts(self) -> list:
         """The KilnGraphModule of each part Kiln runs."""
@@ -1167,6 +1193,9 @@ class CompiledModule(torch.nn.Module):
         return dict(self.graph_module.kiln_left_in_pytorch)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._weights.unchanged(_NO_ARGS) and self._weights_changed(args, kwargs):
+            with torch.no_grad():
+                return self._module_call(*args, **kwargs)
         if kwargs or len(args) != self._positional:
             return self._forward_tree(args, kwargs)
         for a in args:  # a loop: all() over a generator costs more per call
@@ -1276,9 +1305,12 @@ def compile_module(module: torch.nn.Module, example_inputs: Sequence[Any], *, dy
     pipeline / passes: as kiln.compile; default: the standard passes in this process, and for
     GPU targets gpu_pipeline (the shipped CUDA pipelines' passes, TF32 as PyTorch's flags say)."""
     module = module.eval()
-    gm, ep = _aten_graph(module, tuple(example_inputs), dynamic_shapes)
-    fused = _partition(gm, backend, targets, pipeline, passes)
-    return CompiledModule(module, fused, ep)
+
+    def build(inputs: tuple) -> tuple:
+        gm, ep = _aten_graph(module, inputs, dynamic_shapes)
+        return _partition(gm, backend, targets, pipeline, passes), ep
+
+    return CompiledModule(module, *build(tuple(example_inputs)), rebuild=build)
 
 
 # ---- torch.compile(backend="kiln") ------------------------------------------------------------
@@ -1345,6 +1377,9 @@ class _FrozenForward:
         self.rebuilds += 1
         self._freeze(weights)
         return self.forward(*[args[i] for i in self.keep])
+
+
+_NO_ARGS = ()
 
 
 class _NeverUnchanged:

@@ -786,6 +786,35 @@ class CallPaths(unittest.TestCase):
                                  Three()(x, y)):
                 torch.testing.assert_close(got, want)
 
+    def test_compile_modules_weights_changed_in_place_are_seen(self):
+        # compile_module's module checks on every call that the weights it froze are unwritten
+        # and where they were; a change compiles the module again (twice at most; then PyTorch
+        # runs the module itself).
+        mlp = MLP().eval()
+        x = torch.randn(2, 3, 32)
+        fast = kiln.torch.compile_module(mlp, (x,), backend=BACKENDS[-1])
+
+        def same():
+            with torch.no_grad():
+                torch.testing.assert_close(fast(x), mlp(x), rtol=1e-5, atol=1e-5)
+
+        same()
+        parts = fast.kiln_parts()
+        with torch.no_grad():
+            mlp.fc1.weight.mul_(2.0)  # in place
+        same()
+        self.assertIsNot(fast.kiln_parts()[0], parts[0], "compiled again")
+        mlp.load_state_dict({k: torch.randn_like(v) for k, v in mlp.state_dict().items()})  # copies in place
+        same()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mlp.fc2.bias.data = torch.randn_like(mlp.fc2.bias)  # other memory
+            same()
+        self.assertTrue(any("PyTorch runs it from now on" in str(w.message) for w in caught))
+        with torch.no_grad():
+            mlp.fc2.weight.zero_()
+        same()
+
     def test_host_tensors_of_every_dtype_and_layout(self):
         class Mix(nn.Module):
             def forward(self, a, b, i, m):
