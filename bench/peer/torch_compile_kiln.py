@@ -11,7 +11,9 @@ dtype's tolerances and at 100x; the pipeline of each part Kiln compiled; the med
 left there; each mode warmed up first); the first call's time (compile time); and, once per
 run, the per-call host overhead of Kiln's Python API: `kiln.Model.run` against `kiln_model_run`
 called directly (ctypes) on the same artifact, and the overhead of the nn.Module Kiln puts in
-the graph against `Model.run`. Results go to --out as JSON and beside it as a Markdown table
+the graph against `Model.run`. For the Kiln mode, "host_split_us" splits the torch path's host
+time per call less Kiln's run: dynamo's guards, Kiln's check that the frozen weights are
+unchanged, and the rest of dynamo (frame evaluation, passing the parameters). Results go to --out as JSON and beside it as a Markdown table
 (.md), rewritten after every model.
 
 Kiln's ONNX path on the same model is measured too ("kiln-onnx"): the model exported to ONNX
