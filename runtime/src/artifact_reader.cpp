@@ -510,13 +510,15 @@ class PlanParser {
     };
     if (!one_of("dtype", {"f32", "f16", "bf16"}) || !one_of("compute", {"f32", "tf32"}) ||
         !one_of("trans_a", {"0", "1"}) || !one_of("trans_b", {"0", "1"}) ||
-        !one_of("epilogue", {"none", "relu", "gelu", "bias", "bias_relu", "bias_gelu"}))
+        !one_of("epilogue", {"none", "relu", "gelu", "bias", "bias_relu", "bias_gelu", "bgrad_a", "bgrad_b"}))
       return false;
     if (!fp8_gemm(a)) return false;
     float alpha = 0, beta = 0;
     if (!num(a, "alpha", &alpha) || !num(a, "beta", &beta)) return false;
-    const bool has_bias = a["epilogue"].starts_with("bias");
-    if (has_bias != (a.count("bias") > 0)) return fail("gemm: bias= must be given exactly when the epilogue adds a bias");
+    // bgrad_a/bgrad_b write a bias gradient into bias=: op(A)'s or op(B)'s sum over k.
+    const bool has_bias = a["epilogue"].starts_with("bias") || a["epilogue"].starts_with("bgrad");
+    if (has_bias != (a.count("bias") > 0))
+      return fail("gemm: bias= must be given exactly when the epilogue adds a bias or writes its gradient");
     if (a.count("c") && !a.count("ldc")) return fail("gemm: c= needs ldc=");
     uint64_t m = 0, n = 0, k = 0, batch = 0;
     if (!num(a, "m", &m) || !num(a, "n", &n) || !num(a, "k", &k) || !num(a, "batch", &batch)) return false;
@@ -527,7 +529,7 @@ class PlanParser {
                            {"b", tb ? n : k, tb ? k : n, "ldb", "stride_b"},
                            {"d", m, n, "ldd", "stride_d"},
                            {"c", m, n, "ldc", "stride_c"},
-                           {"bias", 1, n, nullptr, nullptr}};
+                           {"bias", 1, a["epilogue"] == "bgrad_a" ? m : n, nullptr, nullptr}};
     for (const Operand& op : ops) {
       if (!a.count(op.name)) continue;
       int id = -1;

@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 namespace kiln::rt {
@@ -89,6 +91,7 @@ cublasLtMatmulAlgo_t algo_from_hex(const std::string& hex) {
 }  // namespace
 
 GemmStep::~GemmStep() {
+  if (ones_) cudaFree(ones_);
   if (pref_) cublasLtMatmulPreferenceDestroy(pref_);
   if (desc_) cublasLtMatmulDescDestroy(desc_);
   for (cublasLtMatrixLayout_t l : {layout_a_, layout_b_, layout_c_, layout_d_})
@@ -177,8 +180,14 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   else if (ep == "bias") epi = CUBLASLT_EPILOGUE_BIAS;
   else if (ep == "bias_relu") epi = CUBLASLT_EPILOGUE_RELU_BIAS;
   else if (ep == "bias_gelu") epi = CUBLASLT_EPILOGUE_GELU_BIAS;
+  // Bias gradients, named by the plan's operand they sum over k; the plan's A is cuBLAS's B.
+  else if (ep == "bgrad_a") epi = CUBLASLT_EPILOGUE_BGRADB;
+  else if (ep == "bgrad_b") epi = CUBLASLT_EPILOGUE_BGRADA;
   else return at.fail("unknown epilogue '" + ep + "'");
-  bool wants_bias = ep.rfind("bias", 0) == 0;
+  const bool bgrad = ep.rfind("bgrad", 0) == 0;
+  bool wants_bias = ep.rfind("bias", 0) == 0 || bgrad;
+  if (bgrad && (batch != 1 || fp8 || a_type != data_type))
+    return at.fail("epilogue " + ep + " needs batch 1 and operands of d's dtype");
   if (wants_bias != (ibias >= 0))
     return at.fail(wants_bias ? "epilogue " + ep + " needs a bias buffer"
                               : "a bias buffer needs a bias epilogue");
@@ -214,7 +223,9 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   KILN_RT_TRY(check(ib, "b", b_rows, b_cols, ldb, sb, &B));
   KILN_RT_TRY(check(id, "d", m, n, ldd, sd, &D));
   KILN_RT_TRY(check(ic < 0 ? id : ic, "c", m, n, ldc, sc, &C));
-  if (ibias >= 0) KILN_RT_TRY(check(ibias, "bias", 1, n, n, 0, &bias));
+  // A bias has d's n columns; a bias gradient one element per row of the operand it sums.
+  const int64_t bias_len = ep == "bgrad_a" ? m : n;
+  if (ibias >= 0) KILN_RT_TRY(check(ibias, "bias", 1, bias_len, bias_len, 0, &bias));
   g->a_ = B->ptr;
   g->b_ = A->ptr;
   g->c_ = C->ptr;
@@ -314,8 +325,25 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  KILN_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, g->desc_, g->layout_a_, g->layout_b_,
-                                                 g->layout_c_, g->layout_d_, pref, 1, &result, &found));
+  // KILN_GEMM_BGRAD_SEPARATE=1 takes the path below as if cuBLASLt had no bias-gradient kernel (tests).
+  const char* separate = std::getenv("KILN_GEMM_BGRAD_SEPARATE");
+  cublasStatus_t heuristic = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!(bgrad && separate && std::string(separate) == "1"))
+    heuristic = cublasLtMatmulAlgoGetHeuristic(handle, g->desc_, g->layout_a_, g->layout_b_, g->layout_c_,
+                                               g->layout_d_, pref, 1, &result, &found);
+  if (!bgrad) KILN_CUBLAS_TRY(heuristic);
+  if (bgrad && (heuristic != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    found = 0;
+    // No kernel carries the epilogue for this problem here: the GEMM without it, then the bias
+    // gradient as a GEMM of its own, ones[1, k] @ the summed operand as [k, len].
+    const cublasLtEpilogue_t plain = CUBLASLT_EPILOGUE_DEFAULT;
+    KILN_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(g->desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &plain, sizeof plain));
+    KILN_RT_TRY(g->separate_bias_grad(step, buffer_of, handle, workspace_bytes, ep == "bgrad_a" ? ia : ib,
+                                      ep == "bgrad_a" ? 1 - ta : tb, ep == "bgrad_a" ? lda : ldb, ibias, bias_len, k, dt,
+                                      es, ct));
+    KILN_CUBLAS_TRY(cublasLtMatmulAlgoGetHeuristic(handle, g->desc_, g->layout_a_, g->layout_b_,
+                                                   g->layout_c_, g->layout_d_, pref, 1, &result, &found));
+  }
   if (found == 0)
     return make_status(KILN_STATUS_UNSUPPORTED,
                        "plan:" + std::to_string(step.line) + ": gemm: cuBLASLt has no algorithm for " +
@@ -326,9 +354,42 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   return nullptr;
 }
 
+kiln_status* GemmStep::separate_bias_grad(const artifact::PlanStep& step,
+                                          const std::function<const DeviceBuffer*(int)>& buffer_of,
+                                          cublasLtHandle_t handle, uint64_t workspace_bytes, int summed,
+                                          int64_t trans, int64_t ld, int bias, int64_t len, int64_t k,
+                                          const std::string& dtype, int64_t elem_bytes, const std::string& compute) {
+  // k ones of the dtype: f32 1.0, or the 16-bit pattern of f16's or bf16's 1.0.
+  std::vector<unsigned char> host(static_cast<size_t>(k * elem_bytes));
+  for (int64_t i = 0; i < k; ++i) {
+    unsigned char* e = host.data() + i * elem_bytes;
+    if (elem_bytes == 4) {
+      const float one = 1.0f;
+      std::memcpy(e, &one, sizeof one);
+    } else {
+      const uint16_t one = dtype == "bf16" ? 0x3F80 : 0x3C00;
+      std::memcpy(e, &one, sizeof one);
+    }
+  }
+  if (cudaMalloc(&ones_, host.size()) != cudaSuccess || cudaMemcpy(ones_, host.data(), host.size(), cudaMemcpyHostToDevice) != cudaSuccess)
+    return make_status(KILN_STATUS_OUT_OF_MEMORY, "plan:" + std::to_string(step.line) + ": gemm: no device memory for " +
+                                                      std::to_string(k) + " ones of a separate bias gradient");
+  ones_buffer_ = std::make_unique<DeviceBuffer>(DeviceBuffer{ones_, host.size(), dtype});
+  // The ones take a buffer id no plan uses.
+  constexpr int kOnes = std::numeric_limits<int>::max();
+  artifact::PlanStep s;
+  s.line = step.line;
+  s.attrs = {{"a", "b" + std::to_string(kOnes)}, {"b", "b" + std::to_string(summed)}, {"d", "b" + std::to_string(bias)},
+             {"m", "1"}, {"n", std::to_string(len)}, {"k", std::to_string(k)}, {"trans_a", "0"},
+             {"trans_b", std::to_string(trans)}, {"ldb", std::to_string(ld)}, {"dtype", dtype}, {"compute", compute}};
+  const DeviceBuffer* ones = ones_buffer_.get();
+  return create(s, [&](int id) { return id == kOnes ? ones : buffer_of(id); }, handle, workspace_bytes, &bias_step_);
+}
+
 kiln_status* GemmStep::run(cublasLtHandle_t handle, void* workspace, uint64_t workspace_bytes,
                            cudaStream_t stream) const {
-  return enqueue(handle, algo_, workspace, workspace_bytes, stream);
+  KILN_RT_TRY(enqueue(handle, algo_, workspace, workspace_bytes, stream));
+  return bias_step_ ? bias_step_->run(handle, workspace, workspace_bytes, stream) : nullptr;
 }
 
 kiln_status* GemmStep::enqueue(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& algo, void* workspace,

@@ -44,6 +44,13 @@ class GemmStep {
   GemmStep() = default;
   kiln_status* enqueue(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& algo, void* workspace,
                        uint64_t workspace_bytes, cudaStream_t stream) const;
+  /// Where cuBLASLt has no kernel with a bias-gradient epilogue for the problem: bias_step_
+  /// computes buffer `bias` (len elements) as ones[1, k] @ buffer `summed` read as [k, len]
+  /// (transposed when `trans`, leading dimension `ld`), after the GEMM.
+  kiln_status* separate_bias_grad(const artifact::PlanStep& step, const std::function<const DeviceBuffer*(int)>& buffer_of,
+                                  cublasLtHandle_t handle, uint64_t workspace_bytes, int summed, int64_t trans,
+                                  int64_t ld, int bias, int64_t len, int64_t k, const std::string& dtype,
+                                  int64_t elem_bytes, const std::string& compute);
   cublasLtMatmulPreference_t pref_ = nullptr;  ///< workspace and alignments, for the heuristic
   std::string problem_;
   cublasLtMatmulDesc_t desc_ = nullptr;
@@ -55,6 +62,9 @@ class GemmStep {
   const void* c_ = nullptr;
   void* d_ = nullptr;
   float alpha_ = 1, beta_ = 0;
+  void* ones_ = nullptr;  ///< the separate bias gradient's ones (device memory this step owns)
+  std::unique_ptr<DeviceBuffer> ones_buffer_;
+  std::unique_ptr<GemmStep> bias_step_;
 };
 
 }  // namespace kiln::rt

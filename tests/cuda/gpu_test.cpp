@@ -2,7 +2,9 @@
 // and must agree within PyTorch's assert_close tolerances. Exits 77 (skip) without a GPU.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -440,6 +442,56 @@ std::string compare(const Tensor& want, const Tensor& got) {
   return test::assert_close(want, got).why;
 }
 
+/// A linear's backward as autodiff leaves it: dW = dyᵀ·x (or xᵀ·dy when `x_first`) over the
+/// rows [rows, n] and [rows, k], and db = Σ_rows dy (keepdims), which the GEMM computes as its
+/// bias-gradient epilogue where cuBLASLt's kernels take the sizes (bias_grad.cpp); `cast_first`
+/// reads db before the GEMM, which then runs early. Odd sizes keep the reduction kernel.
+std::string linear_backward(int64_t rows, int64_t n, int64_t k, const std::string& t, bool x_first, bool cast_first) {
+  const std::string R = std::to_string(rows), N = std::to_string(n), K = std::to_string(k);
+  const std::string w = x_first ? "[" + K + ", " + N + "]" : "[" + N + ", " + K + "]";
+  const std::string cast = "  %dbf = cast(%db) {to = f32} : f32[1, " + N + "]\n";
+  std::string text = "graph @g(%dy: " + t + "[" + R + ", " + N + "], %x: " + t + "[" + R + ", " + K + "]) -> (" + t + w +
+                     ", f32[1, " + N + "]) {\n  %db = reduce_sum(%dy) {axes = [0], keepdims = 1} : " + t + "[1, " + N + "]\n";
+  if (cast_first) text += cast;
+  text += x_first ? "  %xt = transpose(%x) : " + t + "[" + K + ", " + R + "]\n  %dw = matmul(%xt, %dy) : " + t + w + "\n"
+                  : "  %dt = transpose(%dy) : " + t + "[" + N + ", " + R + "]\n  %dw = matmul(%dt, %x) : " + t + w + "\n";
+  if (!cast_first) text += cast;
+  return text + "  return %dw, %dbf\n}";
+}
+
+struct LongSumCase {
+  const char* name;
+  int64_t rows, n, k;
+  const char* dtype;
+  bool x_first, cast_first, separate;  // separate: KILN_GEMM_BGRAD_SEPARATE=1 (no epilogue kernel)
+};
+
+// GPT-2 small's weight and bias gradients over B*T = 4096 rows (proj/out, qkv, fc), f32, the xᵀ·dy
+// form, the early GEMM, sizes that keep the reduction kernel, and the runtime's separate bias
+// GEMM for when cuBLASLt has no kernel with the epilogue.
+const LongSumCase kLongSumCases[] = {
+    {"bgrad 4096x768x768 bf16", 4096, 768, 768, "bf16", false, false, false},
+    {"bgrad 4096x2304x768 bf16", 4096, 2304, 768, "bf16", false, true, false},
+    {"bgrad 4096x3072x768 bf16", 4096, 3072, 768, "bf16", false, false, false},
+    {"bgrad 4096x768x3072 bf16", 4096, 768, 3072, "bf16", false, true, false},
+    {"bgrad 1024x256x128 f32", 1024, 256, 128, "f32", false, false, false},
+    {"bgrad xT.dy 2048x384x256 bf16", 2048, 384, 256, "bf16", true, false, false},
+    {"bgrad xT.dy 512x96x160 f32", 512, 96, 160, "f32", true, true, false},
+    {"bgrad odd 1000x90x36 bf16 (reduction kernel)", 1000, 90, 36, "bf16", false, false, false},
+    {"bgrad odd 777x200x72 f32 (reduction kernel)", 777, 200, 72, "f32", true, false, false},
+    {"bgrad separate 2048x768x256 bf16", 2048, 768, 256, "bf16", false, false, true},
+    {"bgrad separate xT.dy 1024x256x128 f32", 1024, 256, 128, "f32", true, true, true},
+};
+
+/// assert_close's rtol with an atol for sums of `k` products of [-1, 1) values accumulated in f32
+/// in another order than the reference's: partial sums reach ~sqrt(k), each of k additions may
+/// round by 2^-24 of that.
+std::string compare_long_sum(const Tensor& want, const Tensor& got, int64_t k) {
+  test::Tolerance tol = test::assert_close_tolerance(want.dtype());
+  tol.atol = std::max(tol.atol, static_cast<double>(k) * std::sqrt(static_cast<double>(k)) * 0x1p-24);
+  return test::allclose(want, got, tol).why;
+}
+
 }  // namespace
 
 int main() {
@@ -455,6 +507,15 @@ int main() {
     };
     failures += report_case(c.name, gpu_matches_reference(c.text, c.name, 11, check, {{"t", c.targets}}));
   }
-  std::printf("%d of %zu cases failed\n", failures, sizeof(kCases) / sizeof(kCases[0]) + losses.size());
+  for (const LongSumCase& c : kLongSumCases) {
+    if (c.separate) setenv("KILN_GEMM_BGRAD_SEPARATE", "1", 1);
+    const std::string text = linear_backward(c.rows, c.n, c.k, c.dtype, c.x_first, c.cast_first);
+    failures += report_case(c.name, gpu_matches_reference(text, c.name, 7, [&](const Tensor& want, const Tensor& got) {
+                              return compare_long_sum(want, got, c.rows);
+                            }));
+    unsetenv("KILN_GEMM_BGRAD_SEPARATE");
+  }
+  const size_t total = sizeof(kCases) / sizeof(kCases[0]) + losses.size() + sizeof(kLongSumCases) / sizeof(kLongSumCases[0]);
+  std::printf("%d of %zu cases failed\n", failures, total);
   return failures == 0 ? 0 : 1;
 }

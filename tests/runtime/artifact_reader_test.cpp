@@ -255,9 +255,11 @@ TEST_CASE("parse_plan refuses malformed plans, naming the line") {
        "plan:6: gemm: lda=2 is less than 3 columns"},
       {k + gemm + " epilogue=none dtype=f64\n", "plan:6: attribute 'dtype' given twice"},
       {k + gemm + " epilogue=sigmoid\n", "plan:6: gemm: epilogue='sigmoid' is not allowed"},
-      {k + gemm + " epilogue=bias\n", "plan:6: gemm: bias= must be given exactly when the epilogue adds a bias"},
+      {k + gemm + " epilogue=bias\n", "plan:6: gemm: bias= must be given exactly when the epilogue adds a bias or writes its gradient"},
       {k + gemm + " epilogue=none c=b0\n", "plan:6: gemm: c= needs ldc="},
-      {k + gemm + " epilogue=none bias=b0\n", "plan:6: gemm: bias= must be given exactly when the epilogue adds a bias"},
+      {k + gemm + " epilogue=none bias=b0\n", "plan:6: gemm: bias= must be given exactly when the epilogue adds a bias or writes its gradient"},
+      {k + gemm + " epilogue=bgrad_a\n",
+       "plan:6: gemm: bias= must be given exactly when the epilogue adds a bias or writes its gradient"},
       {k + "step gemm a=b0\n", "plan:6: 'step gemm' needs b="},
   };
   for (const auto& [text, message] : cases) {
@@ -280,6 +282,26 @@ TEST_CASE("gemm bounds use strides, transposes and batches") {
   std::string error;
   CHECK_MESSAGE(parse_plan(gemm("6"), &p, &error), error);
   CHECK(plan_error(gemm("7")) == "plan:7: gemm: operand a spans more than buffer 0's 48 bytes");
+}
+
+TEST_CASE("a bias gradient has an element per row of the operand it sums: m for bgrad_a, n for bgrad_b") {
+  // D [4, 2] = A [4, 3] @ B [3, 2]; bias buffers of 4 and 2 f32.
+  const std::string head = kHead +
+                           "buffer 0 kind=input dtype=f32 shape=4x3 bytes=48 offset=0\n"
+                           "buffer 1 kind=input dtype=f32 shape=3x2 bytes=24 offset=256\n"
+                           "buffer 2 kind=output dtype=f32 shape=4x2 bytes=32 offset=512\n"
+                           "buffer 3 kind=output dtype=f32 shape=4 bytes=16 offset=768\n"
+                           "buffer 4 kind=output dtype=f32 shape=2 bytes=8 offset=896\n";
+  auto gemm = [&](const std::string& epilogue, int bias) {
+    return head + "step gemm a=b0 b=b1 d=b2 bias=b" + std::to_string(bias) +
+           " m=4 n=2 k=3 batch=1 trans_a=0 trans_b=0 lda=3 ldb=2 ldd=2 stride_a=0 stride_b=0 stride_d=0 dtype=f32 "
+           "compute=f32 alpha=1 beta=0 epilogue=" + epilogue + "\n";
+  };
+  Plan p;
+  std::string error;
+  CHECK_MESSAGE(parse_plan(gemm("bgrad_a", 3), &p, &error), error);
+  CHECK_MESSAGE(parse_plan(gemm("bgrad_b", 4), &p, &error), error);
+  CHECK(plan_error(gemm("bgrad_a", 4)) == "plan:9: gemm: operand bias spans more than buffer 4's 8 bytes");
 }
 
 TEST_CASE("read_artifact refuses bad headers with the documented messages") {

@@ -363,6 +363,23 @@ class Lowerer {
   /// The other operand of `v`'s sole user when that is an add of v's shape and dtype whose other
   /// operand already has a buffer and satisfies `fits`; nullptr otherwise.
   const Value* sole_add_operand(const Value* v, bool (*fits)(const Value* v, const Value* other)) const;
+  /// A reduce_sum over every dim but the last whose input a later 2-D matmul of the same graph
+  /// reads as its A transposed or as its B (a linear's bias and weight gradients): the matmul
+  /// lowers it (bias_grad.cpp), deferred to the matmul when every reader of the sum comes after
+  /// it, else with the matmul lowered here when its operands are views of lowered values. True
+  /// when the reduction needs no lowering where it stands.
+  StatusOr<bool> bias_grad_by_gemm(const Node& reduce);
+  /// Appends to `chain`, in order, the views and 2-D transposes between `v` and a lowered value;
+  /// false when v derives from anything else.
+  bool views_to_lowered(const Value* v, std::vector<const Node*>& chain) const;
+  /// Lowers matmul `mm`, to which a reduction was deferred: its GEMM step computes the sum as its
+  /// bias-gradient epilogue when the step allows one (take_bias_grad), else the reduction is
+  /// lowered right after it.
+  Status lower_with_bias_grad(const Node& mm);
+  /// Gives the GEMM step of the matmul being lowered the deferred sum as its epilogue
+  /// (bgrad_a: A's sum over k, or bgrad_b: B's) when it has no other epilogue, no batch and
+  /// sizes cuBLASLt's bias-gradient kernels take.
+  void take_bias_grad(const Node& mm, GemmEpilogue& ep, int64_t m, int64_t nn, int64_t k, int64_t batch);
   /// A transpose of the last two dims whose every user is a matmul that can read it as
   /// trans_a/trans_b: no copy, the result names the input's buffer (gemm_epilogue.cpp).
   bool fold_transpose(const Node& n);
@@ -565,6 +582,15 @@ class Lowerer {
   /// kernel of its own: an expand GEMM's SiLU then costs no round trip through memory.
   std::map<const Node*, ConvPrologue> prologue_;
   std::set<const Value*> transposed_;  // transposes a matmul reads with trans_a/trans_b
+  /// A reduction deferred to the GEMM of a matmul (bias_grad.cpp): the sum of its operand 0 or 1.
+  struct BiasGrad {
+    const Node* reduce = nullptr;
+    int operand = -1;
+  };
+  std::map<const Node*, BiasGrad> bias_grad_;  // matmul -> the reduction deferred to it
+  BiasGrad pending_bias_grad_;                 // the matmul being lowered may take this one
+  std::unordered_map<const Node*, size_t> bias_grad_order_;  // node positions of bias_grad_order_graph_
+  const Graph* bias_grad_order_graph_ = nullptr;
   std::unordered_map<const Value*, Sizes> bhs_strides_;  // attention operands read strided: b, h, s
   std::vector<Step> steps_;
   std::vector<std::string> kernels_;

@@ -114,6 +114,12 @@ Status Lowerer::lower_node(const Node& n) {
   // Zeros only scatter_adds start from: each clears its own output instead.
   if ((op == "constant" || op == "expand") && zeros_for_scatter(n.result())) return ok_status();
   if (op == "constant") return weight(n.result(), n.attr("value")->as_tensor());
+  // A linear's bias gradient, computed by the GEMM of its weight gradient (bias_grad.cpp).
+  if (op == "reduce_sum") {
+    KILN_ASSIGN_OR_RETURN(const bool by_gemm, bias_grad_by_gemm(n));
+    if (by_gemm) return ok_status();
+  }
+  if (bias_grad_.count(&n)) return lower_with_bias_grad(n);
   if (op == "variable" || op == "assign" || op == "amax" || op == "delayed_scaling_update" ||
       op == "delayed_scaling_step_scale")
     return state_op(n);  // state.cpp
@@ -1026,7 +1032,8 @@ Status Lowerer::matmul(const Node& n) {
   // ConvNeXt Linear over [N, H, W, C] is M = N*H*W, not N*H GEMMs of M = W), and a bias add
   // can become the epilogue. D and a residual C are contiguous, so they fold the same way.
   const bool fold = batch > 1 && sb == 0 && sa == m * k && !ta;
-  const GemmEpilogue ep = gemm_epilogue(n.result(), out, false, batch == 1 || fold);
+  GemmEpilogue ep = gemm_epilogue(n.result(), out, false, batch == 1 || fold);
+  take_bias_grad(n, ep, fold ? m * batch : m, nn, k, fold ? 1 : batch);
   const std::string epilogue = ep.epilogue;
   std::vector<int> used = {a_id, b_id, out};
   used.insert(used.end(), ep.used.begin(), ep.used.end());
