@@ -9,11 +9,13 @@
 // GEMM operand that is logits or their gradient, a leading dimension whose bytes are not a
 // multiple of 16, and cuBLASLt then falls back to kernels several times slower. So the head's
 // weight is padded once with zero rows to the next multiple and each chunk's GEMM computes the
-// padded logits; the loss sees the padded columns pushed to -1e30 (an added mask, which fuses
-// into the loss's kernel where a slice and its gradient's pad would be two more copies), so they
-// get probability 0 and gradient 0 and never change the loss. Autodiff gives the weight's
-// gradient as the padded gradient's first rows (nanoGPT pads its vocabulary to 50304 by hand,
-// torch.compile pads such strides itself).
+// padded logits with the padded columns pushed to kPadLogit, so they get probability 0 and
+// gradient exactly 0 and never change the loss. A linear head takes that mask as its bias (its
+// own bias padded with kPadLogit): the GEMM's bias epilogue applies it, and the loss reads the
+// GEMM's result itself (autocast's bf16, through the cast back) rather than a masked f32 copy; a
+// slice and its gradient's pad would be two more copies. A matmul head adds the mask. Autodiff
+// gives the weight's gradient as the padded gradient's first rows (nanoGPT pads its vocabulary to
+// 50304 by hand, torch.compile pads such strides itself).
 #include "autodiff.h"
 
 namespace kiln::training {
@@ -33,22 +35,29 @@ Node* chunkable_head(const Node& ce) {
   return head;
 }
 
-/// Added to padded logits: 0 for the vocabulary's `vocab` columns, -1e30 for the padding (finite:
-/// the decomposed loss multiplies log-probabilities by a zero one-hot). Built from scalars and an
+/// A padded column's logit: finite in every float dtype the head may later be cast to (f16's
+/// largest magnitude; the decomposed loss multiplies log-probabilities by a zero one-hot, and an
+/// infinite one would give nan), and far enough below any real logit that exp(x - lse)
+/// underflows to exactly 0 in f32.
+constexpr double kPadLogit = -65504.0;
+
+/// 0 for the vocabulary's `vocab` columns, kPadLogit for the padding. Built from scalars and an
 /// integer range, so autodiff does not take it for a weight.
 Value* padding_mask(Builder& b, int64_t vocab, int64_t padded, DType dtype) {
   Value* column = b.op("range", {}, {{"start", Attribute(0.0)}, {"limit", Attribute(static_cast<double>(padded))},
                                      {"delta", Attribute(1.0)}, {"dtype", Attribute(DType::kI64)}});
   Value* real = b.op("less", {column, b.scalar(static_cast<double>(vocab), DType::kI64)});
-  return b.where(real, b.scalar(0.0, dtype), b.scalar(-1e30, dtype));
+  return b.where(real, b.scalar(0.0, dtype), b.scalar(kPadLogit, dtype));
 }
 
-/// `v` padded with zeros at the end of `axis` to `size`.
-Value* pad_to(Builder& b, Value* v, int64_t axis, int64_t size) {
+/// `v` padded with `value` at the end of `axis` to `size`.
+Value* pad_to(Builder& b, Value* v, int64_t axis, int64_t size, double value = 0.0) {
   const int64_t rank = v->type().rank();
   std::vector<int64_t> pads(static_cast<size_t>(2 * rank), 0);
   pads[static_cast<size_t>(rank + axis)] = size - require_static(v->shape(), "the head's weight")[static_cast<size_t>(axis)];
-  return b.op("pad", {v}, {{"pads", Attribute(pads)}});
+  AttrMap attrs{{"pads", Attribute(pads)}};
+  if (value != 0.0) attrs["value"] = Attribute(value);
+  return b.op("pad", {v}, attrs);
 }
 
 class ChunkCrossEntropy final : public Pass {
@@ -65,9 +74,9 @@ class ChunkCrossEntropy final : public Pass {
         Node* head = chunkable_head(*ce);
         if (head == nullptr) continue;
         const int64_t vocab = head->result()->shape().back().value();
-        // The mask's -1e30 needs f32's range (f16 logits are autocast's, cast after this pass).
+        // kPadLogit is finite in every float dtype but f8's.
         const DType dt = head->result()->dtype();
-        const bool maskable = dt == DType::kF32 || dt == DType::kF64 || dt == DType::kBF16;
+        const bool maskable = is_float(dt) && dt != DType::kF8E4M3FN && dt != DType::kF8E5M2;
         const int64_t padded = align_ > 1 && maskable ? (vocab + align_ - 1) / align_ * align_ : vocab;
         if (chunks_ <= 1 && padded == vocab) continue;
         b.set_insertion_point(ce);
@@ -93,12 +102,15 @@ class ChunkCrossEntropy final : public Pass {
     Value *x = head.operand(0), *target = ce.operand(1);
     std::vector<Value*> operands = head.operands();
     const int64_t vocab = head.result()->shape().back().value();
-    Value* mask = nullptr;
+    Value* mask = nullptr;  // added to each chunk's logits (a matmul head)
     if (padded != vocab) {
-      mask = padding_mask(b, vocab, padded, head.result()->dtype());
-      // Once for all chunks: linear's weight [V, D] (and bias [V]) or matmul's [D, V].
-      operands[1] = pad_to(b, operands[1], head.op_name() == "linear" ? 0 : 1, padded);
-      if (operands.size() > 2) operands[2] = pad_to(b, operands[2], 0, padded);
+      // Once for all chunks: linear's weight [V, D] (and bias [V], whose padding is the mask) or
+      // matmul's [D, V].
+      const bool linear = head.op_name() == "linear";
+      operands[1] = pad_to(b, operands[1], linear ? 0 : 1, padded);
+      if (operands.size() > 2) operands[2] = pad_to(b, operands[2], 0, padded, kPadLogit);
+      else if (linear) operands.push_back(padding_mask(b, vocab, padded, head.result()->dtype()));
+      else mask = padding_mask(b, vocab, padded, head.result()->dtype());
     }
     const std::vector<int64_t> xs = require_static(x->shape(), "the head's input");
     int64_t rows = 1;
@@ -143,7 +155,7 @@ class ChunkCrossEntropy final : public Pass {
 PassInfo chunk_cross_entropy_pass_info() {
   PassInfo info;
   info.name = "chunk-cross-entropy";
-  info.version = "0.2.0";
+  info.version = "0.3.0";
   info.summary = "cross_entropy of a linear head as a sum over row chunks: one chunk's logits live at a time";
   info.options = {
       {"chunks", OptionType::kInt, int64_t{8}, "row chunks of the head (>= 1; 1 leaves the rows whole)"},

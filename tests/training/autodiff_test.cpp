@@ -744,8 +744,8 @@ std::unique_ptr<Pass> chunk_pass(int64_t chunks, int64_t align = 64) {
 
 TEST_CASE("chunk-cross-entropy: the head in row chunks gives the loss and gradients of the whole one") {
   // Rows 2 x 3 = 6 in 4 chunks (2, 2, 1, 1); target 4 is ignored. The vocabulary of 5 is padded
-  // to 8 (align 8: weight and bias padded once, each chunk's padded logits masked), to 64 (the
-  // default), or left (align 0); with one chunk the head is only padded.
+  // to 8 (align 8: weight and bias padded once, the bias's padding masking each chunk's padded
+  // logits), to 64 (the default), or left (align 0); with one chunk the head is only padded.
   const std::string head = R"(graph @g(%h: f64[2, 3, 4], %t: i64[2, 3], %w: f64[5, 4], %b: f64[5]) -> (%loss: f64[]) {
   %logits = linear(%h, %w, %b) : f64[2, 3, 5]
   %loss = cross_entropy(%logits, %t) {ignore_index = 4, reduction = "REDUCTION"} : f64[]
@@ -792,7 +792,10 @@ TEST_CASE("chunk-cross-entropy: the head in row chunks gives the loss and gradie
     CHECK(linears == chunks);
     CHECK(losses == chunks);
     CHECK(pads == (padded == 5 ? 0 : 2));  // the weight and the bias, once
-    CHECK(masked == (padded == 5 ? 0 : chunks));
+    // The linear head's padded bias is the mask: no chunk adds one.
+    CHECK(masked == 0);
+    for (const auto& n : chunked->nodes())
+      if (n->op_name() == "pad" && n->result()->type().rank() == 1) CHECK(n->get_float("value") == -65504.0);
     CHECK(chunked->output_name(0) == "loss");
     for (Graph* g : {plain.get(), chunked.get()}) REQUIRE(differentiate(*g, cfg("", {"h", "w", "b"})).ok());
     // The chunks' weight-gradient GEMMs still accumulate into one sum, the padded weight's.
@@ -814,6 +817,42 @@ TEST_CASE("chunk-cross-entropy: the head in row chunks gives the loss and gradie
       REQUIRE(a.size() == c.size());
       for (size_t k = 0; k < a.size(); ++k) CHECK(c[k] == doctest::Approx(a[k]).epsilon(1e-12));
     }
+  }
+}
+
+TEST_CASE("chunk-cross-entropy: a bias-less linear head takes the padding mask as its bias, a matmul head adds it") {
+  for (const char* op : {"linear", "matmul"}) {
+    CAPTURE(op);
+    const bool linear = std::string(op) == "linear";
+    auto g = parse(linear ? R"(graph @g(%h: f32[6, 4], %t: i64[6], %w: f32[5, 4]) -> (%loss: f32[]) {
+  %logits = linear(%h, %w) : f32[6, 5]
+  %loss = cross_entropy(%logits, %t) : f32[]
+  return %loss
+})"
+                          : R"(graph @g(%h: f32[6, 4], %t: i64[6], %w: f32[4, 5]) -> (%loss: f32[]) {
+  %logits = matmul(%h, %w) : f32[6, 5]
+  %loss = cross_entropy(%logits, %t) : f32[]
+  return %loss
+})");
+    Tensor h(DType::kF32, {6, 4}), t(DType::kI64, {6}), w(DType::kF32, linear ? std::vector<int64_t>{5, 4} : std::vector<int64_t>{4, 5});
+    for (int64_t k = 0; k < h.numel(); ++k) h.set_f64(k, std::cos(static_cast<double>(k)));
+    for (int64_t k = 0; k < w.numel(); ++k) w.set_f64(k, std::sin(static_cast<double>(k)));
+    for (int64_t k = 0; k < 6; ++k) t.set_i64(k, k % 5);
+    const std::vector<Tensor> inputs{h, t, w};
+    auto want = Interpreter().run(*g, inputs);
+    REQUIRE(want.ok());
+    REQUIRE(*chunk_pass(2, 8)->run(*g));
+    REQUIRE_MESSAGE(verify(*g).ok(), verify(*g).message());
+    int biased = 0, adds = 0;
+    for (const auto& n : g->nodes()) {
+      biased += n->op_name() == "linear" && n->num_operands() == 3;
+      adds += n->op_name() == "add" && n->operand(0)->producer() && n->operand(0)->producer()->op_name() == op;
+    }
+    CHECK(biased == (linear ? 2 : 0));
+    CHECK(adds == (linear ? 0 : 2));
+    auto got = Interpreter().run(*g, inputs);
+    REQUIRE(got.ok());
+    CHECK((*got)[0].get_f64(0) == doctest::Approx((*want)[0].get_f64(0)).epsilon(1e-6));
   }
 }
 
