@@ -27,9 +27,10 @@ std::string linear_backward(int64_t n, int64_t k, const std::string& t, bool cas
 
 std::vector<std::string> gemms(const LoweredGraph& l) { return plan_lines(l.plan, "step gemm"); }
 
+/// A kernel sums dy's columns: the general reduction or the column-sum kernel.
 bool has_reduction(const LoweredGraph& l) {
   for (const std::string& k : l.kernels)
-    if (k.find("reduce_sum") != std::string::npos) return true;
+    if (k.find("reduce_sum") != std::string::npos || k.find("column_sum") != std::string::npos) return true;
   return false;
 }
 

@@ -483,6 +483,28 @@ const LongSumCase kLongSumCases[] = {
     {"bgrad separate xT.dy 1024x256x128 f32", 1024, 256, 128, "f32", true, true, true},
 };
 
+/// Column sums (column_reduce.cpp) over `rows` rows: a layer norm's weight and bias gradients
+/// over GPT-2's 4096 rows (f32, bf16, with row-chunk partials), an f16 mean, column tiles that
+/// need no second pass, and odd columns and short sums on the general kernels.
+struct ColumnCase {
+  const char* name;
+  const char* text;
+  int64_t rows;
+};
+const ColumnCase kColumnCases[] = {
+    {"column sums 4096 rows", R"(graph @g(%gx: f32[8, 512, 768], %g: bf16[8, 512, 768], %w: f16[4096, 3072]) -> (f32[1, 1, 768], bf16[768], f16[3072]) {
+  %a = reduce_sum(%gx) {axes = [0, 1], keepdims = 1} : f32[1, 1, 768]
+  %b = reduce_sum(%g) {axes = [0, 1], keepdims = 0} : bf16[768]
+  %c = reduce_mean(%w) {axes = [0], keepdims = 0} : f16[3072]
+  return %a, %b, %c })", 4096},
+    {"column sums wide, odd, short", R"(graph @g(%x: f32[128, 3072, 128], %h: bf16[3000, 90], %p: f32[8, 512, 768], %b: bf16[200, 8200]) -> (f32[1, 3072, 128], bf16[90], f32[1, 512, 768], bf16[8200]) {
+  %s = reduce_sum(%x) {axes = [0], keepdims = 1} : f32[1, 3072, 128]
+  %t = reduce_sum(%h) {axes = [0], keepdims = 0} : bf16[90]
+  %e = reduce_sum(%p) {axes = [0], keepdims = 1} : f32[1, 512, 768]
+  %u = reduce_sum(%b) {axes = [0], keepdims = 0} : bf16[8200]
+  return %s, %t, %e, %u })", 3000},
+};
+
 /// assert_close's rtol with an atol for sums of `k` products of [-1, 1) values accumulated in f32
 /// in another order than the reference's: partial sums reach ~sqrt(k), each of k additions may
 /// round by 2^-24 of that.
@@ -515,7 +537,12 @@ int main() {
                             }));
     unsetenv("KILN_GEMM_BGRAD_SEPARATE");
   }
-  const size_t total = sizeof(kCases) / sizeof(kCases[0]) + losses.size() + sizeof(kLongSumCases) / sizeof(kLongSumCases[0]);
+  for (const ColumnCase& c : kColumnCases)
+    failures += report_case(c.name, gpu_matches_reference(c.text, c.name, 7, [&](const Tensor& want, const Tensor& got) {
+                              return compare_long_sum(want, got, c.rows);
+                            }));
+  const size_t total = sizeof(kCases) / sizeof(kCases[0]) + losses.size() + sizeof(kLongSumCases) / sizeof(kLongSumCases[0]) +
+                       sizeof(kColumnCases) / sizeof(kColumnCases[0]);
   std::printf("%d of %zu cases failed\n", failures, total);
   return failures == 0 ? 0 : 1;
 }

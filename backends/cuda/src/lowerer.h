@@ -380,6 +380,10 @@ class Lowerer {
   /// (bgrad_a: A's sum over k, or bgrad_b: B's) when it has no other epilogue, no batch and
   /// sizes cuBLASLt's bias-gradient kernels take.
   void take_bias_grad(const Node& mm, GemmEpilogue& ep, int64_t m, int64_t nn, int64_t k, int64_t batch);
+  /// The sum or mean (`fin` finishes the f32 sum `acc`) over the rows of float buffer `x` read as
+  /// [rows, cols], into `out`, with 16-byte loads and a deterministic second pass over row chunks
+  /// (column_reduce.cpp); false when the dtype, alignment or columns do not fit the vectors.
+  StatusOr<bool> column_sum(const Node& n, int x, int64_t rows, int64_t cols, const std::string& fin, int out);
   /// A transpose of the last two dims whose every user is a matmul that can read it as
   /// trans_a/trans_b: no copy, the result names the input's buffer (gemm_epilogue.cpp).
   bool fold_transpose(const Node& n);

@@ -721,6 +721,11 @@ Status Lowerer::reduce(const Node& n) {
   bool contiguous = kept_inner;
   for (size_t d = first; contiguous && d <= last; ++d) contiguous = mask[d];
   const int64_t inner = kept_inner ? product(Sizes(xs.begin() + static_cast<std::ptrdiff_t>(last) + 1, xs.end())) : 1;
+  // Sums over every dim but the trailing kept ones: 16-byte column loads (column_reduce.cpp).
+  if (pro == nullptr && contiguous && rows == inner && (op == "reduce_sum" || op == "reduce_mean")) {
+    KILN_ASSIGN_OR_RETURN(const bool columns, column_sum(n, buf(x), len, inner, fin, out));
+    if (columns) return ok_status();
+  }
   if (kept_inner && inner >= 8 && len >= 64) {
     const int64_t outer = rows / inner, tiles = (inner + 31) / 32, warps = kBlock / 32;
     // Few outputs (a squeeze-excite pool over [16, 112*112, 32] has 16 tiles) would leave most
