@@ -334,6 +334,11 @@ kiln_status* GemmStep::create(const artifact::PlanStep& step,
   if (!bgrad) KILN_CUBLAS_TRY(heuristic);
   if (bgrad && (heuristic != CUBLAS_STATUS_SUCCESS || found == 0)) {
     found = 0;
+    static std::atomic<bool> noted{false};
+    if (!noted.exchange(true))
+      std::fprintf(stderr, "kiln: note: plan:%d: gemm: cuBLASLt has no %s kernel for %s (%s); the bias gradient "
+                   "is a GEMM of its own (noted once)\n", step.line, ep.c_str(), g->problem_.c_str(),
+                   heuristic == CUBLAS_STATUS_SUCCESS ? "no algorithm" : cublasLtGetStatusName(heuristic));
     // No kernel carries the epilogue for this problem here: the GEMM without it, then the bias
     // gradient as a GEMM of its own, ones[1, k] @ the summed operand as [k, len].
     const cublasLtEpilogue_t plain = CUBLASLT_EPILOGUE_DEFAULT;
