@@ -1,15 +1,19 @@
 // The decompose-losses pass: the loss ops a backend does not lower (option `ops`) spelled out in
 // core ops (log_softmax, a one-hot pick, masked sums; cross_entropy_grad as softmax - onehot).
 // Run it after autodiff (the loss ops' own gradient rules are the cheaper ones) and before
-// fusion, which then fuses the pieces. The CUDA backends lower cross_entropy and
-// cross_entropy_grad themselves, one kernel each, and take only mse_loss.
+// fusion, which then fuses the pieces. The CUDA backends lower the cross-entropy ops themselves
+// and take only mse_loss.
 //
-// A cross_entropy kept whole reads its logits through a widening cast (autocast's bf16 head
-// cast back to f32) from the narrow source, with the loss still in the wide dtype, and a kept
+// A cross_entropy kept whole reads its logits through a widening cast (autocast's bf16 head cast
+// back to f32) from the narrow source, with the loss still in the wide dtype, and a kept
 // cross_entropy_grad whose result is only cast (back to bf16 for the head's GEMMs) writes that
-// dtype itself: the kernels then read and write the logits' bytes once, in their own dtype, with
-// the math in f32 either way.
+// dtype itself: the kernels then read and write the logits' bytes in their own dtype, with the
+// math in f32 either way. A kept cross_entropy and the cross_entropy_grad of the same logits then
+// become one cross_entropy_with_grad when the gradient's scale does not depend on the loss (a
+// training step's), which reads the logits once.
+#include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include "autodiff.h"
 
@@ -91,6 +95,56 @@ bool read_through_casts(Node& n, std::vector<Node*>& dead) {
   return true;
 }
 
+/// Pairs a kept cross_entropy with the cross_entropy_grad of the same logits and targets into one
+/// cross_entropy_with_grad, when the gradient's dloss does not depend on the loss (a training
+/// step's: the seed, a loss scale, the mean's count): the logits are then read once, and need
+/// not stay alive from the forward to the backward. The nodes computing dloss after `ce` move
+/// before it; a side-effecting one among them (state) leaves the pair alone.
+bool pair_with_gradient(Graph& g, Node& ce, std::vector<Node*>& dead) {
+  Node* grad = nullptr;
+  for (const Use& u : ce.operand(0)->uses())
+    if (u.user && u.user != &ce && u.user->op_name() == "cross_entropy_grad" && u.index == 0 &&
+        u.user->operand(1) == ce.operand(1) && u.user->get_int("ignore_index") == ce.get_int("ignore_index") &&
+        std::find(dead.begin(), dead.end(), u.user) == dead.end()) {
+      grad = u.user;
+      break;
+    }
+  if (!grad) return false;
+  std::unordered_map<const Node*, size_t> at;
+  for (Node* n : g.node_list()) at[n] = at.size();
+  // The nodes after `ce` that dloss needs; none may read the loss.
+  std::vector<Node*> cone, work;
+  std::set<const Node*> seen;
+  if (Node* p = grad->operand(2)->producer()) work.push_back(p);
+  while (!work.empty()) {
+    Node* n = work.back();
+    work.pop_back();
+    if (n == &ce) return false;
+    if (at.at(n) < at.at(&ce) || !seen.insert(n).second) continue;
+    if (n->op() && n->op()->has(kTraitSideEffects)) return false;
+    cone.push_back(n);
+    for (Value* v : n->operands())
+      if (Node* p = v->producer(); p && p->graph() == &g) work.push_back(p);
+  }
+  std::sort(cone.begin(), cone.end(), [&](Node* a, Node* b) { return at.at(a) < at.at(b); });
+  for (Node* n : cone) g.move_node_before(n, &ce);
+  Builder b(g);
+  b.set_insertion_point(&ce);
+  b.set_loc(ce.loc());
+  AttrMap attrs = ce.attrs();
+  attrs["dtype"] = Attribute(ce.result()->dtype());
+  attrs["grad_dtype"] = Attribute(grad->result()->dtype());
+  const std::vector<Value*> both = b.op_n("cross_entropy_with_grad", {ce.operand(0), ce.operand(1), grad->operand(2)}, 2, attrs);
+  for (auto [from, to] : {std::pair{ce.result(), both[0]}, std::pair{grad->result(), both[1]}}) {
+    to->set_name(from->name());
+    from->set_name("");
+    from->replace_all_uses_with(to);
+  }
+  dead.push_back(&ce);
+  dead.push_back(grad);
+  return true;
+}
+
 class DecomposeLosses final : public Pass {
  public:
   explicit DecomposeLosses(std::set<std::string> ops) : ops_(std::move(ops)) {}
@@ -116,6 +170,10 @@ class DecomposeLosses final : public Pass {
         KILN_RETURN_IF_ERROR(g.erase_node(n));
         changed = true;
       }
+      if (!ops_.count("cross_entropy"))
+        for (Node* n : g.node_list())
+          if (n->op_name() == "cross_entropy" && std::find(dead.begin(), dead.end(), n) == dead.end())
+            changed |= pair_with_gradient(g, *n, dead);
     } catch (const BuildError& e) {
       return e.status.with_context("decompose-losses");
     }

@@ -617,6 +617,7 @@ std::map<std::string, RuleEntry> build_table() {
   // Losses.
   rule("cross_entropy", cross_entropy_rule);
   refuse("cross_entropy_grad", "no second derivative of cross_entropy yet");
+  refuse("cross_entropy_with_grad", "formed after autodiff (decompose-losses); no second derivative of cross_entropy yet");
   rule("mse_loss", mse_rule);
 
   // No gradient flows: integer or bool results, or piecewise-constant functions (zero almost

@@ -398,22 +398,25 @@ std::vector<LossCase> loss_cases() {
   };
   std::vector<LossCase> cases;
   cases.push_back({"cross-entropy-f32-padded-1e30",
-                   "graph @g(%x: f32[6, 50304], %t: i64[6], %d: f32[]) -> (f32[], f32[], f32[6, 50304]) {\n" +
+                   "graph @g(%x: f32[6, 50304], %t: i64[6], %d: f32[]) -> (f32[], f32[], f32[6, 50304], f32[], f32[6, 50304]) {\n" +
                        padding_mask("f32", "-1e30") +
                        "  %l = add(%x, %mask) : f32[6, 50304]\n"
                        "  %cm = cross_entropy(%l, %t) : f32[]\n"
                        "  %cs = cross_entropy(%l, %t) {reduction = \"sum\"} : f32[]\n"
                        "  %g = cross_entropy_grad(%l, %t, %d) : f32[6, 50304]\n"
-                       "  return %cm, %cs, %g }",
+                       "  %cw, %gw = cross_entropy_with_grad(%l, %t, %d) : f32[], f32[6, 50304]\n"
+                       "  return %cm, %cs, %g, %cw, %gw }",
                    targets(kiln::DType::kI64, {0, 50256, -100, 17, -100, 31337})});
   cases.push_back({"cross-entropy-bf16-padded-inf",
-                   "graph @g(%x: bf16[5, 50304], %t: i32[5], %d: f32[]) -> (f32[], bf16[5, 50304], f32[5, 50304]) {\n" +
+                   "graph @g(%x: bf16[5, 50304], %t: i32[5], %d: f32[]) -> (f32[], bf16[5, 50304], f32[5, 50304], f32[], bf16[5, 50304]) {\n" +
                        padding_mask("bf16", "-inf") +
                        "  %l = add(%x, %mask) : bf16[5, 50304]\n"
                        "  %c = cross_entropy(%l, %t) {dtype = f32, ignore_index = 5} : f32[]\n"
                        "  %g = cross_entropy_grad(%l, %t, %d) {ignore_index = 5} : bf16[5, 50304]\n"
                        "  %gf = cross_entropy_grad(%l, %t, %d) {ignore_index = 5, dtype = f32} : f32[5, 50304]\n"
-                       "  return %c, %g, %gf }",
+                       "  %cw, %gw = cross_entropy_with_grad(%l, %t, %d) {dtype = f32, grad_dtype = bf16, ignore_index = 5} : "
+                       "f32[], bf16[5, 50304]\n"
+                       "  return %c, %g, %gf, %cw, %gw }",
                    targets(kiln::DType::kI32, {5, 50256, 1, 5, 0})});
   // Rows that 16-byte loads do not tile (1001 classes) and logits with two leading dims.
   cases.push_back({"cross-entropy-odd-rows",

@@ -535,6 +535,18 @@ graph @g(%x: f32[2, 3, 1001], %t: i32[2, 3], %y: f64[4, 6], %u: i64[4], %d: f16[
   compiles_everywhere(o);
 }
 
+TEST_CASE("cross_entropy_with_grad: the loss and the gradient from one read of each row") {
+  const LoweredGraph l = lower_text(R"(
+graph @g(%x: bf16[8, 50304], %t: i64[8], %d: f32[]) -> (f32[], bf16[8, 50304]) {
+  %c, %g = cross_entropy_with_grad(%x, %t, %d) {dtype = f32, grad_dtype = bf16} : f32[], bf16[8, 50304]
+  return %c, %g
+})", hopper_lowering());
+  CHECK(l.kernels == std::vector<std::string>{"k0_cross_entropy_with_grad", "k1_cross_entropy_sum"});
+  CHECK(count(l.source, "row_loss[row] = is_class") == 1);
+  CHECK(count(l.source, "reinterpret_cast<uint4*>(g + base)") == 1);
+  compiles_everywhere(l);
+}
+
 TEST_CASE("cross_entropy_grad refuses f8 logits by name") {
   const Status s = lower_error(R"(
 graph @g(%x: f8e4m3fn[2, 4], %t: i64[2], %d: f32[]) -> (f32[2, 4]) {

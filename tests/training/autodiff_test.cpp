@@ -669,12 +669,21 @@ TEST_CASE("decompose-losses with ops = [mse_loss] keeps cross_entropy and reads 
   REQUIRE(changed.ok());
   CHECK(*changed);
   REQUIRE_MESSAGE(verify(*g).ok(), verify(*g).message());
-  int casts = 0;
+  // The loss and its gradient (whose dloss is an input, not a function of the loss) are one op.
+  int casts = 0, paired = 0, others = 0;
   for (const auto& n : g->nodes()) {
     casts += n->op_name() == "cast";
-    if (n->op_name() == "cross_entropy" || n->op_name() == "cross_entropy_grad") CHECK(n->operand(0)->dtype() == DType::kBF16);
+    others += n->op_name() == "cross_entropy" || n->op_name() == "cross_entropy_grad";
+    if (n->op_name() == "cross_entropy_with_grad") {
+      ++paired;
+      CHECK(n->operand(0)->dtype() == DType::kBF16);
+      CHECK(n->result(0)->dtype() == DType::kF32);
+      CHECK(n->result(1)->dtype() == DType::kBF16);
+    }
   }
   CHECK(casts == 0);
+  CHECK(paired == 1);
+  CHECK(others == 0);
   auto got = Interpreter().run(*g, std::vector<Tensor>{l, t, d});
   REQUIRE(got.ok());
   CHECK((*got)[0].dtype() == DType::kF32);
@@ -682,6 +691,36 @@ TEST_CASE("decompose-losses with ops = [mse_loss] keeps cross_entropy and reads 
   CHECK((*got)[1].dtype() == DType::kBF16);
   for (int64_t i = 0; i < 24; ++i) CHECK((*got)[1].get_f64(i) == (*want)[1].get_f64(i));
   CHECK(!with_ops({"softmax"}).ok());
+
+  // A gradient scaled by the loss itself is not the step's: the two stay apart. The nodes dloss
+  // needs that come after the loss (here a mul of two inputs) move before it when they pair.
+  auto dependent = parse(R"(graph @g(%l: f32[4, 6], %t: i64[4], %d: f32[], %e: f32[]) -> (f32[], f32[4, 6], f32[], f32[4, 6]) {
+  %ce = cross_entropy(%l, %t) : f32[]
+  %s = mul(%ce, %d) : f32[]
+  %cg = cross_entropy_grad(%l, %t, %s) : f32[4, 6]
+  %ce2 = cross_entropy(%l, %t) {reduction = "sum", ignore_index = 1} : f32[]
+  %late = mul(%d, %e) : f32[]
+  %cg2 = cross_entropy_grad(%l, %t, %late) {ignore_index = 1} : f32[4, 6]
+  return %ce, %cg, %ce2, %cg2
+})");
+  Tensor f(DType::kF32, {4, 6}), e(DType::kF32, {});
+  for (int64_t i = 0; i < f.numel(); ++i) f.set_f64(i, std::cos(static_cast<double>(i)));
+  e.set_f64(0, 3.0);
+  const std::vector<Tensor> in2{f, t, d, e};
+  auto want2 = Interpreter().run(*dependent, in2);
+  REQUIRE(want2.ok());
+  REQUIRE(*(*with_ops({"mse_loss"}))->run(*dependent));
+  REQUIRE_MESSAGE(verify(*dependent).ok(), verify(*dependent).message());
+  std::vector<std::string> ops;
+  for (const auto& n : dependent->nodes())
+    if (n->op_name().starts_with("cross_entropy")) ops.push_back(n->op_name());
+  CHECK(ops == std::vector<std::string>{"cross_entropy", "cross_entropy_grad", "cross_entropy_with_grad"});
+  auto got2 = Interpreter().run(*dependent, in2);
+  REQUIRE(got2.ok());
+  for (size_t i = 0; i < got2->size(); ++i) {
+    const std::vector<double> a = (*want2)[i].to_f64(), c = (*got2)[i].to_f64();
+    for (size_t k = 0; k < a.size(); ++k) CHECK(c[k] == doctest::Approx(a[k]).epsilon(1e-12));
+  }
 }
 
 }  // namespace

@@ -328,7 +328,10 @@ class Lowerer {
   Status softmax(const Node& n);
   /// cross_entropy.cpp: a block per row of logits, in their own dtype.
   StatusOr<RowLoss> row_loss(const Node& n);
-  Status cross_entropy(const Node& n);
+  Status cross_entropy_rows(const Node& n, const RowLoss& r, bool loss, std::optional<DType> grad_type,
+                            const std::vector<int>& args);
+  Status cross_entropy_sum(const Node& n, const RowLoss& r, int target, int row_loss, int out);
+  Status cross_entropy(const Node& n);  // and cross_entropy_with_grad
   Status cross_entropy_grad(const Node& n);
   /// attention (attention.cpp): one flash-attention kernel per node.
   Status attention(const Node& n);

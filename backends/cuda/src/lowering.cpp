@@ -180,7 +180,7 @@ Status Lowerer::lower_node(const Node& n) {
   if (op.rfind("reduce_", 0) == 0) return reduce(n);
   if (op == "argmax" || op == "argmin") return arg_reduce(n);
   if (op == "softmax" || op == "log_softmax") return softmax(n);
-  if (op == "cross_entropy") return cross_entropy(n);
+  if (op == "cross_entropy" || op == "cross_entropy_with_grad") return cross_entropy(n);
   if (op == "cross_entropy_grad") return cross_entropy_grad(n);
   if (op == "attention") return attention(n);
   if (op == "layer_norm" || op == "rms_norm") return norm(n);

@@ -31,7 +31,7 @@ Status require_reduction(const InferContext& ctx) {
 Status cross_entropy_infer(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(require_dtype(ctx, 0, kFloatDTypes));
   KILN_RETURN_IF_ERROR(require_dtype(ctx, 1, kSignedIntDTypes | kUnsignedIntDTypes));
-  if (ctx.node.op_name() == "cross_entropy") KILN_RETURN_IF_ERROR(require_reduction(ctx));
+  if (ctx.node.op_name() != "cross_entropy_grad") KILN_RETURN_IF_ERROR(require_reduction(ctx));
   const TensorType &logits = ctx.operand(0), &target = ctx.operand(1);
   if (logits.rank() < 1) return ctx.error("operand 'logits' must have rank >= 1 (classes last), got " + logits.str());
   bool ok = target.rank() + 1 == logits.rank();
@@ -56,6 +56,23 @@ Status cross_entropy_grad_infer(InferContext& ctx) {
     return ctx.error("operand 'dloss' must be a scalar (the gradient of the summed loss), got " + ctx.operand(2).str());
   KILN_ASSIGN_OR_RETURN(const DType dt, result_dtype(ctx, ctx.operand(0).dtype));
   ctx.results = {TensorType{dt, ctx.operand(0).shape}};
+  return ok_status();
+}
+
+/// cross_entropy_with_grad: cross_entropy_grad's operands; the loss (reduction, dtype) and the
+/// gradient (grad_dtype).
+Status cross_entropy_with_grad_infer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(cross_entropy_grad_infer(ctx));
+  KILN_RETURN_IF_ERROR(require_reduction(ctx));
+  const TensorType grad = ctx.results[0];
+  KILN_ASSIGN_OR_RETURN(const DType loss, result_dtype(ctx, ctx.operand(0).dtype));
+  DType gt = ctx.operand(0).dtype;
+  if (const Attribute* a = ctx.node.attr("grad_dtype")) {
+    gt = a->as_dtype();
+    if (!is_float(gt) || gt == DType::kF8E4M3FN || gt == DType::kF8E5M2)
+      return ctx.error("attribute 'grad_dtype' must be f64, f32, f16 or bf16, got " + std::string(dtype_name(gt)));
+  }
+  ctx.results = {TensorType{loss, {}}, TensorType{gt, grad.shape}};
   return ok_status();
 }
 
@@ -86,32 +103,42 @@ double log_sum_exp(const double* row, int64_t classes) {
   return mx + std::log(sum);
 }
 
-Status cross_entropy_kernel(KernelContext& ctx) {
+/// cross_entropy's value into output `out`.
+Status cross_entropy_loss(KernelContext& ctx, const std::vector<double>& l, int out) {
   const int64_t classes = ctx.input(0).shape().back();
   double total = 0;
   int64_t counted = 0;
-  KILN_RETURN_IF_ERROR(for_each_counted_row(ctx, ctx.input(0).to_f64(), [&](int64_t, const double* row, int64_t t) {
+  KILN_RETURN_IF_ERROR(for_each_counted_row(ctx, l, [&](int64_t, const double* row, int64_t t) {
     total += log_sum_exp(row, classes) - row[t];
     ++counted;
   }));
   // Every target ignored: the mean is 0/0 = nan, as in PyTorch.
   const bool mean = ctx.node.get_string("reduction") == "mean";
-  ctx.output().set_f64(0, mean ? total / static_cast<double>(counted) : total);
+  ctx.output(out).set_f64(0, mean ? total / static_cast<double>(counted) : total);
   return ok_status();
 }
 
-/// (softmax(row) - onehot(target)) * dloss; rows whose target is ignored get 0.
-Status cross_entropy_grad_kernel(KernelContext& ctx) {
+Status cross_entropy_kernel(KernelContext& ctx) { return cross_entropy_loss(ctx, ctx.input(0).to_f64(), 0); }
+
+/// (softmax(row) - onehot(target)) * dloss into output `out`; rows whose target is ignored get 0.
+Status cross_entropy_gradient(KernelContext& ctx, const std::vector<double>& l, int o) {
   const int64_t classes = ctx.input(0).shape().back();
-  const std::vector<double> l = ctx.input(0).to_f64();
   const double scale = ctx.input(2).get_f64(0);
-  Tensor& out = ctx.output();
+  Tensor& out = ctx.output(o);
   for (int64_t i = 0; i < out.numel(); ++i) out.set_f64(i, 0.0);
   return for_each_counted_row(ctx, l, [&](int64_t r, const double* row, int64_t t) {
     const double lse = log_sum_exp(row, classes);
     for (int64_t c = 0; c < classes; ++c)
       out.set_f64(r * classes + c, (std::exp(row[c] - lse) - (c == t ? 1.0 : 0.0)) * scale);
   });
+}
+
+Status cross_entropy_grad_kernel(KernelContext& ctx) { return cross_entropy_gradient(ctx, ctx.input(0).to_f64(), 0); }
+
+Status cross_entropy_with_grad_kernel(KernelContext& ctx) {
+  const std::vector<double> l = ctx.input(0).to_f64();
+  KILN_RETURN_IF_ERROR(cross_entropy_loss(ctx, l, 0));
+  return cross_entropy_gradient(ctx, l, 1);
 }
 
 Status mse_infer(InferContext& ctx) {
@@ -174,6 +201,21 @@ void register_loss_ops(OpRegistry& r) {
                     .num_regions = 0,
                     .infer = cross_entropy_grad_infer,
                     .reference = cross_entropy_grad_kernel});
+  add_op_or_die(r, {.name = "cross_entropy_with_grad",
+                    .summary = "cross_entropy and cross_entropy_grad of the same logits in one op, for a step whose "
+                               "loss gradient does not depend on the loss (decompose-losses forms it): the logits are "
+                               "read once and need not live on until the backward",
+                    .traits = kTraitReduction,
+                    .inputs = {"logits", "target", "dloss"},
+                    .outputs = {"loss", "grad"},
+                    .result_rule = "loss: scalar [] in dtype (default: logits'); grad: logits' shape in grad_dtype "
+                                   "(default: logits'); dloss is a float scalar",
+                    .attrs = {reduction_attr(), ignore_index_attr(),
+                              attr_optional("dtype", AttrKind::kDType, "the loss's dtype (default: logits')"),
+                              attr_optional("grad_dtype", AttrKind::kDType, "the gradient's dtype (default: logits')")},
+                    .num_regions = 0,
+                    .infer = cross_entropy_with_grad_infer,
+                    .reference = cross_entropy_with_grad_kernel});
   add_op_or_die(r, {.name = "mse_loss",
                     .summary = "squared error (input - target)^2 summed or averaged over every element",
                     .traits = kTraitReduction,

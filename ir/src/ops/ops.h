@@ -17,7 +17,7 @@ void register_int4_ops(OpRegistry& r);         ///< int4.cpp: matmul_int4 (packe
 void register_quant_ops(OpRegistry& r);        ///< quant.cpp: quantize, dequantize, scaled_matmul, amax (FP8)
 void register_state_ops(OpRegistry& r);        ///< state.cpp: variable, assign (persistent state)
 void register_collective_ops(OpRegistry& r);   ///< collective.cpp: all_reduce, all_gather, ..., send, recv
-void register_loss_ops(OpRegistry& r);         ///< loss.cpp: cross_entropy, cross_entropy_grad, mse_loss
+void register_loss_ops(OpRegistry& r);         ///< loss.cpp: cross_entropy, cross_entropy_grad, cross_entropy_with_grad, mse_loss
 /// Graph-wide checks of variable/assign (state.cpp): unique names, one assign per variable with
 /// its type, none inside regions. Run by verify() on a top-level graph.
 Status verify_state(const Graph& g);
