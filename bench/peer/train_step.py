@@ -38,7 +38,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "training"))
 import models  # noqa: E402
-from train_curve import training_pipeline  # noqa: E402
+from train_curve import training_pipeline, with_copies  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "bench", "parallel"))
 from gpt2_train import SideFileKir, write_weights  # noqa: E402
@@ -71,7 +71,10 @@ def write_pipeline(workdir, task, remat, dtype, backend, target, args):
     path = os.path.join(workdir, f"train-{remat}.toml")
     policy = remat.split("-")[0]
     with open(path, "w") as f:
-        f.write(training_pipeline(task.PIPELINE_OPTIMIZER, autocast=None if dtype == "f32" else dtype,
+        # The optimizer writes each weight's bf16 copy with its update (no cast of the f32 weights
+        # at the start of the step).
+        optimizer = with_copies(task.PIPELINE_OPTIMIZER) if args.low_precision_copies == "on" else task.PIPELINE_OPTIMIZER
+        f.write(training_pipeline(optimizer, autocast=None if dtype == "f32" else dtype,
                                   remat=None if policy == "none" else policy,
                                   decompose_losses=backend.startswith("cuda"), backend=backend,
                                   targets=[target] if target else (), loss_chunks=args.loss_chunks,
@@ -176,6 +179,8 @@ def main():
                     help="chunk-cross-entropy: the head and its loss in this many row chunks (1: off)")
     ap.add_argument("--schedule-lookahead", type=int, default=16,
                     help="schedule-memory's lookahead: enough to finish one head chunk before the next")
+    ap.add_argument("--low-precision-copies", choices=["on", "off"], default="on",
+                    help="the optimizer's low-precision-copies: the bf16 weights the forward reads come from the update")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--no-torch", action="store_true")

@@ -55,7 +55,7 @@ SIZES = {
 LR, WD, CLIP = 1e-3, 0.1, 1.0  # the learning rate unless a size names its own
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "training"))
-from train_curve import training_pipeline  # noqa: E402
+from train_curve import training_pipeline, with_copies  # noqa: E402
 
 
 class Side:
@@ -172,9 +172,13 @@ def write_data(workdir, s, steps, seed=1):
     return data
 
 
-def write_pipeline(workdir, name, backend, fp8_options, lr=LR, autocast="bf16"):
+def write_pipeline(workdir, name, backend, fp8_options, lr=LR, autocast="bf16", copies=True):
+    """`copies`: the optimizer's low-precision-copies (the bf16 weights the forward reads are
+    written by the update; the same losses, no cast of the master weights each step)."""
     path = os.path.join(workdir, f"{name}.toml")
     optimizer = f'{{ algorithm = "adamw", lr = {lr}, weight-decay = {WD}, max-grad-norm = {CLIP} }}'
+    if copies:
+        optimizer = with_copies(optimizer)
     with open(path, "w") as f:
         f.write(training_pipeline(optimizer, fp8=fp8_options, autocast=autocast, decompose_losses=backend.startswith("cuda"),
                                   backend=backend))
@@ -229,6 +233,8 @@ def main():
     ap.add_argument("--f32-baseline", action="store_true",
                     help="also train in f32 (no autocast) and report its curve against bf16's: how far a change "
                          "of precision alone moves this task's loss curve, for scale")
+    ap.add_argument("--low-precision-copies", choices=["on", "off"], default="on",
+                    help="the optimizer's low-precision-copies in both steps")
     ap.add_argument("--compile-only", metavar="TARGET",
                     help="only build both training steps for a CUDA target (no GPU needed) and count FP8 GEMMs")
     args = ap.parse_args()
@@ -241,7 +247,8 @@ def main():
                 f'exclude = ["logits"] }}')
     if args.compile_only:
         for name, opts in (("bf16", None), ("fp8", fp8_opts)):
-            pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR))
+            pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR),
+                                      copies=args.low_precision_copies == "on")
             out = os.path.join(workdir, f"{name}.kiln")
             cmd = [args.kiln, "compile", model, "--pipeline", pipeline, "--backend", args.backend, "--target",
                    args.compile_only, "-o", out]
@@ -259,7 +266,8 @@ def main():
     runs = {}
     variants = [("bf16", None, "bf16"), ("fp8", fp8_opts, "bf16")] + ([("f32", None, None)] if args.f32_baseline else [])
     for name, opts, autocast in variants:
-        pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR), autocast)
+        pipeline = write_pipeline(workdir, name, args.backend, opts, s.get("lr", LR), autocast,
+                                  copies=args.low_precision_copies == "on")
         runs[name] = train(args.kiln, model, pipeline, data, args.backend, args.steps, workdir, name)
     (lb, tb), (lf, tf) = runs["bf16"], runs["fp8"]
     w = min(args.warmup, max(0, args.steps - 1))

@@ -94,16 +94,25 @@ std::map<std::string, Tensor> Interpreter::state_of(const Graph& g) const {
   return out;
 }
 
-Status Interpreter::set_state(const Graph& g, const std::map<std::string, Tensor>& values) {
+Status Interpreter::set_state(const Graph& g, const std::map<std::string, Tensor>& given) {
   std::map<std::string, TensorType> vars;
+  std::map<std::string, const Node*> nodes;
   for (const auto& n : g.nodes())
-    if (n->op_name() == "variable") vars[n->get_string("name")] = n->result()->type();
-  for (const auto& [name, t] : values) {
+    if (n->op_name() == "variable") {
+      vars[n->get_string("name")] = n->result()->type();
+      nodes[n->get_string("name")] = n.get();
+    }
+  for (const auto& [name, t] : given) {
     auto it = vars.find(name);
     if (it == vars.end()) return not_found("graph @" + g.name() + " has no variable '" + name + "'");
     if (t.type() != it->second)
       return invalid_argument("variable '" + name + "' is " + it->second.str() + ", the value given is " + t.type().str());
   }
+  std::map<std::string, Tensor> values = given;
+  KILN_RETURN_IF_ERROR(complete_state_copies(g, values, [&](const std::string& name) {
+    const Tensor* held = variable_value(name);
+    return held ? *held : nodes.at(name)->attr("init")->as_tensor();
+  }));
   for (const auto& [name, t] : values) state_[name] = t;
   return ok_status();
 }

@@ -6,12 +6,14 @@
 // In a data-parallel program whose gradients arrive split over a mesh axis (reduce-scattered:
 // the data-parallel strategy's shard-optimizer-state, ZeRO-1), each rank updates its block of
 // every weight, keeps optimizer state for that block only, and all-gathers the new weight.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
 
 #include "autodiff.h"
+#include "kiln/ir/interpreter.h"
 
 namespace kiln::training {
 namespace {
@@ -19,7 +21,7 @@ namespace {
 struct OptimizerConfig {
   std::string algorithm;  ///< "sgd" or "adamw"
   double lr = 1e-3, momentum = 0, weight_decay = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, max_grad_norm = 0;
-  bool nesterov = false, keep_grads = false;
+  bool nesterov = false, keep_grads = false, low_precision_copies = false;
   double growth_factor = 2.0, backoff_factor = 0.5;
   int64_t growth_interval = 2000;
 };
@@ -142,9 +144,10 @@ class Optimizer final : public Pass {
   }
   /// Gives variable `name` (now `old`) the value `v` for the next step; under dynamic loss
   /// scaling a step whose gradients hold inf or nan keeps `old`.
-  void assign(Builder& b, const std::string& name, Value* old, Value* v) {
+  Value* assign(Builder& b, const std::string& name, Value* old, Value* v) {
     if (skip_ != nullptr) v = b.where(skip_, old, v);
     b.op_n("assign", {v}, 0, {{"name", Attribute(name)}});
+    return v;
   }
 
   /// torch.cuda.amp.GradScaler's unscale_ and update, in the graph: gradients are divided by the
@@ -207,7 +210,102 @@ class Optimizer final : public Pass {
       Value* updated = c_.algorithm == "sgd" ? sgd(b, name, w, q.grad) : adamw(b, name, w, q.grad, t);
       if (q.split) updated = b.op("all_gather", {updated}, {{"axis", Attribute(q.axis)}, {"dim", Attribute(q.dim)}});
       updated->set_name(name + ".next");
-      assign(b, name, q.weight, updated);
+      Value* next = assign(b, name, q.weight, updated);
+      if (c_.low_precision_copies) keep_low_precision_copies(b, q.weight, next);
+    }
+  }
+
+  /// A plain rounding cast to bf16/f16 (what autocast builds): the copy's refresh recomputes
+  /// exactly that.
+  static std::optional<DType> low_cast(const Node* n) {
+    if (n == nullptr || n->op_name() != "cast" || n->attrs().size() != 1) return std::nullopt;
+    const DType to = n->result()->dtype();
+    if (to != DType::kBF16 && to != DType::kF16) return std::nullopt;
+    return to;
+  }
+
+  /// A data movement of the weight alone that every reader casts to one low dtype (the padded
+  /// head weight of chunk-cross-entropy, a transposed weight): it moves the copy instead, the
+  /// same bits (rounding commutes with moving values; padding adds zeros).
+  static std::optional<DType> moved_then_cast(const Node* n) {
+    if (n == nullptr || n->num_operands() != 1 || n->num_results() != 1) return std::nullopt;
+    const std::string& op = n->op_name();
+    if (op == "pad") {
+      const std::string mode = n->get_string("mode", "constant");
+      const Attribute* value = n->attr("value");
+      if (mode == "constant" && value != nullptr && value->as_float() != 0.0) return std::nullopt;
+    } else if (op != "transpose" && op != "reshape") {
+      return std::nullopt;
+    }
+    std::optional<DType> to;
+    for (const Use& u : n->result()->uses()) {
+      std::optional<DType> t = low_cast(u.user);
+      if (!t || (to && *t != *to)) return std::nullopt;
+      to = t;
+    }
+    return to;
+  }
+
+  /// The forward's casts of weight `w` to bf16/f16 (autocast's) become reads of a variable
+  /// `<w>.<dtype>` holding that cast, which the step assigns from the cast of `next`, the value
+  /// `w` is assigned: the cast is computed where the update is (one kernel with it once fused)
+  /// instead of from the master weight again at the start of the next step. Every read sees
+  /// the same value as before, so the step's results do not change.
+  void keep_low_precision_copies(Builder& b, Value* w, Value* next) {
+    Graph& g = b.graph();
+    std::map<DType, std::vector<Node*>> casts, moves;
+    auto add = [](std::vector<Node*>& list, Node* n) {
+      if (std::find(list.begin(), list.end(), n) == list.end()) list.push_back(n);
+    };
+    for (const Use& u : w->uses()) {
+      if (std::optional<DType> to = low_cast(u.user)) add(casts[*to], u.user);
+      else if (std::optional<DType> moved = moved_then_cast(u.user)) add(moves[*moved], u.user);
+    }
+    for (const auto& [to, nodes] : moves) casts[to];  // a copy for the moved weight too
+    Node* master = w->producer();
+    const std::string name = master->get_string("name");
+    for (const auto& [to, nodes] : casts) {
+      const std::string copy_name = name + "." + std::string(dtype_name(to));
+      for (const auto& n : g.nodes())
+        if (n->op_name() == "variable" && n->get_string("name") == copy_name)
+          throw BuildError{invalid_argument("optimizer: low-precision-copies: the copy of weight '" + name +
+                                            "' would be variable '" + copy_name + "', a name the graph uses already")};
+      // The copy's init is the master's init as the cast computes it (complete_state_copies
+      // runs the cast's reference kernel).
+      std::map<std::string, Tensor> init = {{name, master->attr("init")->as_tensor()}};
+      AttrMap attrs{{"name", Attribute(copy_name)},
+                    {"init", Attribute(Tensor(to, init.at(name).shape()))},
+                    {"copy_of", Attribute(name)}};
+      b.set_insertion_point(master);
+      Value* copy = b.op("variable", {}, attrs, copy_name);
+      b.set_insertion_point(nullptr);
+      copy->set_sharding(w->sharding());
+      Status s = complete_state_copies(g, init, [](const std::string&) { return Tensor(); });
+      if (!s.ok()) throw BuildError{s};
+      copy->producer()->set_attr("init", Attribute(init.at(copy_name)));
+      auto erase = [&](Node* n) {
+        Status erased = g.erase_node(n);
+        if (!erased.ok()) throw BuildError{erased};
+      };
+      for (Node* n : nodes) {
+        n->result()->replace_all_uses_with(copy);
+        erase(n);
+      }
+      for (Node* move : moves[to]) {
+        b.set_insertion_point(move);
+        TensorType t = move->result()->type();
+        t.dtype = to;
+        auto made = g.create_node(move->op_name(), {copy}, {t}, move->attrs(), move);
+        if (!made.ok()) throw BuildError{made.status()};
+        (*made)->set_loc(move->loc());
+        for (const Use& u : std::vector<Use>(move->result()->uses().begin(), move->result()->uses().end())) {
+          u.user->result()->replace_all_uses_with((*made)->result());
+          erase(u.user);
+        }
+        erase(move);
+      }
+      b.set_insertion_point(nullptr);
+      b.op_n("assign", {b.cast(next, to)}, 0, {{"name", Attribute(copy_name)}});
     }
   }
 
@@ -264,6 +362,9 @@ PassInfo optimizer_pass_info() {
       {"eps", OptionType::kFloat, 1e-8, "adamw: added to the denominator"},
       {"max-grad-norm", OptionType::kFloat, 0.0, "clip gradients to this global L2 norm (0: no clipping); adds a grad_norm output"},
       {"keep-grads", OptionType::kBool, false, "keep the '<param>.grad' outputs"},
+      {"low-precision-copies", OptionType::kBool, false,
+       "keep each weight's bf16/f16 cast the forward reads (autocast's) as a variable '<param>.<dtype>' that the "
+       "update writes, instead of casting every master weight again each step"},
       {"growth-factor", OptionType::kFloat, 2.0, "dynamic loss scaling: the scale's growth after growth-interval good steps"},
       {"backoff-factor", OptionType::kFloat, 0.5, "dynamic loss scaling: the scale's factor after a step with inf/nan"},
       {"growth-interval", OptionType::kInt, int64_t{2000}, "dynamic loss scaling: good steps before the scale grows"},
@@ -280,6 +381,7 @@ PassInfo optimizer_pass_info() {
     c.eps = o.get_float("eps");
     c.max_grad_norm = o.get_float("max-grad-norm");
     c.keep_grads = o.get_bool("keep-grads");
+    c.low_precision_copies = o.get_bool("low-precision-copies");
     c.growth_factor = o.get_float("growth-factor");
     c.backoff_factor = o.get_float("backoff-factor");
     c.growth_interval = o.get_int("growth-interval");

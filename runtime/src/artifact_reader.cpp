@@ -320,12 +320,13 @@ class PlanParser {
     return true;
   }
 
-  /// `variable NAME buffer=ID`: a weight buffer the plan's copy steps write (training state),
-  /// which the C API reads and writes by name.
+  /// `variable NAME buffer=ID [copy_of=OTHER]`: a weight buffer the plan's copy steps write
+  /// (training state), which the C API reads and writes by name; copy_of names the variable
+  /// declared before it that it is a low-precision copy of.
   bool variable(const std::vector<std::string_view>& toks) {
-    if (toks.size() != 3) return fail("expected 'variable NAME buffer=ID'");
+    if (toks.size() != 3 && toks.size() != 4) return fail("expected 'variable NAME buffer=ID [copy_of=NAME]'");
     Attrs a;
-    if (!attrs(toks, 2, &a, {"buffer"}, {})) return false;
+    if (!attrs(toks, 2, &a, {"buffer"}, {"copy_of"})) return false;
     int id = -1;
     if (!parse_num(a["buffer"], &id) || id < 0 || static_cast<size_t>(id) >= p_.buffers.size())
       return fail("variable '" + std::string(toks[1]) + "': buffer '" + a["buffer"] + "' is not declared");
@@ -333,6 +334,16 @@ class PlanParser {
       return fail("variable '" + std::string(toks[1]) + "': buffer " + a["buffer"] + " is not of kind weight");
     for (const auto& [name, b] : p_.variables)
       if (name == toks[1]) return fail("variable '" + name + "' declared twice");
+    if (a.count("copy_of")) {
+      const std::string& master = a["copy_of"];
+      auto m = std::find_if(p_.variables.begin(), p_.variables.end(), [&](const auto& v) { return v.first == master; });
+      if (m == p_.variables.end() || p_.variable_copies.count(master))
+        return fail("variable '" + std::string(toks[1]) + "': copy_of '" + master +
+                    "' is not a variable declared before it (and not a copy itself)");
+      if (p_.buffers[static_cast<size_t>(m->second)].shape != p_.buffers[static_cast<size_t>(id)].shape)
+        return fail("variable '" + std::string(toks[1]) + "': its shape is not that of '" + master + "', its copy_of");
+      p_.variable_copies[std::string(toks[1])] = master;
+    }
     p_.variables.emplace_back(std::string(toks[1]), id);
     return true;
   }

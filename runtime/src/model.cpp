@@ -1,5 +1,6 @@
 // Loading a model onto the device (image, weights, arena, prepared steps, graph) and running it.
 #include "model.h"
+#include "host_round.h"
 #include "timing_kernels.h"
 
 #include <algorithm>
@@ -472,6 +473,14 @@ kiln_status* load_model(kiln_runtime* runtime, std::unique_ptr<artifact::Artifac
   KILN_RT_TRY(make_bindings(m.get(), plan.inputs, &m->inputs));
   KILN_RT_TRY(make_bindings(m.get(), plan.outputs, &m->outputs));
   KILN_RT_TRY(make_bindings(m.get(), plan.variables, &m->variables, false));
+  m->copy_of.assign(m->variables.size(), -1);
+  m->copy_state.assign(m->variables.size(), kiln_model::kCopyIdle);
+  for (size_t i = 0; i < plan.variables.size(); ++i) {
+    auto c = plan.variable_copies.find(plan.variables[i].first);
+    if (c == plan.variable_copies.end()) continue;
+    for (size_t j = 0; j < plan.variables.size(); ++j)
+      if (plan.variables[j].first == c->second) m->copy_of[i] = static_cast<int>(j);
+  }
   if (m->staging_bytes) {
     void* p = nullptr;
     KILN_RT_TRY(context(cuda_status(cudaHostAlloc(&p, m->staging_bytes, cudaHostAllocDefault), "cudaHostAlloc"),
@@ -564,6 +573,7 @@ kiln_status* run_device(kiln_model* m, const kiln_device_tensor* inputs, size_t 
   KILN_RT_TRY(check_buffers(fn, "input", m->inputs, inputs, num_inputs));
   KILN_RT_TRY(check_buffers(fn, "output", m->outputs, outputs, num_outputs));
   KILN_RT_TRY(synchronize_model(m, fn.c_str()));
+  KILN_RT_TRY(check_copies(m, fn.c_str()));
   KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
   if (!m->caller_ready) KILN_CUDA_TRY(cudaEventCreateWithFlags(&m->caller_ready, cudaEventDisableTiming));
   if (!m->device_done) KILN_CUDA_TRY(cudaEventCreateWithFlags(&m->device_done, cudaEventDisableTiming));
@@ -591,6 +601,7 @@ kiln_status* enqueue_model(kiln_model* m, const kiln_host_tensor* inputs, size_t
   KILN_RT_TRY(check_buffers(fn, "output", m->outputs, outputs, num_outputs));
   // Staging holds one run's inputs and outputs: the previous run must be done with it.
   KILN_RT_TRY(synchronize_model(m, function));
+  KILN_RT_TRY(check_copies(m, function));
   if (m->watchdog && !m->watchdog->failure().empty())
     return make_status(KILN_STATUS_COLLECTIVE_FAILED, fn + ": " + m->watchdog->failure());
   KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
@@ -628,6 +639,19 @@ kiln_status* synchronize_model(kiln_model* m, const char* function) {
   return nullptr;
 }
 
+kiln_status* check_copies(kiln_model* m, const char* function) {
+  for (size_t i = 0; i < m->variables.size(); ++i)
+    if (m->copy_state[i] == kiln_model::kCopyStale)
+      return invalid(
+                         std::string(function) + ": variable '" + m->variables[i].info.name + "' is a copy of '" +
+                             m->variables[static_cast<size_t>(m->copy_of[i])].info.name +
+                             "', which was written without it: write the copy too (after its weight), as the "
+                             "checkpoint that holds the weight holds it");
+  // A run makes every copy its weight's again: writing one now would break that.
+  std::fill(m->copy_state.begin(), m->copy_state.end(), kiln_model::kCopyIdle);
+  return nullptr;
+}
+
 kiln_status* copy_variable(kiln_model* m, size_t index, void* read_to, const void* write_from, uint64_t bytes,
                            const char* function) {
   const std::string fn = function;
@@ -638,6 +662,13 @@ kiln_status* copy_variable(kiln_model* m, size_t index, void* read_to, const voi
   if (bytes != v.info.bytes)
     return invalid(fn + ": variable '" + v.info.name + "' holds " + std::to_string(v.info.bytes) + " bytes, " +
                    std::to_string(bytes) + " given");
+  const int master = m->copy_of[index];
+  if (write_from && master >= 0 && m->copy_state[index] == kiln_model::kCopyIdle)
+    return invalid(
+                       fn + ": variable '" + v.info.name + "' is the low-precision copy of '" +
+                           m->variables[static_cast<size_t>(master)].info.name +
+                           "' that the training step keeps: write that weight (its bf16/f16 copies follow it), "
+                           "then, for other copies, this one");
   KILN_RT_TRY(synchronize_model(m, function));
   KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
   // On the model's stream, after anything kiln_model_run_device left there.
@@ -645,7 +676,29 @@ kiln_status* copy_variable(kiln_model* m, size_t index, void* read_to, const voi
     if (read_to) KILN_CUDA_TRY(cudaMemcpyAsync(read_to, v.device, bytes, cudaMemcpyDeviceToHost, m->stream));
     else KILN_CUDA_TRY(cudaMemcpyAsync(v.device, write_from, bytes, cudaMemcpyHostToDevice, m->stream));
   }
-  return context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), fn);
+  KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), fn));
+  if (!write_from) return nullptr;
+  if (master >= 0) {
+    m->copy_state[index] = kiln_model::kCopyWritable;
+    return nullptr;
+  }
+  // The weight's copies: a bf16/f16 cast of an f32 weight is refreshed here from the same bytes
+  // (rounded as the step's cast kernel rounds); any other (f8, which needs its scale) must be
+  // written next.
+  for (size_t c = 0; c < m->variables.size(); ++c) {
+    if (m->copy_of[c] != static_cast<int>(index)) continue;
+    const kiln_model::Binding& copy = m->variables[c];
+    std::vector<uint16_t> narrow;
+    if (!round_f32_copy(v.info.dtype, copy.info.dtype, write_from, v.info.bytes, &narrow)) {
+      m->copy_state[c] = kiln_model::kCopyStale;
+      continue;
+    }
+    if (copy.info.bytes)
+      KILN_CUDA_TRY(cudaMemcpyAsync(copy.device, narrow.data(), copy.info.bytes, cudaMemcpyHostToDevice, m->stream));
+    KILN_RT_TRY(context(cuda_status(cudaStreamSynchronize(m->stream), "cudaStreamSynchronize"), fn));
+    m->copy_state[c] = kiln_model::kCopyWritable;
+  }
+  return nullptr;
 }
 
 kiln_status* model_device_time(const kiln_model* m, double* out_ms) {
@@ -666,6 +719,7 @@ kiln_status* profile_steps(kiln_model* m, int iterations, double* out_step_ms, s
     return invalid("kiln_model_profile_steps: capacity " + std::to_string(capacity) + " is less than the " +
                    std::to_string(m->steps.size()) + " steps of the plan");
   KILN_RT_TRY(synchronize_model(m, "kiln_model_profile_steps"));
+  KILN_RT_TRY(check_copies(m, "kiln_model_profile_steps"));
   KILN_CUDA_TRY(cudaSetDevice(m->runtime->device.ordinal));
   std::vector<cudaEvent_t> events(m->steps.size() + 1, nullptr);
   auto destroy = [&] {

@@ -75,6 +75,13 @@ struct kiln_model {
   std::vector<kiln::rt::DeviceBuffer> buffers;  ///< by plan buffer id
   std::vector<Binding> inputs, outputs;
   std::vector<Binding> variables;  ///< the plan's variables: weight buffers it writes (copy steps or in place)
+  /// Per variable: the index of the variable it is a low-precision copy of (the plan's
+  /// copy_of), or -1. A copy follows its weight: see copy_variable.
+  std::vector<int> copy_of;
+  /// Per variable that is a copy, since its weight was last written: kCopyWritable (it may be
+  /// written too), kCopyStale (it must be, before the next run); kCopyIdle otherwise.
+  enum CopyState : uint8_t { kCopyIdle, kCopyWritable, kCopyStale };
+  std::vector<CopyState> copy_state;
   unsigned char* staging = nullptr;  ///< pinned host memory for every input and output
   uint64_t staging_bytes = 0;
   cudaStream_t stream = nullptr;
@@ -171,7 +178,10 @@ kiln_status* enqueue_model(kiln_model* model, const kiln_host_tensor* inputs, si
 kiln_status* run_device(kiln_model* model, const kiln_device_tensor* inputs, size_t num_inputs,
                         const kiln_device_tensor* outputs, size_t num_outputs, cudaStream_t caller);
 /// Copies variable `index` to or from host memory after the pending run (see
-/// kiln_model_read_variable, kiln_model_write_variable).
+/// kiln_model_read_variable, kiln_model_write_variable). Writing a weight refreshes its bf16/f16
+/// copies from the same bytes and marks other copies stale; a copy is written only after its
+/// weight, and a run refuses stale copies (check_copies).
+kiln_status* check_copies(kiln_model* model, const char* function);
 kiln_status* copy_variable(kiln_model* model, size_t index, void* read_to, const void* write_from, uint64_t bytes,
                            const char* function);
 /// Completes the pending run, if any (see kiln_model_synchronize).

@@ -120,5 +120,49 @@ TEST_CASE("variable state: inits before any run, written values checked and kept
   CHECK((*z)[0].get_f64(1) == 6);
 }
 
+TEST_CASE("a weight's low-precision copy follows the weight through write_state, before and after runs") {
+  Registry r;
+  // Each run returns the bf16 copy and adds x to the weight; the copy is assigned its cast.
+  auto g = parse_graph(R"(graph @g(%x: f32[2]) -> (f32[2]) {
+  %c = variable() {init = dense<bf16[2]>[1.0, 2.0], name = "w.bf16", copy_of = "w"} : bf16[2]
+  %w = variable() {init = dense<f32[2]>[1.0, 2.0], name = "w"} : f32[2]
+  %y = cast(%c) {to = f32} : f32[2]
+  %n = add(%w, %x) : f32[2]
+  %nc = cast(%n) {to = bf16} : bf16[2]
+  assign(%n) {name = "w"}
+  assign(%nc) {name = "w.bf16"}
+  return %y
+}
+)");
+  REQUIRE_MESSAGE(g.ok(), g.status().message());
+  auto exe = sm90_backend(r)->compile(**g);
+  REQUIRE(exe.ok());
+  CHECK((*exe)->write_state({{"w.bf16", Tensor::from_f64(DType::kBF16, {2}, std::vector<double>{0, 0})}}).message() ==
+        "cuda-test: variable 'w.bf16' is the bf16 copy of weight 'w' that the training step keeps; set 'w' and the "
+        "copy follows");
+  // 1 + 2^-9 rounds to 1 in bf16: the copy is the weight's cast, not its value.
+  REQUIRE((*exe)->write_state({{"w", Tensor::from_f64(DType::kF32, {2}, std::vector<double>{1 + 0x1p-9, 3})}}).ok());
+  auto state = (*exe)->read_state();
+  REQUIRE(state.ok());
+  CHECK(state->at("w.bf16").get_f64(0) == 1);
+  CHECK(state->at("w.bf16").get_f64(1) == 3);
+  const Tensor x = Tensor::from_f64(DType::kF32, {2}, std::vector<double>{1, 1});
+  auto y = (*exe)->run({&x, 1});
+  if (!y.ok()) {
+    CHECK(y.status().message().find("cuda-test: no CUDA device") == 0);
+    return;
+  }
+  CHECK((*y)[0].get_f64(1) == 3);  // the first run read the refreshed copy
+  // A write after runs refreshes the loaded model's copy too (the runtime rounds it on the host).
+  REQUIRE((*exe)->write_state({{"w", Tensor::from_f64(DType::kF32, {2}, std::vector<double>{-5, 5})}}).ok());
+  auto z = (*exe)->run({&x, 1});
+  REQUIRE(z.ok());
+  CHECK((*z)[0].get_f64(0) == -5);
+  CHECK((*z)[0].get_f64(1) == 5);
+  auto after = (*exe)->read_state();
+  REQUIRE(after.ok());
+  CHECK(after->at("w.bf16").get_f64(0) == -4);  // the step's own assign of the copy
+}
+
 }  // namespace
 }  // namespace kiln::cuda

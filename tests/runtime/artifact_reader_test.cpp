@@ -2,6 +2,10 @@
 // checks, and `describe`. Artifacts come from artifact_builder.h, independent of core's writer.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
+#include <map>
+
 #include <unistd.h>
 
 #include <cstring>
@@ -9,6 +13,7 @@
 #include <fstream>
 
 #include "artifact_builder.h"
+#include "host_round.h"
 #include "kiln/artifact_reader.h"
 
 using namespace kiln::artifact;
@@ -171,10 +176,57 @@ TEST_CASE("parse_plan reads variable lines: weight buffers the plan's copies wri
   CHECK(plan_error(kHead + kX + w + "variable v buffer=0\n") == "plan:6: variable 'v': buffer 0 is not of kind weight");
   CHECK(plan_error(kHead + kX + w + "variable v buffer=2\n") == "plan:6: variable 'v': buffer '2' is not declared");
   CHECK(plan_error(kHead + kX + w + "variable v buffer=1\nvariable v buffer=1\n") == "plan:7: variable 'v' declared twice");
-  CHECK(plan_error(kHead + kX + w + "variable v\n") == "plan:6: expected 'variable NAME buffer=ID'");
+  CHECK(plan_error(kHead + kX + w + "variable v\n") == "plan:6: expected 'variable NAME buffer=ID [copy_of=NAME]'");
   CHECK(plan_error(kHead + kX + w + "kernel k\nvariable v buffer=1\n") ==
         "plan:7: 'variable' out of order (lines go: kiln-plan, arena, workspace, [mesh], buffer, input, output, "
         "[variable], kernel, step)");
+}
+
+TEST_CASE("parse_plan reads a weight's low-precision copy (copy_of) and checks what it names") {
+  const std::string bufs = "buffer 1 kind=weight dtype=f32 shape=3 bytes=12 offset=0 name=w\n"
+                           "buffer 2 kind=weight dtype=bf16 shape=3 bytes=6 offset=16 name=w.bf16\n"
+                           "buffer 3 kind=weight dtype=bf16 shape=2 bytes=4 offset=32 name=v\n";
+  Plan p;
+  std::string error;
+  REQUIRE_MESSAGE(parse_plan(kHead + kX + bufs + "variable w buffer=1\nvariable w.bf16 buffer=2 copy_of=w\nkernel k\n", &p, &error),
+                  error);
+  REQUIRE(p.variables.size() == 2);
+  CHECK(p.variable_copies == std::map<std::string, std::string>{{"w.bf16", "w"}});
+  CHECK(plan_error(kHead + kX + bufs + "variable w.bf16 buffer=2 copy_of=w\nvariable w buffer=1\n") ==
+        "plan:8: variable 'w.bf16': copy_of 'w' is not a variable declared before it (and not a copy itself)");
+  CHECK(plan_error(kHead + kX + bufs + "variable w buffer=1\nvariable v buffer=3 copy_of=w\n") ==
+        "plan:9: variable 'v': its shape is not that of 'w', its copy_of");
+  CHECK(plan_error(kHead + kX + bufs + "variable w buffer=1\nvariable w.bf16 buffer=2 copy_of=w\nvariable v buffer=3 copy_of=w.bf16\n") ==
+        "plan:10: variable 'v': copy_of 'w.bf16' is not a variable declared before it (and not a copy itself)");
+}
+
+TEST_CASE("the runtime rounds a written weight into its bf16/f16 copy as the cast kernels do") {
+  auto bf16 = [](float f) { return kiln::rt::round_to_bf16(f); };
+  auto f16 = [](float f) { return kiln::rt::round_to_f16(f); };
+  CHECK(bf16(1.0f) == 0x3f80);
+  CHECK(bf16(1.0f + 0x1p-8f) == 0x3f80);        // a tie goes to even
+  CHECK(bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);    // a tie goes to even, up
+  CHECK(bf16(-2.0f) == 0xc000);
+  CHECK(bf16(std::numeric_limits<float>::max()) == 0x7f80);  // rounds up to inf
+  CHECK((bf16(std::nanf("")) & 0x7fc0) == 0x7fc0);
+  CHECK(f16(1.0f) == 0x3c00);
+  CHECK(f16(1.0f + 0x1p-11f) == 0x3c00);
+  CHECK(f16(1.0f + 3 * 0x1p-11f) == 0x3c02);
+  CHECK(f16(65504.0f) == 0x7bff);
+  CHECK(f16(65519.0f) == 0x7bff);
+  CHECK(f16(65520.0f) == 0x7c00);
+  CHECK(f16(-1e10f) == 0xfc00);
+  CHECK(f16(0x1p-14f) == 0x0400);               // the smallest normal
+  CHECK(f16(0x1p-24f) == 0x0001);               // the smallest subnormal
+  CHECK(f16(0x1p-25f) == 0x0000);               // a tie goes to even (zero)
+  CHECK(f16(3 * 0x1p-25f) == 0x0002);
+  CHECK(f16(0x1p-14f - 0x1p-26f) == 0x0400);    // rounds up into the normals
+  CHECK((f16(std::nanf("")) & 0x7e00) == 0x7e00);
+  std::vector<uint16_t> out;
+  const float w[2] = {1.0f, -0.5f};
+  CHECK(kiln::rt::round_f32_copy(KILN_DTYPE_F32, KILN_DTYPE_BF16, w, sizeof w, &out));
+  CHECK(out == std::vector<uint16_t>{0x3f80, 0xbf00});
+  CHECK_FALSE(kiln::rt::round_f32_copy(KILN_DTYPE_F32, KILN_DTYPE_F8E4M3FN, w, sizeof w, &out));
 }
 
 TEST_CASE("parse_plan: a launch without smem or args, and CRLF line ends") {

@@ -62,8 +62,13 @@ def training_pipeline(optimizer, fp8=None, autocast=None, loss_scale=None, remat
     return t
 
 
+def with_copies(optimizer):
+    """The optimizer's options (a TOML inline table) with low-precision-copies on."""
+    return optimizer.rstrip()[:-1].rstrip() + ", low-precision-copies = true }"
+
+
 def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses=False, loss_scale=None, fp8=None,
-               fp8_exclude=(), loss_chunks=None, loss_align=None, toml_name="train.toml"):
+               fp8_exclude=(), loss_chunks=None, loss_align=None, toml_name="train.toml", copies=False):
     """The model .kir, its training pipeline and the data folder; returns their paths. With
     `autocast` (bf16 or f16) the pipeline starts with the autocast pass; with `remat` (a policy)
     the remat pass follows autodiff; `decompose_losses` adds that pass (for the CUDA backends,
@@ -79,7 +84,8 @@ def write_task(task, steps, workdir, autocast=None, remat=None, decompose_losses
         exclude = ", ".join(f'"{e}"' for e in fp8_exclude)
         fp8_options = f'{{ format = "{fp8}", exclude = [{exclude}] }}'
     with open(toml, "w") as f:
-        f.write(training_pipeline(task.PIPELINE_OPTIMIZER, fp8=fp8_options, autocast=autocast, loss_scale=loss_scale,
+        f.write(training_pipeline(with_copies(task.PIPELINE_OPTIMIZER) if copies else task.PIPELINE_OPTIMIZER,
+                                  fp8=fp8_options, autocast=autocast, loss_scale=loss_scale,
                                   remat=remat, decompose_losses=decompose_losses, loss_chunks=loss_chunks,
                                   loss_align=loss_align))
     data = os.path.join(workdir, "data")
@@ -114,6 +120,54 @@ def gemm_steps(artifact):
         if line.startswith(b"step gemm "):
             steps.append(dict(f.split("=", 1) for f in line.decode().split()[2:] if "=" in f))
     return steps
+
+
+def plan_lines(artifact):
+    return [l.decode(errors="replace") for l in open(artifact, "rb").read().split(b"\n")
+            if l.startswith((b"step ", b"buffer ", b"variable "))]
+
+
+def check_copies_fused(lines, plain_lines):
+    """Every low-precision copy of the plan is written in place by the kernel that writes its
+    weight (its optimizer update), and the plan casts that many fewer weights than the plan
+    without copies."""
+    base = {}
+    for l in lines:
+        if l.startswith("buffer "):
+            f = l.split()
+            attrs = dict(x.split("=", 1) for x in f[2:] if "=" in x)
+            base["b" + f[1]] = "b" + attrs["base"] if attrs.get("kind") == "alias" else "b" + f[1]
+
+    def root(b):
+        while base.get(b, b) != b:
+            b = base[b]
+        return b
+
+    variables = {}
+    for l in lines:
+        if l.startswith("variable "):
+            f = l.split()
+            attrs = dict(x.split("=", 1) for x in f[2:])
+            variables[f[1]] = ("b" + attrs["buffer"], attrs.get("copy_of"))
+    copies = {name: v for name, v in variables.items() if v[1]}
+    if not copies:
+        sys.exit("FAIL: the plan declares no low-precision copy (variable ... copy_of=)")
+    launches = []
+    for l in lines:
+        if l.startswith("step launch "):
+            args = next((x.split("=", 1)[1] for x in l.split() if x.startswith("args=")), "")
+            launches.append({root(b) for b in args.split(",") if b})
+        if l.startswith("step copy ") and any(f"dst={b}" in l.split() for b, _ in copies.values()):
+            sys.exit(f"FAIL: a copy step writes a low-precision copy instead of its update's kernel: {l}")
+    for name, (buf, master) in copies.items():
+        if not any(buf in a and variables[master][0] in a for a in launches):
+            sys.exit(f"FAIL: no kernel writes '{name}' with its weight '{master}'")
+    casts = lambda ls: sum(1 for l in ls if l.startswith("step launch kernel=") and l.split()[2].endswith("_cast"))
+    print(f"  low-precision copies: {len(copies)} written by their weights' update kernels; cast launches "
+          f"{casts(plain_lines)} -> {casts(lines)}, steps {sum(l.startswith('step ') for l in plain_lines)} -> "
+          f"{sum(l.startswith('step ') for l in lines)}")
+    if casts(plain_lines) - casts(lines) < len(copies):
+        sys.exit("FAIL: the plan with copies does not cast fewer weights")
 
 
 def check_head_alignment(kiln, kir, pipelines, backend, target, vocab, workdir):
@@ -170,6 +224,9 @@ def main():
     ap.add_argument("--check-head-alignment", action="store_true",
                     help="with --compile-only: the head GEMMs of the padded plan have aligned leading dimensions")
     ap.add_argument("--loss-scale", type=float, help="dynamic loss scaling from this initial scale (fp16)")
+    ap.add_argument("--low-precision-copies", action="store_true",
+                    help="the optimizer keeps the weights' low-precision copies; the losses must equal those without, "
+                         "and a checkpoint saved without them must resume with them")
     ap.add_argument("--compile-only", metavar="TARGET", help="only build the training step for a CUDA target (no GPU needed)")
     ap.add_argument("--skip-without-gpu", action="store_true", help="exit 77 (ctest's skip) when there is no CUDA device")
     args = ap.parse_args()
@@ -192,13 +249,25 @@ def main():
         return
     if args.compile_only:
         _, kir, toml, _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True, fp8=args.fp8,
-                                        fp8_exclude=args.fp8_exclude, loss_chunks=args.loss_chunks)
+                                        fp8_exclude=args.fp8_exclude, loss_chunks=args.loss_chunks,
+                                        copies=args.low_precision_copies)
         out = os.path.join(workdir, "step.kiln")
         cmd = [args.kiln, "compile", kir, "--pipeline", toml, "--backend", args.backend, "--target", args.compile_only, "-o", out]
         r = subprocess.run(cmd, capture_output=True, text=True)
         print(r.stdout + r.stderr)
         if r.returncode != 0 or os.path.getsize(out) == 0:
             sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}")
+        if args.low_precision_copies:
+            _, _, toml0, _, _ = write_task(task, 1, workdir, args.autocast, args.remat, True, fp8=args.fp8,
+                                           fp8_exclude=args.fp8_exclude, loss_chunks=args.loss_chunks,
+                                           toml_name="train-no-copies.toml")
+            out0 = os.path.join(workdir, "step-no-copies.kiln")
+            cmd0 = [args.kiln, "compile", kir, "--pipeline", toml0, "--backend", args.backend, "--target",
+                    args.compile_only, "-o", out0]
+            r0 = subprocess.run(cmd0, capture_output=True, text=True)
+            if r0.returncode != 0:
+                sys.exit(f"FAIL: {' '.join(cmd0)} exited {r0.returncode}\n{r0.stderr}")
+            check_copies_fused(plan_lines(out), plan_lines(out0))
         if args.fp8:
             # The GEMM steps of the plan name their FP8 operand types: forward GEMMs read e4m3
             # activations, backward GEMMs the e5m2 gradient (hybrid).
@@ -217,7 +286,8 @@ def main():
         return
     model, kir, toml, data, batches = write_task(task, args.steps, workdir, args.autocast, args.remat,
                                                  args.backend.startswith("cuda"), args.loss_scale, args.fp8,
-                                                 args.fp8_exclude, args.loss_chunks, args.loss_align)
+                                                 args.fp8_exclude, args.loss_chunks, args.loss_align,
+                                                 copies=args.low_precision_copies)
 
     t0 = time.time()
     ref = model.reference_losses(batches, args.steps)
@@ -255,20 +325,43 @@ def main():
         if diff.max() > args.against_unpadded:
             sys.exit(f"FAIL: the padded head's losses leave the unpadded one's at step {int(diff.argmax()) + 1}")
 
+    def same_losses(a, b):
+        """Equal; on a CUDA backend within 1e-4 (scatter_add, the embedding gradient, adds with
+        atomics on the GPU: sums in another order from one run to the next)."""
+        return np.array_equal(a, b) or (args.backend.startswith("cuda") and np.allclose(a, b, rtol=1e-4, atol=0))
+
+    def resumed(first_toml, then_toml, name):
+        """Half the steps with `first_toml` saving a checkpoint, then the rest from it with `then_toml`."""
+        half = max(1, min(args.steps // 2, 20))
+        ckpt = os.path.join(workdir, name)
+        first, _ = train(args.kiln, kir, first_toml, data, args.backend, half, workdir, ["--checkpoint", ckpt])
+        rest, _ = train(args.kiln, kir, then_toml, data, args.backend, 2 * half, workdir, ["--resume", ckpt])
+        return half, np.concatenate([first, rest])
+
+    if args.low_precision_copies:
+        # The copies hold what the casts computed: every step's loss is the same, bit for bit.
+        _, _, toml0, _, _ = write_task(task, args.steps, workdir, args.autocast, args.remat,
+                                       args.backend.startswith("cuda"), args.loss_scale, args.fp8, args.fp8_exclude,
+                                       args.loss_chunks, args.loss_align, toml_name="train-no-copies.toml")
+        plain, _ = train(args.kiln, kir, toml0, data, args.backend, args.steps, workdir)
+        if not same_losses(got, plain):
+            bad = int(np.argmax(got != plain))
+            sys.exit(f"FAIL: with low-precision copies the loss of step {bad + 1} is {got[bad]!r}, without {plain[bad]!r}")
+        print(f"  low-precision copies: the {args.steps} losses equal those of the step without them")
+        # A checkpoint saved without the copies (an older run's) resumes with them: they are
+        # computed from the weights it holds, and the losses go on as the uninterrupted run's.
+        half, losses = resumed(toml0, toml, "no-copies.ckpt")
+        if not same_losses(losses, got[: 2 * half]):
+            sys.exit(f"FAIL: resuming a checkpoint without copies changed the losses:\n{losses}\n{got[: 2 * half]}")
+        print(f"  a checkpoint without the copies resumed at step {half}: the losses equal the uninterrupted run's")
+
     # Resuming: half the steps with a checkpoint, then the rest from it, repeat the losses exactly
     # (on a CUDA backend the checkpoint is read from and written to the device's variables).
-    half = max(1, min(args.steps // 2, 20))
-    ckpt = os.path.join(workdir, "half.ckpt")
-    first, _ = train(args.kiln, kir, toml, data, args.backend, half, workdir, ["--checkpoint", ckpt])
-    rest, _ = train(args.kiln, kir, toml, data, args.backend, 2 * half, workdir, ["--resume", ckpt])
-    resumed = np.concatenate([first, rest])
-    if np.array_equal(resumed, got[: 2 * half]):
-        print(f"  resumed at step {half}: the {2 * half} losses equal the uninterrupted run's")
-    elif args.backend.startswith("cuda") and np.allclose(resumed, got[: 2 * half], rtol=1e-4, atol=0):
-        # scatter_add (the embedding gradient) adds with atomics on the GPU: sums in another order.
-        print(f"  resumed at step {half}: the {2 * half} losses match the uninterrupted run's within 1e-4")
-    else:
-        sys.exit(f"FAIL: the resumed run's losses differ:\n{resumed}\n{got[:2 * half]}")
+    half, losses = resumed(toml, toml, "half.ckpt")
+    if not same_losses(losses, got[: 2 * half]):
+        sys.exit(f"FAIL: the resumed run's losses differ:\n{losses}\n{got[:2 * half]}")
+    print(f"  resumed at step {half}: the {2 * half} losses equal the uninterrupted run's" +
+          ("" if np.array_equal(losses, got[: 2 * half]) else " within 1e-4"))
     print("PASS")
 
 

@@ -13,6 +13,7 @@
 #include "kiln/core/driver.h"
 #include "kiln/core/npy.h"
 #include "kiln/distributed.h"
+#include "kiln/ir/interpreter.h"
 
 namespace kiln::cli {
 namespace {
@@ -202,9 +203,24 @@ int train(const TrainFlags& f) {
     ckpt->erase(it);
     auto current = (*exe)->read_state();
     if (!current.ok()) return report(current.status());
-    for (const auto& [name, t] : *current)
-      if (!ckpt->count(name))
-        return report(invalid_argument("checkpoint '" + f.resume + "' has no value for variable '" + name + "'"));
+    std::map<std::string, std::string> copy_of;
+    for (const auto& n : graph.nodes())
+      if (n->op_name() == "variable" && !state_copy_master(*n).empty()) copy_of[n->get_string("name")] = state_copy_master(*n);
+    int refreshed = 0;
+    for (const auto& [name, t] : *current) {
+      if (ckpt->count(name)) continue;
+      // A weight's low-precision copy is recomputed from the weight when the state is written
+      // (a checkpoint saved without the optimizer's low-precision-copies has none).
+      auto c = copy_of.find(name);
+      if (c != copy_of.end() && ckpt->count(c->second)) {
+        ++refreshed;
+        continue;
+      }
+      return report(invalid_argument("checkpoint '" + f.resume + "' has no value for variable '" + name + "'"));
+    }
+    if (refreshed > 0 && speaks)
+      note("checkpoint '" + f.resume + "' holds no low-precision copy of " + std::to_string(refreshed) +
+           " weights: computed from the weights");
     if (ranks->per_process) {
       auto mine = rank_state(graph, *ckpt, ranks->info.rank);
       if (!mine.ok()) return report(mine.status().with_context("checkpoint '" + f.resume + "'"));

@@ -16,6 +16,7 @@
 #include "kiln/cuda/autotune.h"
 #include "kiln/cuda/nvrtc.h"
 #include "kiln/distributed.h"
+#include "kiln/ir/interpreter.h"
 #include "kiln/ir/op.h"
 #include "kiln/runtime.h"
 #include "kiln/version.h"
@@ -287,28 +288,42 @@ StatusOr<std::map<std::string, Tensor>> CudaExecutable::read_state() {
   return state;
 }
 
-Status CudaExecutable::write_state(const std::map<std::string, Tensor>& values) {
+Status CudaExecutable::write_state(const std::map<std::string, Tensor>& given) {
   const std::string& who = backend_->caps().plugin;
   const std::map<std::string, Node*> vars = variables_of(*graph_);
   // Everything is checked before anything changes, so a bad value leaves the state as it was.
-  for (const auto& [name, t] : values) {
+  for (const auto& [name, t] : given) {
     auto it = vars.find(name);
     if (it == vars.end()) return not_found(who + ": the graph has no variable '" + name + "'");
     const TensorType want = it->second->result()->type();
     if (t.dtype() != want.dtype || t.shape() != static_sizes(want.shape))
       return invalid_argument(who + ": variable '" + name + "' is " + want.str() + ", the value given is " + t.type().str());
   }
+  // A weight's low-precision copies follow it (computed here, on the host, as the step does).
+  std::map<std::string, Tensor> values = given;
+  std::optional<std::map<std::string, Tensor>> current;
+  Status completed = complete_state_copies(*graph_, values, [&](const std::string& name) {
+    if (!current) {
+      auto state = read_state();
+      current = state.ok() ? std::move(*state) : std::map<std::string, Tensor>{};
+    }
+    auto it = current->find(name);
+    return it != current->end() ? it->second : vars.at(name)->attr("init")->as_tensor();
+  });
+  KILN_RETURN_IF_ERROR(completed.with_context(who));
   // The graph's inits, for models built from now on (other input shapes), and the device
-  // memory of every model loaded already.
+  // memory of every model loaded already: weights before their copies (the runtime takes a
+  // copy only after its weight, which it refreshes the copy from where it can).
   for (const auto& [name, t] : values) vars.at(name)->set_attr("init", Attribute(t));
   for (auto& [key, model] : models_) {
-    for (size_t i = 0; i < kiln_model_num_variables(model); ++i) {
-      kiln_tensor_info info{};
-      KILN_RETURN_IF_ERROR(from_runtime(kiln_model_variable_info(model, i, &info), who));
-      auto it = values.find(info.name);
-      if (it == values.end()) continue;
-      KILN_RETURN_IF_ERROR(from_runtime(kiln_model_write_variable(model, i, it->second.data(), it->second.nbytes()), who));
-    }
+    for (const bool copies : {false, true})
+      for (size_t i = 0; i < kiln_model_num_variables(model); ++i) {
+        kiln_tensor_info info{};
+        KILN_RETURN_IF_ERROR(from_runtime(kiln_model_variable_info(model, i, &info), who));
+        auto it = values.find(info.name);
+        if (it == values.end() || !state_copy_master(*vars.at(info.name)).empty() != copies) continue;
+        KILN_RETURN_IF_ERROR(from_runtime(kiln_model_write_variable(model, i, it->second.data(), it->second.nbytes()), who));
+      }
   }
   return ok_status();
 }

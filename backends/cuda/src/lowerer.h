@@ -537,6 +537,7 @@ class Lowerer {
   };
   std::vector<Assign> assigns_;
   std::map<std::string, int> variables_;  // variable name -> its buffer
+  std::map<std::string, std::string> copy_of_;  // a weight's low-precision copy -> the weight (variable copy_of)
   /// What an elementwise kernel step reads and writes (pointwise): the (input, output) root
   /// buffer pairs where each thread reads the input only at the element of the output it
   /// writes and computes that output from it, and the roots it reads at other elements.

@@ -1618,7 +1618,11 @@ std::string Lowerer::write_plan(int64_t arena) {
     p += "input " + inputs_[i].first + " buffer=" + std::to_string(inputs_[i].second) + io_placement(true, i) + "\n";
   for (size_t i = 0; i < outputs_.size(); ++i)
     p += "output " + outputs_[i].first + " buffer=" + std::to_string(outputs_[i].second) + io_placement(false, i) + "\n";
-  for (const auto& [name, id] : variables_) p += "variable " + name + " buffer=" + std::to_string(id) + "\n";
+  // Weights before their copies, which name them (the runtime refreshes a copy when its weight is written).
+  for (const auto& [name, id] : variables_)
+    if (!copy_of_.count(name)) p += "variable " + name + " buffer=" + std::to_string(id) + "\n";
+  for (const auto& [name, master] : copy_of_)
+    p += "variable " + name + " buffer=" + std::to_string(variables_.at(name)) + " copy_of=" + master + "\n";
   for (const std::string& k : kernels_) p += "kernel " + k + "\n";
   for (const Step& s : steps_) p += s.text + "\n";
   return p;

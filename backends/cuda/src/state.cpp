@@ -33,6 +33,7 @@ Status Lowerer::state_op(const Node& n) {
   const int id = buf(n.result());
   bufs_[id].kind = "state";
   variables_[name] = id;
+  if (!n.get_string("copy_of").empty()) copy_of_[name] = n.get_string("copy_of");
   return ok_status();
 }
 

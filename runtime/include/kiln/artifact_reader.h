@@ -85,6 +85,9 @@ struct Plan {
   std::vector<std::pair<std::string, int>> outputs;
   /// Persistent state (training weights, optimizer state): name, weight buffer id.
   std::vector<std::pair<std::string, int>> variables;
+  /// Variables that are copies of another (`copy_of=`, a weight's low-precision copy that the
+  /// step keeps next to it): copy name -> the name of the variable it copies.
+  std::map<std::string, std::string> variable_copies;
   /// Per-rank plans: the device mesh (empty for a single-device plan) and each input's and
   /// output's placement, parallel to `inputs` and `outputs` (one entry per mesh axis; empty
   /// when the line gives none, which means replicated).

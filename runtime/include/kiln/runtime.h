@@ -329,7 +329,11 @@ KILN_RUNTIME_EXPORT kiln_status* kiln_model_run_device(kiln_model* model, const 
  * plan's order; kiln_model_variable_info names each (the string is owned by the model). A read
  * waits for the pending run, then copies the value to `data` (exactly its `bytes`); a write
  * waits for it too and the next run sees the new value (checkpoint save and resume). Like runs,
- * not to be called concurrently on one model. */
+ * not to be called concurrently on one model.
+ * A variable that is a weight's low-precision copy (the plan's copy_of) follows the weight:
+ * writing the weight rounds the same values into its bf16/f16 copies; a copy may be written only
+ * after its weight (INVALID_ARGUMENT otherwise), and one the runtime cannot refresh (f8) must be,
+ * or the next run fails naming it. */
 KILN_RUNTIME_EXPORT size_t kiln_model_num_variables(const kiln_model* model);
 KILN_RUNTIME_EXPORT kiln_status* kiln_model_variable_info(const kiln_model* model, size_t index,
                                                           kiln_tensor_info* out_info);

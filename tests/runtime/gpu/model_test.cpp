@@ -332,6 +332,68 @@ TEST_CASE("a batched, transposed bf16 gemm matches host math; a plan without ker
   }
 }
 
+// A weight with two low-precision copies (a training step's optimizer keeps them): the step
+// outputs the bf16 copy. No kernels: the state handling is the runtime's alone.
+const char* const kPlanCopies = R"(kiln-plan 1
+arena bytes=256
+workspace bytes=0
+buffer 0 kind=input dtype=f32 shape=2 bytes=8 offset=0 name=x
+buffer 1 kind=output dtype=bf16 shape=2 bytes=4 offset=128 name=y
+buffer 2 kind=weight dtype=f32 shape=2 bytes=8 offset=0 name=w
+buffer 3 kind=weight dtype=bf16 shape=2 bytes=4 offset=64 name=w.bf16
+buffer 4 kind=weight dtype=f8e4m3fn shape=2 bytes=2 offset=128 name=w.fp8
+input x buffer=0
+output y buffer=1
+variable w buffer=2
+variable w.bf16 buffer=3 copy_of=w
+variable w.fp8 buffer=4 copy_of=w
+step copy src=b3 dst=b1 bytes=4
+)";
+
+TEST_CASE("a weight's low-precision copies follow it: refreshed on write, never written alone, never run stale") {
+  kiln_runtime* rt = make_runtime(0);
+  std::string weights(130, '\0');
+  const float w0[2] = {1.0f, -0.5f};
+  const uint16_t c0[2] = {0x3f80, 0xbf00};
+  std::memcpy(weights.data(), w0, 8);
+  std::memcpy(weights.data() + 64, c0, 4);
+  kiln_model* m = load(rt, kiln::test::make_artifact(kPlanCopies, {}, weights));
+  REQUIRE(kiln_model_num_variables(m) == 3);
+  float x[2] = {0, 0};
+  uint16_t y[2] = {0, 0};
+  kiln_host_tensor in[1] = {{x, 8}};
+  kiln_host_tensor out[1] = {{y, 4}};
+  REQUIRE(message(kiln_model_run(m, in, 1, out, 1)).empty());
+  CHECK(y[0] == 0x3f80);
+  // A copy alone would no longer be its weight's.
+  const uint16_t bad[2] = {0, 0};
+  auto [code, why] = outcome(kiln_model_write_variable(m, 1, bad, 4));
+  CHECK(code == KILN_STATUS_INVALID_ARGUMENT);
+  CHECK(why == "kiln_model_write_variable: variable 'w.bf16' is the low-precision copy of 'w' that the training step "
+               "keeps: write that weight (its bf16/f16 copies follow it), then, for other copies, this one");
+  // Writing the weight refreshes the bf16 copy on the spot; the f8 copy (its scale is another
+  // variable) must be written next, or the run is refused.
+  const float w1[2] = {3.0f, 1e-3f};
+  REQUIRE(message(kiln_model_write_variable(m, 0, w1, 8)).empty());
+  uint16_t c1[2] = {0, 0};
+  REQUIRE(message(kiln_model_read_variable(m, 1, c1, 4)).empty());
+  CHECK(c1[0] == 0x4040);
+  CHECK(c1[1] == 0x3a83);
+  auto [stale_code, stale] = outcome(kiln_model_run(m, in, 1, out, 1));
+  CHECK(stale_code == KILN_STATUS_INVALID_ARGUMENT);
+  CHECK(stale == "kiln_model_run: variable 'w.fp8' is a copy of 'w', which was written without it: write the copy "
+                 "too (after its weight), as the checkpoint that holds the weight holds it");
+  const uint8_t q[2] = {0x48, 0x01};
+  REQUIRE(message(kiln_model_write_variable(m, 2, q, 2)).empty());
+  REQUIRE(message(kiln_model_run(m, in, 1, out, 1)).empty());
+  CHECK(y[0] == 0x4040);
+  CHECK(y[1] == 0x3a83);
+  // After a run a copy is its weight's again: writing it alone is refused once more.
+  CHECK(outcome(kiln_model_write_variable(m, 2, q, 2)).first == KILN_STATUS_INVALID_ARGUMENT);
+  kiln_model_release(m);
+  kiln_runtime_release(rt);
+}
+
 TEST_CASE("an artifact without an image for the device is refused naming both") {
   kiln_runtime* rt = make_runtime(1);
   std::string device = kiln_runtime_device_name(rt);

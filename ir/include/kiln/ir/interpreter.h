@@ -1,6 +1,7 @@
 // The reference interpreter: runs any verified graph on the CPU; the numeric oracle.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -44,6 +45,7 @@ class Interpreter {
   /// Every top-level `variable` of `g` with the value it holds (its init until an assign).
   std::map<std::string, Tensor> state_of(const Graph& g) const;
   /// Sets variables of `g` from `values`; each name must be a variable of `g`, with its type.
+  /// Copies of a weight (`copy_of`) follow their master: see complete_state_copies.
   Status set_state(const Graph& g, const std::map<std::string, Tensor>& values);
   /// Forgets every variable's value: the next run starts from the `init` values again.
   void reset_state() {
@@ -57,5 +59,17 @@ class Interpreter {
   std::map<std::string, Tensor> state_, staged_;
   MeshContext* mesh_ = nullptr;
 };
+
+/// Completes `values`, the variables of `g` about to be set (a checkpoint, one weight by name),
+/// with the copies their masters imply: every variable `copy_of` a master (or scale) in `values`
+/// is recomputed from it, as the step computes it (cast, or quantize with its `copy_scale`,
+/// read through `current` when `values` does not set it), replacing any value given for it; a
+/// copy given without its master is refused, naming both. Every path that sets state calls
+/// this, so a weight never runs with a stale copy.
+Status complete_state_copies(const Graph& g, std::map<std::string, Tensor>& values,
+                             const std::function<Tensor(const std::string&)>& current);
+
+/// The variable a `variable` node is a copy of (`copy_of`), or "" for an ordinary one.
+std::string state_copy_master(const Node& variable);
 
 }  // namespace kiln
